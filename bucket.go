@@ -1,0 +1,85 @@
+package hash4
+
+import (
+	"math/bits"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// This file holds the bucket array of a hash table and its writer locks, as
+// the kernel's inet_ehash_bucket array and its ehash_locks: a power-of-two
+// array of chain heads, and a smaller power-of-two array of lock stripes.
+// Bucket b is covered by stripe b & stripeMask; since both sizes are powers
+// of two and stripes <= buckets, that is also hash & stripeMask.
+
+const (
+	// cacheLineSize is the size of a cache line on the targets Go serves
+	// (64 bytes on amd64 and arm64).
+	cacheLineSize = 64
+
+	minBuckets = 16
+	// maxBuckets keeps bucket indexes, plus the offset that tells listener
+	// chains from established ones (2^29, as in Linux), below
+	// maxNullsValue.
+	maxBuckets = 1 << 29
+)
+
+// stripe is one writer lock with what it guards besides chains: the cache of
+// free nodes for inserts under it, and the count of entries in its buckets.
+// It fills a cache line of its own so that writers on neighbouring stripes
+// do not share lines.
+type stripe struct {
+	mu    sync.Mutex
+	cache slabCache
+	count atomic.Int64 // written under mu, read without it
+	_     [cacheLineSize - 8 - 24 - 8]byte
+}
+
+// buckets is a bucket array with its lock stripes. Chain b ends in the nulls
+// marker nullsBase + b.
+type buckets struct {
+	heads      []linkField
+	mask       uint32
+	stripes    []stripe
+	stripeMask uint32
+	nullsBase  uint32
+}
+
+// init sizes the array: n buckets and s stripes, each rounded up to a power
+// of two and clamped to what the table supports (s to at most n).
+func (b *buckets) init(n, s int, nullsBase uint32) {
+	n = ceilPow2(min(max(n, minBuckets), maxBuckets))
+	s = ceilPow2(min(max(s, 1), n))
+	b.heads = make([]linkField, n)
+	b.mask = uint32(n - 1)
+	b.stripes = make([]stripe, s)
+	b.stripeMask = uint32(s - 1)
+	b.nullsBase = nullsBase
+	for i := range b.heads {
+		b.heads[i].initNulls(nullsBase + uint32(i))
+	}
+}
+
+// defaultStripes returns the stripe count used when none is given: enough
+// that writers on every P rarely meet (16 per P, at least 64).
+func defaultStripes() int {
+	return max(64, ceilPow2(16*runtime.GOMAXPROCS(0)))
+}
+
+// bucket returns the index of hash's bucket.
+func (b *buckets) bucket(hash uint32) uint32 { return hash & b.mask }
+
+// head returns the head of hash's chain.
+func (b *buckets) head(hash uint32) *linkField { return &b.heads[hash&b.mask] }
+
+// stripe returns the stripe that covers hash's bucket.
+func (b *buckets) stripe(hash uint32) *stripe { return &b.stripes[hash&b.stripeMask] }
+
+// ceilPow2 returns the least power of two >= n, for 1 <= n <= 2^30.
+func ceilPow2(n int) int {
+	if n <= 1 {
+		return 1
+	}
+	return 1 << bits.Len(uint(n-1))
+}

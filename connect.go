@@ -1,0 +1,86 @@
+package hash4
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// This file holds Table.Connect: the source-port search of the kernel's
+// __inet_hash_connect over a Table, with the port allocator (portalloc.go)
+// choosing the order of candidates.
+
+// connectStrategy selects how Connect checks a candidate port. Only
+// connectHashOnce is used outside benchmarks; the others are the steps the
+// kernel took before it, kept so that each step's gain can be measured.
+type connectStrategy uint8
+
+const (
+	// connectHashOnce hashes the flow once with local port 0 and derives
+	// each candidate's hash with one addition (the port identity), checks
+	// the candidate without a lock and locks only a port that looks free.
+	connectHashOnce connectStrategy = iota
+	// connectRehash is connectHashOnce with a full hash per candidate.
+	connectRehash
+	// connectLocked is connectHashOnce without the lock-free pre-check:
+	// every candidate is checked under its stripe lock.
+	connectLocked
+)
+
+// Connect picks a local port for the flow from local to remote, inserts v
+// under the resulting 4-tuple and returns the tuple, atomically: two
+// concurrent Connects never get the same 4-tuple, and Connect never returns a
+// tuple it did not insert. The allocator a chooses the candidates (its range,
+// reserved and bound ports, policy and perturbation; see PortAllocator); a
+// WithConnectRange option narrows the range for this call and makes its scan
+// flat.
+//
+// When every candidate is taken it returns an error matching ErrNoPorts (and
+// syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil allocator or
+// value, invalid, unspecified or mixed-family addresses, remote port 0)
+// returns an error matching ErrInvalidTuple or ErrNilValue and changes
+// nothing.
+func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, opts ...ConnectOption) (Tuple, error) {
+	return t.connect(a, local, remote, v, connectHashOnce, opts)
+}
+
+func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, strategy connectStrategy, opts []ConnectOption) (Tuple, error) {
+	local = local.Unmap().WithZone("")
+	remote = netip.AddrPortFrom(remote.Addr().Unmap().WithZone(""), remote.Port())
+	// Validate as a tuple with a stand-in local port.
+	if err := validate(Tuple{Local: netip.AddrPortFrom(local, 1), Remote: remote}); err != nil {
+		return Tuple{}, err
+	}
+	if v == nil {
+		return Tuple{}, fmt.Errorf("%w for a flow to %v", ErrNilValue, remote)
+	}
+	if a == nil {
+		return Tuple{}, fmt.Errorf("%w: nil *PortAllocator", ErrInvalidTuple)
+	}
+	var cc connectConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cc)
+		}
+	}
+	k := key{remote: addrWords(remote.Addr()), local: addrWords(local)}
+	hash0 := hashPort0(t.hasher, &t.secret, k.local, k.remote, remote.Port())
+	try := func(port uint16) bool {
+		if strategy == connectRehash {
+			// Hash the whole tuple anew, as before the port identity.
+			k = t.makeKey(local, port, remote)
+		} else {
+			k.setPort(hash0, port, remote.Port())
+		}
+		if strategy != connectLocked {
+			if _, taken := t.lookup(&k); taken {
+				return false
+			}
+		}
+		return t.insert(&k, v) == inserted
+	}
+	port, ok := a.selectPort(local, remote, &cc, try)
+	if !ok {
+		return Tuple{}, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
+	}
+	return Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}, nil
+}

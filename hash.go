@@ -1,0 +1,348 @@
+package hash4
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"math/bits"
+	"net/netip"
+	"strconv"
+
+	"github.com/zeebo/xxh3"
+)
+
+// This file holds the hash functions of the Linux socket tables, bit-exact with
+// the kernel on a little-endian host, and the hashing of a whole Tuple.
+//
+// Byte order. The kernel feeds addresses (__be32) and the remote port (__be16)
+// to jhash as raw memory words, and the local port in host order. On x86-64
+// the raw word of 10.0.0.1 is 0x0100000a and that of port 80 is 0x5000. The
+// functions here take natural netip.Addr values and host-order ports and do
+// that conversion themselves, so their results equal the kernel's.
+//
+// Address families. Every function reads an address through its 16-byte form
+// (netip.Addr.As16): an IPv4 address is taken as its IPv4-mapped form
+// ::ffff:a.b.c.d, the zone is ignored, and the zero Addr reads as ::. The IPv4
+// functions hash the last 32 bits of that form, which is the IPv4 address
+// itself for an IPv4 or IPv4-mapped address (so ::ffff:10.0.0.1 and 10.0.0.1
+// hash alike). For any other IPv6 address they hash only those last 32 bits,
+// as the kernel does with the local address in inet6_ehashfn: the result is
+// well defined but weak against chosen addresses, so IPv6 peers belong in the
+// IPv6 functions. The IPv6 functions hash an IPv4-mapped address unchanged,
+// as the kernel does for a dual-stack socket.
+
+// jhashInitval is JHASH_INITVAL, the arbitrary start of every jhash state.
+const jhashInitval = 0xdeadbeef
+
+// jhashMix is __jhash_mix from include/linux/jhash.h (Bob Jenkins' lookup3).
+func jhashMix(a, b, c uint32) (uint32, uint32, uint32) {
+	a -= c
+	a ^= bits.RotateLeft32(c, 4)
+	c += b
+	b -= a
+	b ^= bits.RotateLeft32(a, 6)
+	a += c
+	c -= b
+	c ^= bits.RotateLeft32(b, 8)
+	b += a
+	a -= c
+	a ^= bits.RotateLeft32(c, 16)
+	c += b
+	b -= a
+	b ^= bits.RotateLeft32(a, 19)
+	a += c
+	c -= b
+	c ^= bits.RotateLeft32(b, 4)
+	b += a
+	return a, b, c
+}
+
+// jhashFinal is __jhash_final from include/linux/jhash.h; it returns c.
+func jhashFinal(a, b, c uint32) uint32 {
+	c ^= b
+	c -= bits.RotateLeft32(b, 14)
+	a ^= c
+	a -= bits.RotateLeft32(c, 11)
+	b ^= a
+	b -= bits.RotateLeft32(a, 25)
+	c ^= b
+	c -= bits.RotateLeft32(b, 16)
+	a ^= c
+	a -= bits.RotateLeft32(c, 4)
+	b ^= a
+	b -= bits.RotateLeft32(a, 14)
+	c ^= b
+	c -= bits.RotateLeft32(b, 24)
+	return c
+}
+
+// JHash hashes an arbitrary byte string like the kernel's jhash(key, length,
+// initval), reading the key as little-endian 32-bit words.
+func JHash(key []byte, initval uint32) uint32 {
+	a := jhashInitval + uint32(len(key)) + initval
+	b, c := a, a
+	if len(key) == 0 {
+		return c
+	}
+	for len(key) > 12 {
+		a += binary.LittleEndian.Uint32(key[0:4])
+		b += binary.LittleEndian.Uint32(key[4:8])
+		c += binary.LittleEndian.Uint32(key[8:12])
+		a, b, c = jhashMix(a, b, c)
+		key = key[12:]
+	}
+	// The last 1 to 12 bytes: byte i lands in a, b or c at bit 8*(i%4).
+	var tail [12]byte
+	copy(tail[:], key)
+	a += binary.LittleEndian.Uint32(tail[0:4])
+	b += binary.LittleEndian.Uint32(tail[4:8])
+	c += binary.LittleEndian.Uint32(tail[8:12])
+	return jhashFinal(a, b, c)
+}
+
+// JHash2 hashes a slice of 32-bit words like the kernel's jhash2(k, length,
+// initval).
+func JHash2(k []uint32, initval uint32) uint32 {
+	a := jhashInitval + uint32(len(k))<<2 + initval
+	b, c := a, a
+	if len(k) == 0 {
+		return c
+	}
+	for len(k) > 3 {
+		a += k[0]
+		b += k[1]
+		c += k[2]
+		a, b, c = jhashMix(a, b, c)
+		k = k[3:]
+	}
+	switch len(k) {
+	case 3:
+		c += k[2]
+		fallthrough
+	case 2:
+		b += k[1]
+		fallthrough
+	case 1:
+		a += k[0]
+	}
+	return jhashFinal(a, b, c)
+}
+
+// JHash3Words hashes three words like the kernel's jhash_3words.
+func JHash3Words(a, b, c, initval uint32) uint32 {
+	v := initval + jhashInitval + 12
+	return jhashFinal(a+v, b+v, c+v)
+}
+
+// JHash2Words hashes two words like the kernel's jhash_2words.
+func JHash2Words(a, b, initval uint32) uint32 {
+	v := initval + jhashInitval + 8
+	return jhashFinal(a+v, b+v, v)
+}
+
+// JHash1Word hashes one word like the kernel's jhash_1word.
+func JHash1Word(a, initval uint32) uint32 {
+	v := initval + jhashInitval + 4
+	return jhashFinal(a+v, v, v)
+}
+
+// ipv6Words returns the address as the kernel's s6_addr32: four raw memory
+// words, read little-endian. See the note on address families above.
+func ipv6Words(addr netip.Addr) [4]uint32 {
+	b := addr.As16()
+	return [4]uint32{
+		binary.LittleEndian.Uint32(b[0:4]),
+		binary.LittleEndian.Uint32(b[4:8]),
+		binary.LittleEndian.Uint32(b[8:12]),
+		binary.LittleEndian.Uint32(b[12:16]),
+	}
+}
+
+// ipv4Word returns the raw memory word of an IPv4 address (the last 32 bits
+// of the 16-byte form; see the note on address families above).
+func ipv4Word(addr netip.Addr) uint32 {
+	b := addr.As16()
+	return binary.LittleEndian.Uint32(b[12:16])
+}
+
+// rawPort returns a host-order port as the kernel's __be16 read as a number.
+func rawPort(port uint16) uint32 {
+	return uint32(bits.ReverseBytes16(port))
+}
+
+// InetEhashfn returns the established-table hash of an IPv4 flow, as the
+// kernel's inet_ehashfn (net/ipv4/inet_hashtables.c, Linux 6.15 and later):
+// lport + jhash_3words(laddr, faddr, fport, secret). secret already includes
+// net_hash_mix. Addresses of another family: see the note at the top of
+// hash.go.
+func InetEhashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret uint32) uint32 {
+	return uint32(lport) + JHash3Words(ipv4Word(laddr), ipv4Word(faddr), rawPort(fport), secret)
+}
+
+// Inet6Ehashfn returns the established-table hash of an IPv6 flow, as the
+// kernel's inet6_ehashfn (net/ipv6/inet6_hashtables.c): lport +
+// jhash_3words(last word of laddr, jhash2(faddr, 4, addrSecret), fport,
+// secret). Only the last 32 bits of the local address take part; the remote
+// address is hashed whole. An IPv4 address is read as its IPv4-mapped form.
+func Inet6Ehashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret, addrSecret uint32) uint32 {
+	fw := ipv6Words(faddr)
+	return uint32(lport) + JHash3Words(ipv4Word(laddr), JHash2(fw[:], addrSecret), rawPort(fport), secret)
+}
+
+// UDPEhashfn returns the UDP 4-tuple hash of an IPv4 flow, as the kernel's
+// udp_ehashfn (net/ipv4/udp.c). Unlike InetEhashfn it keeps the local port
+// inside the jhash, so it has no port identity.
+func UDPEhashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret uint32) uint32 {
+	return JHash3Words(ipv4Word(laddr), ipv4Word(faddr), uint32(lport)<<16|rawPort(fport), secret)
+}
+
+// UDP6Ehashfn returns the UDP 4-tuple hash of an IPv6 flow, as the kernel's
+// udp6_ehashfn (net/ipv6/udp.c), with the local port inside the jhash.
+func UDP6Ehashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret, addrSecret uint32) uint32 {
+	fw := ipv6Words(faddr)
+	return JHash3Words(ipv4Word(laddr), JHash2(fw[:], addrSecret), uint32(lport)<<16|rawPort(fport), secret)
+}
+
+// IPv4PortaddrHash returns the (address, port) hash of the UDP hash2 and TCP
+// listener tables, as the kernel's ipv4_portaddr_hash: jhash_1word(addr,
+// mix) ^ port. mix is net_hash_mix.
+func IPv4PortaddrHash(addr netip.Addr, port uint16, mix uint32) uint32 {
+	return JHash1Word(ipv4Word(addr), mix) ^ uint32(port)
+}
+
+// IPv6PortaddrHash returns the (address, port) hash of the UDP hash2 and TCP
+// listener tables for an IPv6 address, as the kernel's ipv6_portaddr_hash:
+// :: and IPv4-mapped addresses hash like their IPv4 form (so :: and 0.0.0.0
+// hash alike), others as jhash2 of the four words; then ^ port.
+func IPv6PortaddrHash(addr netip.Addr, port uint16, mix uint32) uint32 {
+	w := ipv6Words(addr)
+	var h uint32
+	switch {
+	case w == [4]uint32{}:
+		h = JHash1Word(0, mix)
+	case w[0] == 0 && w[1] == 0 && w[2] == 0xffff0000: // ::ffff:0:0/96, raw words
+		h = JHash1Word(w[3], mix)
+	default:
+		h = JHash2(w[:], mix)
+	}
+	return h ^ uint32(port)
+}
+
+// Tuple is one flow seen from the local host: the local address and port, and
+// the remote (peer) address and port. Its zero value is not a valid flow.
+//
+// As a table key, an IPv4 address and its IPv4-mapped IPv6 form are the same
+// address, and zones are not part of the key (see Table).
+type Tuple struct {
+	Local, Remote netip.AddrPort
+}
+
+// String returns the tuple as "local->remote".
+func (t Tuple) String() string {
+	return t.Local.String() + "->" + t.Remote.String()
+}
+
+// Secret holds the keys of a table's hash functions. Tables draw their own
+// with NewSecret unless given one; a fixed Secret makes bucket placement
+// reproducible (for tests and benchmarks) and predictable to anyone who knows
+// it. The zero Secret is valid but public.
+type Secret struct {
+	// Ehash is the initval of the outer jhash of the Linux hasher, the
+	// kernel's inet_ehash_secret plus net_hash_mix.
+	Ehash uint32
+	// Ehash6Addr is the initval of the jhash2 over a remote IPv6 address,
+	// the kernel's tcp_ipv6_hash_secret.
+	Ehash6Addr uint32
+	// Seed seeds the XXH3 hasher.
+	Seed uint64
+}
+
+// NewSecret returns a Secret drawn from crypto/rand.
+func NewSecret() Secret {
+	var b [16]byte
+	rand.Read(b[:]) // never fails since Go 1.24
+	return Secret{
+		Ehash:      binary.LittleEndian.Uint32(b[0:4]),
+		Ehash6Addr: binary.LittleEndian.Uint32(b[4:8]),
+		Seed:       binary.LittleEndian.Uint64(b[8:16]),
+	}
+}
+
+// Hasher chooses how a table hashes tuples. Every hasher hashes the tuple
+// with local port 0 and adds the local port, so for any tuple t and port p,
+// hash(t with local port p) == hash(t with local port 0) + p, exactly.
+type Hasher uint8
+
+const (
+	// LinuxHasher, the default, hashes like the kernel's established table:
+	// InetEhashfn when both addresses are IPv4 or IPv4-mapped, Inet6Ehashfn
+	// otherwise. Its buckets are the kernel's for the same secret.
+	LinuxHasher Hasher = iota
+	// XXH3Hasher hashes the whole remote address, the remote port and the
+	// whole local address with seeded XXH3. Unlike the Linux IPv6 form it
+	// reads all 128 bits of the local address.
+	XXH3Hasher
+)
+
+// String returns "linux" or "xxh3".
+func (h Hasher) String() string {
+	switch h {
+	case LinuxHasher:
+		return "linux"
+	case XXH3Hasher:
+		return "xxh3"
+	}
+	return "Hasher(" + strconv.Itoa(int(h)) + ")"
+}
+
+// valid reports whether h names a hasher.
+func (h Hasher) valid() bool { return h <= XXH3Hasher }
+
+// HashTuple returns the hash a table with hasher h and secret s gives the
+// tuple: the hash of t with local port 0, plus the local port.
+func HashTuple(t Tuple, h Hasher, s Secret) uint32 {
+	return hashPort0(h, &s, addrWords(t.Local.Addr()), addrWords(t.Remote.Addr()), t.Remote.Port()) + uint32(t.Local.Port())
+}
+
+// addrWords returns the 16-byte form of a (netip.Addr.As16) as two
+// little-endian words: the form in which tables store and hash addresses.
+// In it the kernel's raw word s6_addr32[i] is the low (i even) or high (i
+// odd) half of word i/2.
+func addrWords(a netip.Addr) [2]uint64 {
+	b := a.As16()
+	return [2]uint64{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
+}
+
+// wordsAreIPv4 reports whether w is an IPv4 (IPv4-mapped) address:
+// ::ffff:0:0/96, whose s6_addr32[2] reads 0xffff0000 on little-endian.
+func wordsAreIPv4(w [2]uint64) bool {
+	return w[0] == 0 && uint32(w[1]) == 0xffff0000
+}
+
+// hashPort0 returns the hash of the flow (local:0, remote:rport), addresses
+// given by addrWords. The caller adds the local port: hashes of consecutive
+// ports are consecutive, so connect() computes this once and walks candidate
+// ports with one addition. For the Linux hasher it equals InetEhashfn or
+// Inet6Ehashfn with local port 0, reading the same raw words.
+func hashPort0(h Hasher, s *Secret, local, remote [2]uint64, rport uint16) uint32 {
+	if h == XXH3Hasher {
+		var buf [34]byte
+		binary.LittleEndian.PutUint64(buf[0:], remote[0])
+		binary.LittleEndian.PutUint64(buf[8:], remote[1])
+		binary.BigEndian.PutUint16(buf[16:], rport)
+		binary.LittleEndian.PutUint64(buf[18:], local[0])
+		binary.LittleEndian.PutUint64(buf[26:], local[1])
+		x := xxh3.HashSeed(buf[:], s.Seed)
+		return uint32(x) ^ uint32(x>>32)
+	}
+	lw := uint32(local[1] >> 32) // s6_addr32[3]: the IPv4 address
+	if wordsAreIPv4(local) && wordsAreIPv4(remote) {
+		return JHash3Words(lw, uint32(remote[1]>>32), rawPort(rport), s.Ehash)
+	}
+	fw := [4]uint32{uint32(remote[0]), uint32(remote[0] >> 32), uint32(remote[1]), uint32(remote[1] >> 32)}
+	return JHash3Words(lw, JHash2(fw[:], s.Ehash6Addr), rawPort(rport), s.Ehash)
+}
+
+// isIPv4 reports whether addr is an IPv4 or IPv4-mapped IPv6 address.
+func isIPv4(addr netip.Addr) bool {
+	return addr.Is4() || addr.Is4In6()
+}

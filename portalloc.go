@@ -1,0 +1,586 @@
+package hash4
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/dchest/siphash"
+)
+
+// This file holds the ephemeral source-port allocator: the candidate scan of
+// the kernel's __inet_hash_connect (RFC 6056 algorithm 5, "double hash", with
+// the odd/even policy and the random perturb increment), the scan of bind(0),
+// reserved ports, and ports held by Bind. The table's Connect drives
+// selectPort; the allocator itself does not know which 4-tuples are in use.
+//
+// Addresses. As everywhere in hash4, an address is read through its 16-byte
+// form: an IPv4 address and its IPv4-mapped IPv6 form are the same address,
+// zones are ignored.
+
+// PortRange is an inclusive range of local ports, [Low, High], like the
+// kernel's ip_local_port_range.
+type PortRange struct {
+	Low, High uint16
+}
+
+// DefaultPortRange is the kernel's default ip_local_port_range, 32768-60999.
+var DefaultPortRange = PortRange{32768, 60999}
+
+// ErrInvalidPortRange is returned, wrapped, for a port range whose Low is 0 or
+// above its High.
+var ErrInvalidPortRange = errors.New("hash4: invalid port range")
+
+// ErrInvalidReservedPorts is returned, wrapped, for a reserved-port list that
+// does not parse or names port 0 or a port above 65535.
+var ErrInvalidReservedPorts = errors.New("hash4: invalid reserved ports")
+
+// ErrNoPorts is returned when no local port is free: every candidate is
+// reserved, held, or in use. It matches syscall.EADDRNOTAVAIL under
+// errors.Is, the error connect() and bind() return in that case.
+var ErrNoPorts error = errnoError{"hash4: no free local port (EADDRNOTAVAIL)", syscall.EADDRNOTAVAIL}
+
+// ErrPortInUse is returned by Bind for a port already held for the same local
+// address (see PortAllocator.Bind). It matches syscall.EADDRINUSE under
+// errors.Is.
+var ErrPortInUse error = errnoError{"hash4: local port in use (EADDRINUSE)", syscall.EADDRINUSE}
+
+// errnoError is a sentinel error that also matches one system error number.
+type errnoError struct {
+	msg   string
+	errno syscall.Errno
+}
+
+func (e errnoError) Error() string { return e.msg }
+
+// Is reports whether target is the error number e stands for.
+func (e errnoError) Is(target error) bool {
+	t, ok := target.(syscall.Errno)
+	return ok && t == e.errno
+}
+
+// Validate returns nil if r is a usable port range, and otherwise an error
+// wrapping ErrInvalidPortRange: Low must be at least 1 and at most High.
+func (r PortRange) Validate() error {
+	switch {
+	case r.Low == 0:
+		return fmt.Errorf("%w %s: port 0 is not a local port", ErrInvalidPortRange, r.text())
+	case r.Low > r.High:
+		return fmt.Errorf("%w %s: low above high", ErrInvalidPortRange, r.text())
+	}
+	return nil
+}
+
+// Size returns the number of ports in r, or 0 if r is invalid.
+func (r PortRange) Size() int {
+	if r.Validate() != nil {
+		return 0
+	}
+	return int(r.High) - int(r.Low) + 1
+}
+
+// text returns r as "low-high".
+func (r PortRange) text() string {
+	return strconv.Itoa(int(r.Low)) + "-" + strconv.Itoa(int(r.High))
+}
+
+// Policy chooses the order in which Connect tries the ports of the range.
+type Policy uint8
+
+const (
+	// OddEven, the default, is the kernel's policy: connect tries the ports
+	// of Low's parity first and the others after, while BindEphemeral
+	// starts with the other parity, so the two rarely compete for a port.
+	OddEven Policy = iota
+	// Flat tries every port of the range in one pass, as the kernel does
+	// for a socket with IP_LOCAL_PORT_RANGE set.
+	Flat
+)
+
+// String returns "odd-even" or "flat".
+func (p Policy) String() string {
+	switch p {
+	case OddEven:
+		return "odd-even"
+	case Flat:
+		return "flat"
+	}
+	return "Policy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// valid reports whether p names a policy.
+func (p Policy) valid() bool { return p <= Flat }
+
+// portConfig collects the PortOptions of NewPortAllocator.
+type portConfig struct {
+	rng      PortRange
+	reserved []uint16
+	err      error // first error of an option, reported by NewPortAllocator
+	policy   Policy
+	secret   *[2]uint64
+	seed     *uint64
+}
+
+// PortOption configures NewPortAllocator.
+type PortOption func(*portConfig)
+
+// WithPortRange sets the range ephemeral ports are drawn from (default
+// DefaultPortRange), like the sysctl ip_local_port_range.
+func WithPortRange(r PortRange) PortOption {
+	return func(c *portConfig) { c.rng = r }
+}
+
+// WithReservedPorts adds ports that Connect and BindEphemeral never choose,
+// like the sysctl ip_local_reserved_ports. Bind may still hold them. Ports
+// outside the range are allowed and have no effect; port 0 is an error.
+func WithReservedPorts(ports ...uint16) PortOption {
+	ports = slices.Clone(ports)
+	return func(c *portConfig) {
+		if i := slices.Index(ports, 0); i >= 0 && c.err == nil {
+			c.err = fmt.Errorf("%w: port 0 at index %d", ErrInvalidReservedPorts, i)
+		}
+		c.reserved = append(c.reserved, ports...)
+	}
+}
+
+// WithReservedPortsText adds the reserved ports of s, written as the sysctl
+// ip_local_reserved_ports is (see ParseReservedPorts).
+func WithReservedPortsText(s string) PortOption {
+	return func(c *portConfig) {
+		ports, err := ParseReservedPorts(s)
+		if err != nil && c.err == nil {
+			c.err = err
+		}
+		c.reserved = append(c.reserved, ports...)
+	}
+}
+
+// WithPortSecret sets the SipHash key of the per-destination port offset
+// (the kernel's net_secret). By default the key is drawn from crypto/rand.
+// Anyone who knows the key can predict the ports chosen for a destination.
+func WithPortSecret(k0, k1 uint64) PortOption {
+	return func(c *portConfig) { c.secret = &[2]uint64{k0, k1} }
+}
+
+// WithPolicy sets the order in which Connect tries ports (default OddEven).
+func WithPolicy(p Policy) PortOption {
+	return func(c *portConfig) { c.policy = p }
+}
+
+// WithPerturbSeed makes the allocator's randomness reproducible: the initial
+// perturb table, the random part of its increments, and the start of
+// BindEphemeral's scan all derive from seed. By default they derive from
+// crypto/rand. For tests; a known seed makes ports predictable.
+func WithPerturbSeed(seed uint64) PortOption {
+	return func(c *portConfig) { c.seed = &seed }
+}
+
+// ParseReservedPorts parses a reserved-port list in the form of the sysctl
+// ip_local_reserved_ports: comma-separated ports and inclusive ranges
+// "low-high", such as "8080,9000-9010". Spaces around ports, dashes and commas
+// are ignored, and a string of spaces or the empty string is the empty list.
+// The ports are returned in increasing order without duplicates. An error
+// wraps ErrInvalidReservedPorts and quotes the offending item.
+func ParseReservedPorts(s string) ([]uint16, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var set [65536 / 64]uint64
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			return nil, fmt.Errorf("%w: empty item in %q", ErrInvalidReservedPorts, s)
+		}
+		lo, hi, isRange := strings.Cut(item, "-")
+		first, err := parseReservedPort(lo, item)
+		if err != nil {
+			return nil, err
+		}
+		last := first
+		if isRange {
+			if last, err = parseReservedPort(hi, item); err != nil {
+				return nil, err
+			}
+			if first > last {
+				return nil, fmt.Errorf("%w: %q: range runs backwards", ErrInvalidReservedPorts, item)
+			}
+		}
+		for p := first; p <= last; p++ {
+			set[p/64] |= 1 << (p % 64)
+		}
+	}
+	var ports []uint16
+	for p := range 65536 {
+		if set[p/64]&(1<<(p%64)) != 0 {
+			ports = append(ports, uint16(p))
+		}
+	}
+	return ports, nil
+}
+
+// parseReservedPort parses one port of item, a decimal number in [1, 65535].
+func parseReservedPort(s, item string) (int, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || strings.Trim(s, "0123456789") != "" {
+		return 0, fmt.Errorf("%w: %q: not a port or port range", ErrInvalidReservedPorts, item)
+	}
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || n == 0 || n > 65535 {
+		return 0, fmt.Errorf("%w: %q: port outside 1-65535", ErrInvalidReservedPorts, item)
+	}
+	return int(n), nil
+}
+
+// perturbSize is the number of perturb slots, the kernel's
+// INET_TABLE_PERTURB_SIZE (2^16 since the fix for Kol, Klein and Gilad,
+// USENIX Security 2023).
+const perturbSize = 1 << 16
+
+// A PortAllocator chooses local ports for outgoing flows and holds ports for
+// explicit binds, like the kernel's port tables for one network namespace.
+// Create it with NewPortAllocator. Its methods are safe for concurrent use.
+type PortAllocator struct {
+	rng       PortRange
+	policy    Policy
+	k0, k1    uint64 // SipHash key of port_offset
+	inc0      uint64 // SipHash key of the random perturb increment
+	inc1      uint64
+	reserved  [65536 / 64]uint64        // read-only after NewPortAllocator
+	perturb   [perturbSize]uint32       // through sync/atomic once constructed
+	nheld     atomic.Int64              // number of ports held by Bind
+	heldPorts [65536 / 64]atomic.Uint64 // bit p: port p is held for some address; written under mu
+
+	mu     sync.Mutex
+	held   map[heldKey]struct{}
+	byPort map[familyPort]int // holds per family and port, wildcard included
+	rand   *mrand.Rand        // ChaCha8; for BindEphemeral
+}
+
+// heldKey identifies a port held for one local address (16-byte form).
+type heldKey struct {
+	addr [16]byte
+	port uint16
+}
+
+// familyPort identifies a port of one address family.
+type familyPort struct {
+	v6   bool // an IPv6 address that is not IPv4-mapped
+	port uint16
+}
+
+// NewPortAllocator returns an allocator configured by opts. It returns an
+// error, and no allocator, for an invalid range, reserved-port list or
+// policy.
+func NewPortAllocator(opts ...PortOption) (*PortAllocator, error) {
+	c := portConfig{rng: DefaultPortRange, policy: OddEven}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	if err := c.rng.Validate(); err != nil {
+		return nil, err
+	}
+	if !c.policy.valid() {
+		return nil, fmt.Errorf("hash4: invalid port policy %d", c.policy)
+	}
+	a := &PortAllocator{
+		rng:    c.rng,
+		policy: c.policy,
+		held:   make(map[heldKey]struct{}),
+		byPort: make(map[familyPort]int),
+	}
+	if c.secret != nil {
+		a.k0, a.k1 = c.secret[0], c.secret[1]
+	} else {
+		var b [16]byte
+		rand.Read(b[:]) // never fails since Go 1.24
+		a.k0 = binary.LittleEndian.Uint64(b[0:8])
+		a.k1 = binary.LittleEndian.Uint64(b[8:16])
+	}
+	var seed [32]byte
+	if c.seed != nil {
+		binary.LittleEndian.PutUint64(seed[0:8], *c.seed)
+		copy(seed[8:], "hash4 perturb seed")
+	} else {
+		rand.Read(seed[:])
+	}
+	src := mrand.NewChaCha8(seed)
+	for i := 0; i < perturbSize; i += 2 {
+		v := src.Uint64()
+		a.perturb[i], a.perturb[i+1] = uint32(v), uint32(v>>32) // not shared yet
+	}
+	a.inc0, a.inc1 = src.Uint64(), src.Uint64()
+	a.rand = mrand.New(src)
+	for _, p := range c.reserved {
+		a.reserved[p/64] |= 1 << (p % 64)
+	}
+	return a, nil
+}
+
+// Range returns the range ephemeral ports are drawn from.
+func (a *PortAllocator) Range() PortRange { return a.rng }
+
+// Policy returns the order in which Connect tries ports.
+func (a *PortAllocator) Policy() Policy { return a.policy }
+
+// Reserved reports whether port is reserved, as the kernel's
+// inet_is_local_reserved_port.
+func (a *PortAllocator) Reserved(port uint16) bool {
+	return a.reserved[port/64]&(1<<(port%64)) != 0
+}
+
+// connectConfig collects the ConnectOptions of one connect.
+type connectConfig struct {
+	rng PortRange // per-call range; the zero value means none
+}
+
+// ConnectOption configures one connect.
+type ConnectOption func(*connectConfig)
+
+// WithConnectRange narrows the ports of one connect, like the socket option
+// IP_LOCAL_PORT_RANGE: r.Low replaces the allocator's low bound if it lies
+// inside the allocator's range, then r.High replaces its high bound if it
+// lies between the (new) low bound and the allocator's high bound; a bound
+// of 0 is unset. A non-zero r also makes the connect try ports in one flat
+// pass, whatever the policy. The zero PortRange is no option at all.
+func WithConnectRange(r PortRange) ConnectOption {
+	return func(c *connectConfig) { c.rng = r }
+}
+
+// scanRange returns the first and one-past-last ports of a connect and its
+// step, as the kernel's inet_sk_get_local_port_range.
+func (a *PortAllocator) scanRange(cc *connectConfig) (low, high, step uint32) {
+	low, high, step = uint32(a.rng.Low), uint32(a.rng.High), 2
+	if a.policy == Flat {
+		step = 1
+	}
+	if cc != nil && cc.rng != (PortRange{}) {
+		if lo := uint32(cc.rng.Low); low <= lo && lo <= high {
+			low = lo
+		}
+		if hi := uint32(cc.rng.High); low <= hi && hi <= high {
+			high = hi
+		}
+		step = 1
+	}
+	return low, high + 1, step
+}
+
+// portOffset returns the keyed per-destination hash of the flow (local,
+// remote), as the kernel's secure_ipv4_port_ephemeral and
+// secure_ipv6_port_ephemeral: SipHash-2-4 of the local address, the remote
+// address and the remote port.
+func (a *PortAllocator) portOffset(local netip.Addr, remote netip.AddrPort) uint64 {
+	var b [34]byte
+	l, r := local.As16(), remote.Addr().As16()
+	copy(b[0:16], l[:])
+	copy(b[16:32], r[:])
+	binary.BigEndian.PutUint16(b[32:34], remote.Port())
+	return siphash.Hash(a.k0, a.k1, b[:])
+}
+
+// random8 returns the random number below 8 of a perturb increment of slot
+// index, whose value was v. It is a keyed hash of the slot and its value, so
+// it is as unpredictable as a fresh draw to whoever lacks the key, yet each
+// slot's sequence depends on nothing but that slot.
+func (a *PortAllocator) random8(index, v uint32) uint32 {
+	var b [8]byte
+	binary.LittleEndian.PutUint32(b[0:4], index)
+	binary.LittleEndian.PutUint32(b[4:8], v)
+	return uint32(siphash.Hash(a.inc0, a.inc1, b[:]) & 7)
+}
+
+// selectPort runs the candidate scan of __inet_hash_connect for the flow
+// (local, remote) and returns the first port for which try returns true.
+// try is called at most once per candidate, never for reserved ports or
+// ports held by Bind for this local address. On success it advances the
+// perturb slot by max(i, random(8)*step) + step as in section 5.
+//
+// The scan starts at a per-destination offset, the keyed port offset plus
+// the destination's perturb slot, and walks the range with step 2 (ports of
+// low's parity, then the others) or step 1 (one pass) for the Flat policy
+// or a per-call range. With step 2 and a range of odd size, one port of
+// low's parity is not a candidate in a given call, as in the kernel.
+func (a *PortAllocator) selectPort(local netip.Addr, remote netip.AddrPort, cc *connectConfig, try func(port uint16) bool) (uint16, bool) {
+	low, high, step := a.scanRange(cc)
+	remaining := high - low
+	if step == 2 && remaining > 1 {
+		remaining &^= 1 // even, so that both passes take turns evenly
+	}
+	portOffset := a.portOffset(local, remote)
+	index := uint32(portOffset & (perturbSize - 1))
+	slot := &a.perturb[index]
+	perturb := atomic.LoadUint32(slot)
+	offset := (perturb + uint32(portOffset>>32)) % remaining
+	if step == 2 {
+		offset &^= 1 // first pass: ports of low's parity
+	}
+	for {
+		port := low + offset
+		for i := uint32(0); i < remaining; i, port = i+step, port+step {
+			if port >= high {
+				port -= remaining
+			}
+			p := uint16(port)
+			if a.Reserved(p) || a.heldFor(local, p) {
+				continue
+			}
+			if !try(p) {
+				continue
+			}
+			// Advance the slot past the port taken, plus a random amount
+			// when the scan was short, so that an observer cannot count a
+			// slot's connects.
+			if r := a.random8(index, perturb) * step; r > i {
+				i = r
+			}
+			atomic.AddUint32(slot, i+step)
+			return p, true
+		}
+		if step != 2 {
+			break
+		}
+		offset++
+		if offset&1 == 0 || remaining <= 1 {
+			break
+		}
+	}
+	return 0, false
+}
+
+// isWildcard reports whether addr is 0.0.0.0, ::ffff:0.0.0.0 or ::.
+func isWildcard(addr netip.Addr) bool {
+	return addr.Unmap().IsUnspecified()
+}
+
+// wildcardOf returns the 16-byte form of the wildcard address of addr's
+// family.
+func wildcardOf(addr netip.Addr) [16]byte {
+	if isIPv4(addr) {
+		return netip.IPv4Unspecified().As16()
+	}
+	return [16]byte{}
+}
+
+// heldFor reports whether port is held by Bind for local, itself or through
+// the wildcard address of its family.
+func (a *PortAllocator) heldFor(local netip.Addr, port uint16) bool {
+	if a.nheld.Load() == 0 || a.heldPorts[port/64].Load()&(1<<(port%64)) == 0 {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.heldForLocked(local, port)
+}
+
+// heldForLocked is heldFor with a.mu held.
+func (a *PortAllocator) heldForLocked(local netip.Addr, port uint16) bool {
+	if _, ok := a.held[heldKey{local.As16(), port}]; ok {
+		return true
+	}
+	_, ok := a.held[heldKey{wildcardOf(local), port}]
+	return ok
+}
+
+// conflictsLocked reports whether Bind(local:port) would fail, with a.mu
+// held: the port is held for local or its family's wildcard, or local is the
+// wildcard and the port is held for any address of its family.
+func (a *PortAllocator) conflictsLocked(local netip.Addr, port uint16) bool {
+	if a.heldForLocked(local, port) {
+		return true
+	}
+	return isWildcard(local) && a.byPort[familyPort{!isIPv4(local), port}] > 0
+}
+
+// holdLocked holds port for local, with a.mu held, and returns the function
+// that releases it.
+func (a *PortAllocator) holdLocked(local netip.Addr, port uint16) func() {
+	k := heldKey{local.As16(), port}
+	fp := familyPort{!isIPv4(local), port}
+	a.held[k] = struct{}{}
+	a.byPort[fp]++
+	a.heldPorts[port/64].Or(1 << (port % 64))
+	a.nheld.Add(1)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			delete(a.held, k)
+			a.nheld.Add(-1)
+			if a.byPort[fp]--; a.byPort[fp] == 0 {
+				delete(a.byPort, fp)
+				if a.byPort[familyPort{!fp.v6, port}] == 0 {
+					a.heldPorts[port/64].And(^uint64(1 << (port % 64)))
+				}
+			}
+		})
+	}
+}
+
+// Bind holds local's port for local's address until release is called, as
+// bind() does: Connect from that address skips the port. The port need not
+// lie in the range and may be reserved; port 0 is an error (see
+// BindEphemeral). A wildcard address (0.0.0.0, or ::) holds the port for
+// every address of its family; IPv4 and IPv4-mapped addresses are one
+// family, and :: does not cover it. Bind returns ErrPortInUse if the port is
+// held for the same address, for its family's wildcard, or, when local is
+// the wildcard, for any address of its family. release may be called more
+// than once.
+func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
+	addr, port := local.Addr(), local.Port()
+	if !addr.IsValid() {
+		return nil, errors.New("hash4: Bind of an invalid local address")
+	}
+	if port == 0 {
+		return nil, fmt.Errorf("hash4: Bind of %v: port 0 (use BindEphemeral)", local)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conflictsLocked(addr, port) {
+		return nil, fmt.Errorf("%w: %v", ErrPortInUse, local)
+	}
+	return a.holdLocked(addr, port), nil
+}
+
+// BindEphemeral chooses a free port of the range for local and holds it as
+// Bind does, like bind() with port 0 (the kernel's inet_csk_find_open_port).
+// It starts at a random port of the other parity than the one Connect tries
+// first and tries that parity, then the rest. It skips reserved ports and
+// those that Bind(local:port) would refuse, and returns ErrNoPorts if none
+// is left. It does not see the ports of connected flows.
+func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release func(), err error) {
+	if !local.IsValid() {
+		return 0, nil, errors.New("hash4: BindEphemeral of an invalid local address")
+	}
+	low, n := int(a.rng.Low), a.rng.Size()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Offsets from low of the other parity, then of low's parity; each pass
+	// starts at the same random position and wraps within its parity.
+	start := a.rand.IntN(n)
+	for _, first := range [2]int{1, 0} {
+		count := (n - first + 1) / 2
+		for k := range count {
+			p := uint16(low + first + 2*((start/2+k)%count))
+			if a.Reserved(p) || a.conflictsLocked(local, p) {
+				continue
+			}
+			return p, a.holdLocked(local, p), nil
+		}
+	}
+	return 0, nil, ErrNoPorts
+}

@@ -1,0 +1,137 @@
+package hash4
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// This file holds the node store: nodes addressed by 32-bit index, recycled
+// without allocation and without waiting for readers, like a kernel cache
+// created with SLAB_TYPESAFE_BY_RCU. A node keeps its type and its place for
+// the life of the store, so a lock-free reader holding a stale index always
+// reads a node of the right type; whether it is still the node the reader
+// wanted is the reader's question to answer (nulls.go, and the sequence
+// counter of the node type).
+//
+// Nodes live in fixed-size chunks that never move; a directory of chunks is
+// replaced (copied) when it grows, and readers load it atomically, so growth
+// never blocks them.
+//
+// Free indexes are kept in per-stripe caches used under the stripe's lock,
+// like per-CPU slab caches, backed by a shared depot under the store's mutex
+// (taken only when a cache runs empty or overfull), so steady-state churn
+// costs no allocation and no shared lock.
+
+const (
+	slabChunkShift = 10
+	slabChunkSize  = 1 << slabChunkShift
+	// slabBatch is how many indexes a cache takes from, or gives back to,
+	// the depot at once.
+	slabBatch = 64
+	// slabCacheMax is the most free indexes a cache keeps.
+	slabCacheMax = 4 * slabBatch
+	// slabMaxNodes bounds the index space: indexes are link indexes.
+	slabMaxNodes = maxNullsValue
+)
+
+// slab is a store of nodes of type N. The zero value is empty and ready.
+type slab[N any] struct {
+	dir atomic.Pointer[[]*[slabChunkSize]N]
+
+	mu     sync.Mutex // guards what follows, and growth of dir
+	carved uint32     // nodes handed out at least once; index 0 is never used
+	depot  []uint32   // free indexes not held by any cache
+}
+
+// slabCache is a cache of free indexes. Its owner serializes its use.
+type slabCache struct {
+	free []uint32
+}
+
+// at returns node i. Any index ever handed out by get is valid for the life
+// of the store.
+func (s *slab[N]) at(i uint32) *N {
+	dir := *s.dir.Load()
+	return &dir[i>>slabChunkShift][i&(slabChunkSize-1)]
+}
+
+// get returns the index of a free node, taking it from c when it can. A node
+// that was used before keeps what its last user left in it. It reports false
+// when the index space is exhausted.
+func (s *slab[N]) get(c *slabCache) (uint32, bool) {
+	if len(c.free) == 0 && !s.refill(c) {
+		return 0, false
+	}
+	i := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	return i, true
+}
+
+// put returns node i to c; c gives half of its indexes back to the depot
+// when it is full, so that nodes freed under one stripe serve the others.
+func (s *slab[N]) put(c *slabCache, i uint32) {
+	c.free = append(c.free, i)
+	if len(c.free) >= slabCacheMax {
+		keep := len(c.free) - slabCacheMax/2
+		s.mu.Lock()
+		s.depot = append(s.depot, c.free[keep:]...)
+		s.mu.Unlock()
+		c.free = c.free[:keep]
+	}
+}
+
+// refill moves up to slabBatch indexes into c, from the depot or else from
+// fresh nodes, growing the store by a chunk when needed.
+func (s *slab[N]) refill(c *slabCache) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := min(len(s.depot), slabBatch); n > 0 {
+		c.free = append(c.free, s.depot[len(s.depot)-n:]...)
+		s.depot = s.depot[:len(s.depot)-n]
+		return true
+	}
+	if s.carved == 0 {
+		s.carved = 1 // index 0 is never a node
+	}
+	for range slabBatch {
+		if s.carved >= slabMaxNodes {
+			break
+		}
+		i := s.carved
+		if i>>slabChunkShift >= uint32(s.chunks()) {
+			s.grow()
+		}
+		s.carved++
+		c.free = append(c.free, i)
+	}
+	return len(c.free) > 0
+}
+
+// chunks returns the number of chunks in the directory.
+func (s *slab[N]) chunks() int {
+	if d := s.dir.Load(); d != nil {
+		return len(*d)
+	}
+	return 0
+}
+
+// grow adds a chunk. s.mu is held. N.B. readers never index past the length
+// of the directory they loaded, so append may write the new slot in place
+// (a slot no reader reads yet); the longer directory is then published whole
+// with one atomic store, and every index handed out before stays valid in it.
+func (s *slab[N]) grow() {
+	var dir []*[slabChunkSize]N
+	if d := s.dir.Load(); d != nil {
+		dir = *d
+	}
+	dir = append(dir, new([slabChunkSize]N))
+	s.dir.Store(&dir)
+}
+
+// stats returns the nodes handed out at least once and the free ones held
+// by the depot.
+func (s *slab[N]) stats() (carved, depot int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return int(max(s.carved, 1) - 1), len(s.depot)
+}

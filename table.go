@@ -1,0 +1,410 @@
+package hash4
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"iter"
+	"net/netip"
+	"sync/atomic"
+)
+
+// Errors returned by Table. Match them with errors.Is: the returned errors
+// wrap them with the offending tuple.
+var (
+	// ErrExists: the 4-tuple is already in the table.
+	ErrExists = errors.New("hash4: 4-tuple already in table")
+	// ErrInvalidTuple: an address is invalid or unspecified (0.0.0.0, ::),
+	// a port is 0, or the local and remote addresses are of different
+	// families.
+	ErrInvalidTuple = errors.New("hash4: invalid tuple")
+	// ErrNilValue: the value to insert is nil.
+	ErrNilValue = errors.New("hash4: nil value")
+	// ErrTableFull: the table holds 2^31-1 entries, as many as it can index.
+	ErrTableFull = errors.New("hash4: table full")
+)
+
+// Table is a concurrent hash table from 4-tuples to *T, built as the Linux
+// established-socket table (inet_ehash): a power-of-two array of
+// hlist_nulls chains read without locks, written under striped locks, with
+// entries recycled without allocation.
+//
+// Lookup takes no lock, writes no shared memory on its path to an answer
+// and never allocates; Insert and Delete lock one stripe. All methods are
+// safe for concurrent use. A Table must be created with New.
+//
+// Keys. An IPv4 address and its IPv4-mapped IPv6 form (::ffff:a.b.c.d) are
+// the same address, as for a dual-stack Linux socket talking to an IPv4
+// peer; tuples come back from All in the IPv4 form. Zones are not part of
+// the key: fe80::1%eth0 and fe80::1%eth1 are one address, as a Linux socket
+// that is not bound to a device matches packets from every interface; keep
+// one Table per interface where flows on link-local addresses must be told
+// apart by interface.
+//
+// Memory: each entry takes 56 bytes and each bucket 4, beyond the caller's T.
+// The bucket count is fixed when the table is made (WithCapacity).
+type Table[T any] struct {
+	b        buckets
+	nodes    slab[entry[T]]
+	secret   Secret
+	hasher   Hasher
+	restarts atomic.Uint64
+
+	// visit, when set (by tests only), is called by lookups on each entry
+	// of a chain before they read its next link.
+	visit func(index uint32)
+}
+
+// entry is one flow. Its fields are shared by lock-free readers and by
+// writers under the stripe lock of the chain it is in, and each is accessed
+// atomically.
+//
+// N.B. seq is odd while the entry is live (linked with its key and value)
+// and even while it is free. A writer fills a free entry and then makes seq
+// odd before linking it; deleting unlinks it, makes seq even and then
+// clears the value. A reader that matches a key therefore reads seq before
+// the key and again after the value, and trusts the match only if seq was
+// odd and did not change: otherwise the entry was deleted or recycled under
+// it, and it restarts. Recycling never waits for readers.
+type entry[T any] struct {
+	seq    atomic.Uint32
+	next   linkField
+	meta   atomic.Uint64 // hash<<32 | local port<<16 | remote port
+	remote [2]atomic.Uint64
+	local  [2]atomic.Uint64
+	val    atomic.Pointer[T]
+}
+
+// key is a tuple in the form entries store: the full hash and ports in one
+// word, addresses as the two words of their 16-byte form (IPv4 as
+// IPv4-mapped, zone dropped).
+type key struct {
+	meta          uint64
+	remote, local [2]uint64
+}
+
+// Option configures New.
+type Option func(*tableConfig)
+
+type tableConfig struct {
+	capacity, stripes int
+	secret            *Secret
+	hasher            Hasher
+}
+
+// WithCapacity sizes the table for about n entries: the bucket count is n
+// rounded up to a power of two (at least 16, at most 2^29), so that a full
+// table holds one entry per bucket on average, as Linux sizes its
+// established table. The default is 1024.
+func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n } }
+
+// WithLockStripes sets the number of writer locks, rounded up to a power of
+// two and limited to the bucket count. The default is 16 per GOMAXPROCS, at
+// least 64.
+func WithLockStripes(n int) Option { return func(c *tableConfig) { c.stripes = n } }
+
+// WithSecret sets the keys of the table's hash function. The default is a
+// fresh NewSecret; see Secret.
+func WithSecret(s Secret) Option { return func(c *tableConfig) { c.secret = &s } }
+
+// WithHasher chooses the tuple hasher; the default is LinuxHasher. A value
+// that names no hasher leaves the default in place.
+func WithHasher(h Hasher) Option {
+	return func(c *tableConfig) {
+		if h.valid() {
+			c.hasher = h
+		}
+	}
+}
+
+// New returns an empty table.
+func New[T any](opts ...Option) *Table[T] {
+	cfg := tableConfig{capacity: 1024, stripes: defaultStripes(), hasher: LinuxHasher}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	t := &Table[T]{hasher: cfg.hasher}
+	if cfg.secret != nil {
+		t.secret = *cfg.secret
+	} else {
+		t.secret = NewSecret()
+	}
+	t.b.init(cfg.capacity, cfg.stripes, 0)
+	return t
+}
+
+// makeKey returns the key of the flow (local:localPort, remote), hashed
+// with the table's hasher: the hash with local port 0, plus the port.
+func (t *Table[T]) makeKey(local netip.Addr, localPort uint16, remote netip.AddrPort) key {
+	k := key{remote: addrWords(remote.Addr()), local: addrWords(local)}
+	k.setPort(hashPort0(t.hasher, &t.secret, k.local, k.remote, remote.Port()), localPort, remote.Port())
+	return k
+}
+
+// setPort sets the local port of k, given the hash of k with local port 0.
+func (k *key) setPort(hash0 uint32, localPort, remotePort uint16) {
+	k.meta = uint64(hash0+uint32(localPort))<<32 | uint64(localPort)<<16 | uint64(remotePort)
+}
+
+// wordsAddr is the inverse of addrWords, with IPv4-mapped addresses
+// returned in their IPv4 form.
+func wordsAddr(w [2]uint64) netip.Addr {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], w[0])
+	binary.LittleEndian.PutUint64(b[8:], w[1])
+	return netip.AddrFrom16(b).Unmap()
+}
+
+// tupleKey returns the key of tup, hashed.
+func (t *Table[T]) tupleKey(tup Tuple) key {
+	return t.makeKey(tup.Local.Addr(), tup.Local.Port(), tup.Remote)
+}
+
+// validate reports why tup cannot be a key, or nil.
+func validate(tup Tuple) error {
+	l, r := tup.Local.Addr().Unmap(), tup.Remote.Addr().Unmap()
+	switch {
+	case !l.IsValid() || !r.IsValid():
+		return fmt.Errorf("%w %v: invalid address", ErrInvalidTuple, tup)
+	case l.IsUnspecified() || r.IsUnspecified():
+		return fmt.Errorf("%w %v: unspecified address", ErrInvalidTuple, tup)
+	case l.Is4() != r.Is4():
+		return fmt.Errorf("%w %v: local and remote address families differ", ErrInvalidTuple, tup)
+	case tup.Local.Port() == 0 || tup.Remote.Port() == 0:
+		return fmt.Errorf("%w %v: port 0", ErrInvalidTuple, tup)
+	}
+	return nil
+}
+
+// matches reports whether e holds key k. The caller checks e.seq around it.
+func (e *entry[T]) matches(k *key) bool {
+	return e.meta.Load() == k.meta &&
+		e.remote[1].Load() == k.remote[1] && e.remote[0].Load() == k.remote[0] &&
+		e.local[1].Load() == k.local[1] && e.local[0].Load() == k.local[0]
+}
+
+// Lookup returns the value stored for tup. It takes no lock and does not
+// allocate. A tuple that Insert would reject is never found.
+func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
+	k := t.tupleKey(tup)
+	return t.lookup(&k)
+}
+
+// lookup is __inet_lookup_established over one chain: walk it without
+// locks; trust a match only if the entry stayed live and unchanged across
+// the read (see entry); trust a miss only if the walk ended on this chain's
+// own nulls marker, since an entry recycled into another chain while we
+// stood on it leads into that chain.
+func (t *Table[T]) lookup(k *key) (*T, bool) {
+	h := uint32(k.meta >> 32)
+	b := t.b.bucket(h)
+	head := &t.b.heads[b]
+begin:
+	l := head.load()
+	for !l.isNulls() {
+		e := t.nodes.at(l.index())
+		if seq := e.seq.Load(); seq&1 == 1 && e.matches(k) {
+			v := e.val.Load()
+			if e.seq.Load() != seq {
+				t.restarts.Add(1) // the slow path's only write
+				goto begin
+			}
+			return v, true
+		}
+		if t.visit != nil {
+			t.visit(l.index())
+		}
+		l = e.next.load()
+	}
+	if l.nullsValue() != t.b.nullsBase+b {
+		t.restarts.Add(1)
+		goto begin
+	}
+	return nil, false
+}
+
+// findLocked returns the field that links the entry holding k in its chain
+// (the head or the predecessor's next) and the entry's link, or a nulls
+// link if k is absent. The caller holds the chain's stripe lock, so the
+// chain and its entries are stable.
+func (t *Table[T]) findLocked(k *key) (*linkField, link) {
+	prev := t.b.head(uint32(k.meta >> 32))
+	l := prev.load()
+	for !l.isNulls() {
+		e := t.nodes.at(l.index())
+		if e.matches(k) {
+			return prev, l
+		}
+		prev = &e.next
+		l = prev.load()
+	}
+	return prev, l
+}
+
+// Insert adds the flow tup with value v. It returns an error matching
+// ErrExists if tup is already present, ErrInvalidTuple or ErrNilValue for
+// bad input; on error the table is unchanged.
+func (t *Table[T]) Insert(tup Tuple, v *T) error {
+	if err := validate(tup); err != nil {
+		return err
+	}
+	if v == nil {
+		return fmt.Errorf("%w for %v", ErrNilValue, tup)
+	}
+	k := t.tupleKey(tup)
+	switch t.insert(&k, v) {
+	case insertExists:
+		return fmt.Errorf("%w: %v", ErrExists, tup)
+	case insertFull:
+		return ErrTableFull
+	}
+	return nil
+}
+
+type insertResult uint8
+
+const (
+	inserted insertResult = iota
+	insertExists
+	insertFull
+)
+
+// insert adds k with value v under the stripe lock, unless k is present.
+func (t *Table[T]) insert(k *key, v *T) insertResult {
+	st := t.b.stripe(uint32(k.meta >> 32))
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if _, l := t.findLocked(k); !l.isNulls() {
+		return insertExists
+	}
+	i, ok := t.nodes.get(&st.cache)
+	if !ok {
+		return insertFull
+	}
+	e := t.nodes.at(i)
+	// N.B. the entry is free (seq even): readers that still stand on it
+	// ignore its key, so it can be written field by field.
+	e.meta.Store(k.meta)
+	e.remote[0].Store(k.remote[0])
+	e.remote[1].Store(k.remote[1])
+	e.local[0].Store(k.local[0])
+	e.local[1].Store(k.local[1])
+	e.val.Store(v)
+	e.seq.Add(1) // live
+	addHead(t.b.head(uint32(k.meta>>32)), nodeLink(i), &e.next)
+	st.count.Add(1)
+	return inserted
+}
+
+// Delete removes tup and returns its value.
+func (t *Table[T]) Delete(tup Tuple) (*T, bool) {
+	k := t.tupleKey(tup)
+	return t.delete(&k)
+}
+
+func (t *Table[T]) delete(k *key) (*T, bool) {
+	st := t.b.stripe(uint32(k.meta >> 32))
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	prev, l := t.findLocked(k)
+	if l.isNulls() {
+		return nil, false
+	}
+	e := t.nodes.at(l.index())
+	unlink(prev, &e.next)
+	e.seq.Add(1) // free: N.B. before the value is cleared (see entry)
+	v := e.val.Swap(nil)
+	t.nodes.put(&st.cache, l.index())
+	st.count.Add(-1)
+	return v, true
+}
+
+// Len returns the number of entries. Under concurrent writes it is a
+// moment's count of each stripe, not a snapshot of the whole table.
+func (t *Table[T]) Len() int {
+	var n int64
+	for i := range t.b.stripes {
+		n += t.b.stripes[i].count.Load()
+	}
+	return int(n)
+}
+
+// All returns an iterator over the entries. Like sync.Map.Range it is
+// weakly consistent: an entry present for the whole iteration is yielded
+// exactly once; one inserted or deleted meanwhile may or may not be. The
+// loop body may call any method of the table.
+func (t *Table[T]) All() iter.Seq2[Tuple, *T] {
+	return func(yield func(Tuple, *T) bool) {
+		type pair struct {
+			tup Tuple
+			v   *T
+		}
+		var chain []pair
+		for b := range t.b.heads {
+			// Copy one chain under its lock, then yield outside it, so
+			// that the body may write to the table.
+			chain = chain[:0]
+			st := &t.b.stripes[uint32(b)&t.b.stripeMask]
+			st.mu.Lock()
+			for l := t.b.heads[b].load(); !l.isNulls(); {
+				e := t.nodes.at(l.index())
+				meta := e.meta.Load()
+				chain = append(chain, pair{
+					tup: Tuple{
+						Local:  netip.AddrPortFrom(wordsAddr([2]uint64{e.local[0].Load(), e.local[1].Load()}), uint16(meta>>16)),
+						Remote: netip.AddrPortFrom(wordsAddr([2]uint64{e.remote[0].Load(), e.remote[1].Load()}), uint16(meta)),
+					},
+					v: e.val.Load(),
+				})
+				l = e.next.load()
+			}
+			st.mu.Unlock()
+			for _, p := range chain {
+				if !yield(p.tup, p.v) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// Stats describes a table's shape.
+type Stats struct {
+	Buckets     int // bucket count, a power of two
+	LockStripes int // writer lock count, a power of two
+	Entries     int // entries counted in the chains
+	// LongestChain is the length of the longest chain.
+	LongestChain int
+	// ChainLengths[n] is the number of buckets whose chain holds n entries.
+	ChainLengths []int
+	// LookupRestarts counts lookups that started a chain walk again: they
+	// met an entry deleted or recycled under them, or ended on the nulls
+	// marker of another chain.
+	LookupRestarts uint64
+	// Nodes counts the entry nodes ever allocated, live or free.
+	Nodes int
+}
+
+// Stats walks every chain, one stripe lock at a time, and returns the
+// table's shape.
+func (t *Table[T]) Stats() Stats {
+	s := Stats{Buckets: len(t.b.heads), LockStripes: len(t.b.stripes)}
+	for b := range t.b.heads {
+		st := &t.b.stripes[uint32(b)&t.b.stripeMask]
+		st.mu.Lock()
+		n := 0
+		for l := t.b.heads[b].load(); !l.isNulls(); l = t.nodes.at(l.index()).next.load() {
+			n++
+		}
+		st.mu.Unlock()
+		for len(s.ChainLengths) <= n {
+			s.ChainLengths = append(s.ChainLengths, 0)
+		}
+		s.ChainLengths[n]++
+		s.Entries += n
+		s.LongestChain = max(s.LongestChain, n)
+	}
+	s.LookupRestarts = t.restarts.Load()
+	s.Nodes, _ = t.nodes.stats()
+	return s
+}
