@@ -56,14 +56,11 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	if a == nil {
 		return Tuple{}, fmt.Errorf("%w: nil *PortAllocator", ErrInvalidTuple)
 	}
-	var cc connectConfig
-	for _, o := range opts {
-		if o != nil {
-			o(&cc)
-		}
-	}
-	k := key{remote: addrWords(remote.Addr()), local: addrWords(local)}
-	hash0 := hashPort0(t.hasher, &t.secret, k.local, k.remote, remote.Port())
+	cc := connectOptions(opts)
+	var k key
+	setWords(&k.remote, remote.Addr())
+	setWords(&k.local, local)
+	hash0 := hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port())
 	try := func(port uint16) bool {
 		if strategy == connectRehash {
 			// Hash the whole tuple anew, as before the port identity.
@@ -83,4 +80,21 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 		return Tuple{}, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
 	}
 	return Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}, nil
+}
+
+// connectOptions returns the config that opts make. N.B. it fills a config
+// of its own and returns a copy: an option is an opaque function, so the
+// config whose address it gets moves to the heap, and Connect's own config
+// would then cost an allocation on every call, with options or without.
+func connectOptions(opts []ConnectOption) connectConfig {
+	if len(opts) == 0 {
+		return connectConfig{}
+	}
+	c := new(connectConfig)
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
+	}
+	return *c
 }

@@ -145,28 +145,83 @@ func JHash1Word(a, initval uint32) uint32 {
 	return jhashFinal(a+v, v, v)
 }
 
-// ipv6Words returns the address as the kernel's s6_addr32: four raw memory
-// words, read little-endian. See the note on address families above.
-func ipv6Words(addr netip.Addr) [4]uint32 {
-	b := addr.As16()
-	return [4]uint32{
-		binary.LittleEndian.Uint32(b[0:4]),
-		binary.LittleEndian.Uint32(b[4:8]),
-		binary.LittleEndian.Uint32(b[8:12]),
-		binary.LittleEndian.Uint32(b[12:16]),
-	}
+// addrWords returns the 16-byte form of a (netip.Addr.As16: IPv4 as
+// IPv4-mapped, zone dropped) as two little-endian words, the form in which
+// tables store, compare and hash addresses, so that an address is converted
+// once per operation. The kernel's raw word s6_addr32[i] is raw32(&w, i).
+func addrWords(a netip.Addr) (w [2]uint64) {
+	setWords(&w, a)
+	return w
 }
 
-// ipv4Word returns the raw memory word of an IPv4 address (the last 32 bits
-// of the 16-byte form; see the note on address families above).
-func ipv4Word(addr netip.Addr) uint32 {
-	b := addr.As16()
-	return binary.LittleEndian.Uint32(b[12:16])
+// setWords sets *w to addrWords(a), word by word. N.B. hot paths fill words
+// in place through this rather than copying a returned array: a 16-byte copy
+// of words just written in 8-byte stores defeats store-to-load forwarding.
+func setWords(w *[2]uint64, a netip.Addr) {
+	if a.Is4() {
+		b := a.As4()
+		w[0], w[1] = 0, 0xffff0000|uint64(binary.LittleEndian.Uint32(b[:]))<<32
+		return
+	}
+	b := a.As16()
+	w[0], w[1] = binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])
+}
+
+// raw32 returns the kernel's s6_addr32[i] of address words w; raw32(w, 3) is
+// the raw word of an IPv4 address.
+func raw32(w *[2]uint64, i int) uint32 { return uint32(w[i>>1] >> (32 * (i & 1))) }
+
+// wordsAreIPv4 reports whether w is an IPv4 (IPv4-mapped) address:
+// ::ffff:0:0/96, whose s6_addr32[2] reads 0xffff0000 on little-endian.
+func wordsAreIPv4(w *[2]uint64) bool {
+	return w[0] == 0 && uint32(w[1]) == 0xffff0000
+}
+
+// ipv6AddrJhash is the kernel's __ipv6_addr_jhash: jhash2 of the four raw
+// words of the address.
+func ipv6AddrJhash(w *[2]uint64, initval uint32) uint32 {
+	k := [4]uint32{raw32(w, 0), raw32(w, 1), raw32(w, 2), raw32(w, 3)}
+	return JHash2(k[:], initval)
 }
 
 // rawPort returns a host-order port as the kernel's __be16 read as a number.
 func rawPort(port uint16) uint32 {
 	return uint32(bits.ReverseBytes16(port))
+}
+
+// N.B. the hashes below take address words by pointer: Go passes arrays of
+// more than one element in memory, and the pointer keeps the words where
+// setWords wrote them.
+
+// inetEhashWords is __inet_ehashfn with local port 0 (v4: both addresses
+// IPv4) or inet6_ehashfn with local port 0, over address words.
+func inetEhashWords(lw, rw *[2]uint64, v4 bool, rport uint16, secret, addrSecret uint32) uint32 {
+	if v4 {
+		return JHash3Words(raw32(lw, 3), raw32(rw, 3), rawPort(rport), secret)
+	}
+	return JHash3Words(raw32(lw, 3), ipv6AddrJhash(rw, addrSecret), rawPort(rport), secret)
+}
+
+// udpEhashWords is udp_ehashfn (v4) or udp6_ehashfn over address words: the
+// local port stays inside the jhash.
+func udpEhashWords(lw, rw *[2]uint64, v4 bool, lport, rport uint16, secret, addrSecret uint32) uint32 {
+	ports := uint32(lport)<<16 | rawPort(rport)
+	if v4 {
+		return JHash3Words(raw32(lw, 3), raw32(rw, 3), ports, secret)
+	}
+	return JHash3Words(raw32(lw, 3), ipv6AddrJhash(rw, addrSecret), ports, secret)
+}
+
+// portaddrHashWords is ipv4_portaddr_hash (v4) or ipv6_portaddr_hash over
+// address words: :: hashes as 0.0.0.0, IPv4-mapped as its IPv4 address.
+func portaddrHashWords(w *[2]uint64, v4 bool, port uint16, mix uint32) uint32 {
+	switch {
+	case v4 || wordsAreIPv4(w):
+		return JHash1Word(raw32(w, 3), mix) ^ uint32(port)
+	case w[0] == 0 && w[1] == 0:
+		return JHash1Word(0, mix) ^ uint32(port)
+	}
+	return ipv6AddrJhash(w, mix) ^ uint32(port)
 }
 
 // InetEhashfn returns the established-table hash of an IPv4 flow, as the
@@ -175,7 +230,8 @@ func rawPort(port uint16) uint32 {
 // net_hash_mix. Addresses of another family: see the note at the top of
 // hash.go.
 func InetEhashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret uint32) uint32 {
-	return uint32(lport) + JHash3Words(ipv4Word(laddr), ipv4Word(faddr), rawPort(fport), secret)
+	lw, fw := addrWords(laddr), addrWords(faddr)
+	return uint32(lport) + inetEhashWords(&lw, &fw, true, fport, secret, 0)
 }
 
 // Inet6Ehashfn returns the established-table hash of an IPv6 flow, as the
@@ -184,29 +240,31 @@ func InetEhashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16,
 // secret). Only the last 32 bits of the local address take part; the remote
 // address is hashed whole. An IPv4 address is read as its IPv4-mapped form.
 func Inet6Ehashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret, addrSecret uint32) uint32 {
-	fw := ipv6Words(faddr)
-	return uint32(lport) + JHash3Words(ipv4Word(laddr), JHash2(fw[:], addrSecret), rawPort(fport), secret)
+	lw, fw := addrWords(laddr), addrWords(faddr)
+	return uint32(lport) + inetEhashWords(&lw, &fw, false, fport, secret, addrSecret)
 }
 
 // UDPEhashfn returns the UDP 4-tuple hash of an IPv4 flow, as the kernel's
 // udp_ehashfn (net/ipv4/udp.c). Unlike InetEhashfn it keeps the local port
 // inside the jhash, so it has no port identity.
 func UDPEhashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret uint32) uint32 {
-	return JHash3Words(ipv4Word(laddr), ipv4Word(faddr), uint32(lport)<<16|rawPort(fport), secret)
+	lw, fw := addrWords(laddr), addrWords(faddr)
+	return udpEhashWords(&lw, &fw, true, lport, fport, secret, 0)
 }
 
 // UDP6Ehashfn returns the UDP 4-tuple hash of an IPv6 flow, as the kernel's
 // udp6_ehashfn (net/ipv6/udp.c), with the local port inside the jhash.
 func UDP6Ehashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret, addrSecret uint32) uint32 {
-	fw := ipv6Words(faddr)
-	return JHash3Words(ipv4Word(laddr), JHash2(fw[:], addrSecret), uint32(lport)<<16|rawPort(fport), secret)
+	lw, fw := addrWords(laddr), addrWords(faddr)
+	return udpEhashWords(&lw, &fw, false, lport, fport, secret, addrSecret)
 }
 
 // IPv4PortaddrHash returns the (address, port) hash of the UDP hash2 and TCP
 // listener tables, as the kernel's ipv4_portaddr_hash: jhash_1word(addr,
 // mix) ^ port. mix is net_hash_mix.
 func IPv4PortaddrHash(addr netip.Addr, port uint16, mix uint32) uint32 {
-	return JHash1Word(ipv4Word(addr), mix) ^ uint32(port)
+	w := addrWords(addr)
+	return portaddrHashWords(&w, true, port, mix)
 }
 
 // IPv6PortaddrHash returns the (address, port) hash of the UDP hash2 and TCP
@@ -214,17 +272,8 @@ func IPv4PortaddrHash(addr netip.Addr, port uint16, mix uint32) uint32 {
 // :: and IPv4-mapped addresses hash like their IPv4 form (so :: and 0.0.0.0
 // hash alike), others as jhash2 of the four words; then ^ port.
 func IPv6PortaddrHash(addr netip.Addr, port uint16, mix uint32) uint32 {
-	w := ipv6Words(addr)
-	var h uint32
-	switch {
-	case w == [4]uint32{}:
-		h = JHash1Word(0, mix)
-	case w[0] == 0 && w[1] == 0 && w[2] == 0xffff0000: // ::ffff:0:0/96, raw words
-		h = JHash1Word(w[3], mix)
-	default:
-		h = JHash2(w[:], mix)
-	}
-	return h ^ uint32(port)
+	w := addrWords(addr)
+	return portaddrHashWords(&w, false, port, mix)
 }
 
 // Tuple is one flow seen from the local host: the local address and port, and
@@ -300,22 +349,8 @@ func (h Hasher) valid() bool { return h <= XXH3Hasher }
 // HashTuple returns the hash a table with hasher h and secret s gives the
 // tuple: the hash of t with local port 0, plus the local port.
 func HashTuple(t Tuple, h Hasher, s Secret) uint32 {
-	return hashPort0(h, &s, addrWords(t.Local.Addr()), addrWords(t.Remote.Addr()), t.Remote.Port()) + uint32(t.Local.Port())
-}
-
-// addrWords returns the 16-byte form of a (netip.Addr.As16) as two
-// little-endian words: the form in which tables store and hash addresses.
-// In it the kernel's raw word s6_addr32[i] is the low (i even) or high (i
-// odd) half of word i/2.
-func addrWords(a netip.Addr) [2]uint64 {
-	b := a.As16()
-	return [2]uint64{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
-}
-
-// wordsAreIPv4 reports whether w is an IPv4 (IPv4-mapped) address:
-// ::ffff:0:0/96, whose s6_addr32[2] reads 0xffff0000 on little-endian.
-func wordsAreIPv4(w [2]uint64) bool {
-	return w[0] == 0 && uint32(w[1]) == 0xffff0000
+	lw, rw := addrWords(t.Local.Addr()), addrWords(t.Remote.Addr())
+	return hashPort0(h, &s, &lw, &rw, t.Remote.Port()) + uint32(t.Local.Port())
 }
 
 // hashPort0 returns the hash of the flow (local:0, remote:rport), addresses
@@ -323,7 +358,7 @@ func wordsAreIPv4(w [2]uint64) bool {
 // ports are consecutive, so connect() computes this once and walks candidate
 // ports with one addition. For the Linux hasher it equals InetEhashfn or
 // Inet6Ehashfn with local port 0, reading the same raw words.
-func hashPort0(h Hasher, s *Secret, local, remote [2]uint64, rport uint16) uint32 {
+func hashPort0(h Hasher, s *Secret, local, remote *[2]uint64, rport uint16) uint32 {
 	if h == XXH3Hasher {
 		var buf [34]byte
 		binary.LittleEndian.PutUint64(buf[0:], remote[0])
@@ -334,12 +369,7 @@ func hashPort0(h Hasher, s *Secret, local, remote [2]uint64, rport uint16) uint3
 		x := xxh3.HashSeed(buf[:], s.Seed)
 		return uint32(x) ^ uint32(x>>32)
 	}
-	lw := uint32(local[1] >> 32) // s6_addr32[3]: the IPv4 address
-	if wordsAreIPv4(local) && wordsAreIPv4(remote) {
-		return JHash3Words(lw, uint32(remote[1]>>32), rawPort(rport), s.Ehash)
-	}
-	fw := [4]uint32{uint32(remote[0]), uint32(remote[0] >> 32), uint32(remote[1]), uint32(remote[1] >> 32)}
-	return JHash3Words(lw, JHash2(fw[:], s.Ehash6Addr), rawPort(rport), s.Ehash)
+	return inetEhashWords(local, remote, wordsAreIPv4(local) && wordsAreIPv4(remote), rport, s.Ehash, s.Ehash6Addr)
 }
 
 // isIPv4 reports whether addr is an IPv4 or IPv4-mapped IPv6 address.

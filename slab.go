@@ -27,7 +27,7 @@ const (
 	slabChunkSize  = 1 << slabChunkShift
 	// slabBatch is how many indexes a cache takes from, or gives back to,
 	// the depot at once.
-	slabBatch = 64
+	slabBatch = 16
 	// slabCacheMax is the most free indexes a cache keeps.
 	slabCacheMax = 4 * slabBatch
 	// slabMaxNodes bounds the index space: indexes are link indexes.

@@ -136,8 +136,10 @@ func New[T any](opts ...Option) *Table[T] {
 // makeKey returns the key of the flow (local:localPort, remote), hashed
 // with the table's hasher: the hash with local port 0, plus the port.
 func (t *Table[T]) makeKey(local netip.Addr, localPort uint16, remote netip.AddrPort) key {
-	k := key{remote: addrWords(remote.Addr()), local: addrWords(local)}
-	k.setPort(hashPort0(t.hasher, &t.secret, k.local, k.remote, remote.Port()), localPort, remote.Port())
+	var k key
+	setWords(&k.remote, remote.Addr())
+	setWords(&k.local, local)
+	k.setPort(hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port()), localPort, remote.Port())
 	return k
 }
 

@@ -1,0 +1,101 @@
+package hash4_test
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/hash4/hash4"
+)
+
+// natMapping is what a NAT gateway keeps per flow: the public address and
+// port it rewrote the flow to, and a packet count.
+type natMapping struct {
+	Public  netip.AddrPort
+	Packets int
+}
+
+func ExampleTable() {
+	flows := hash4.New[natMapping](hash4.WithCapacity(1 << 12))
+
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("192.168.1.20:51000"),
+		Remote: netip.MustParseAddrPort("93.184.216.34:443"),
+	}
+	m := &natMapping{Public: netip.MustParseAddrPort("203.0.113.1:40001")}
+	if err := flows.Insert(flow, m); err != nil {
+		fmt.Println("insert:", err)
+	}
+
+	// A second insert of the same flow is refused.
+	err := flows.Insert(flow, &natMapping{})
+	fmt.Println("again:", errors.Is(err, hash4.ErrExists))
+
+	// Per packet: find the mapping and use it.
+	if got, ok := flows.Lookup(flow); ok {
+		got.Packets++
+		fmt.Println("rewrite to", got.Public, "packets", got.Packets)
+	}
+
+	// The flow ends.
+	gone, ok := flows.Delete(flow)
+	fmt.Println("deleted:", ok, gone.Public, "entries left:", flows.Len())
+	// Output:
+	// again: true
+	// rewrite to 203.0.113.1:40001 packets 1
+	// deleted: true 203.0.113.1:40001 entries left: 0
+}
+
+func ExampleTable_Lookup() {
+	t := hash4.New[string]()
+	v4 := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:8080"),
+		Remote: netip.MustParseAddrPort("10.0.0.2:55555"),
+	}
+	t.Insert(v4, new("web session"))
+
+	// The IPv4-mapped form of the same flow, as a dual-stack socket sees
+	// it, is the same key.
+	mapped := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("[::ffff:10.0.0.1]:8080"),
+		Remote: netip.MustParseAddrPort("[::ffff:10.0.0.2]:55555"),
+	}
+	if v, ok := t.Lookup(mapped); ok {
+		fmt.Println(*v)
+	}
+
+	other := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:8080"),
+		Remote: netip.MustParseAddrPort("10.0.0.3:55555"),
+	}
+	_, ok := t.Lookup(other)
+	fmt.Println("other flow found:", ok)
+	// Output:
+	// web session
+	// other flow found: false
+}
+
+func ExampleTable_All() {
+	t := hash4.New[int]()
+	for i, remote := range []string{"[2001:db8::2]:443", "[2001:db8::3]:443", "[2001:db8::4]:80"} {
+		t.Insert(hash4.Tuple{
+			Local:  netip.MustParseAddrPort("[2001:db8::1]:40000"),
+			Remote: netip.MustParseAddrPort(remote),
+		}, new(i))
+	}
+	// All yields in bucket order, which depends on the table's secret:
+	// sort for a stable listing.
+	var lines []string
+	for tup, v := range t.All() {
+		lines = append(lines, fmt.Sprintf("%v = %d", tup, *v))
+	}
+	slices.Sort(lines)
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+	// Output:
+	// [2001:db8::1]:40000->[2001:db8::2]:443 = 0
+	// [2001:db8::1]:40000->[2001:db8::3]:443 = 1
+	// [2001:db8::1]:40000->[2001:db8::4]:80 = 2
+}

@@ -1,0 +1,106 @@
+package main
+
+// groupSpec describes one comparison: which benchmark function runs it, which
+// part of the sub-benchmark name names the implementations compared, and how
+// it is charted.
+type groupSpec struct {
+	name  string // flag name: lookup, mixed, churn, connect, udp
+	bench string // benchmark function, e.g. BenchmarkLookup
+	title string // heading and chart title
+	// implKey is the sub-name key whose values are the implementations
+	// compared (a column each). Its values are shown bare if the key is
+	// "impl", else as key=value (hash4=on).
+	implKey string
+	// impls are the implementations in the order shown, the one whose
+	// ratio is the headline first; any others found are appended.
+	impls []string
+	// sized groups run at the -sizes (sub-name n=) and at every -cpu count
+	// and are charted as throughput against goroutines, one chart per
+	// size. Others run once at GOMAXPROCS.
+	sized bool
+	// xKey, if set, is the sub-name key charted on the x axis (Connect's
+	// occupancy), one chart per value of the other keys.
+	xKey string
+	// perRow is the number of results per run (per count) for each size,
+	// -cpu value or Connect policy; used for the progress bar's total.
+	perRow int
+	// what says what the operation is; meaning says in one sentence what
+	// the comparison means for a NAT gateway or proxy.
+	what, meaning string
+}
+
+// headline is the implementation whose ratio to its fastest peer is the
+// headline of a row.
+func (g *groupSpec) headline() string { return g.impls[0] }
+
+// connectPolicies are the port-selection policies BenchmarkConnect runs;
+// used only to size the progress bar when -policies is not given.
+var connectPolicies = []string{"odd-even", "flat"}
+
+// connectOccupancies is the number of occupancies BenchmarkConnect runs.
+const connectOccupancies = 4
+
+var groupSpecs = []*groupSpec{
+	{
+		name: "lookup", bench: "BenchmarkLookup", title: "Lookup hits",
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"},
+		sized: true, perRow: 4,
+		what: "Lookups of keys present in the table, by every goroutine at once.",
+		meaning: "Every packet a NAT gateway or proxy forwards first looks up its flow, so this cost " +
+			"bounds packets per second, and the goroutine axis shows whether more cores forward more packets.",
+	},
+	{
+		name: "mixed", bench: "BenchmarkMixed", title: "Mixed: 90% lookups, 10% delete+insert",
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"},
+		sized: true, perRow: 4,
+		what: "Nine lookups to one delete+insert of the same key; the table stays full.",
+		meaning: "A loaded gateway mostly forwards packets of known flows while some flows open and close; " +
+			"this is the per-packet cost when writers run beside the readers.",
+	},
+	{
+		name: "churn", bench: "BenchmarkChurn", title: "Churn: delete+insert",
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"},
+		sized: true, perRow: 4,
+		what: "Delete and reinsert of present keys only (two operations per op).",
+		meaning: "Short flows (DNS, HTTP/1.0, a SYN flood) are all setup and teardown: this bounds how many " +
+			"flows per second a proxy can create and expire, and allocations here become GC pauses under load.",
+	},
+	{
+		name: "connect", bench: "BenchmarkConnect", title: "Connect: pick a free source port",
+		implKey: "impl", impls: []string{"hash4", "rehash", "locked", "xsync"},
+		xKey: "occupancy", perRow: 4 * connectOccupancies,
+		what: "One Connect to a fixed destination plus one Delete of a random live flow, with the " +
+			"ephemeral range 32768-60999 occupied to a fixed fraction.",
+		meaning: "Every new outbound flow of a NAT gateway or proxy needs a free source port toward its " +
+			"destination: this is what opening a connection costs as the port range toward a busy upstream fills.",
+	},
+	{
+		name: "udp", bench: "BenchmarkUDPLookup", title: "UDP socket lookup: hash4 on vs off",
+		implKey: "hash4", impls: []string{"hash4=on", "hash4=off"},
+		perRow: 6,
+		what: "Socket lookup of a datagram on a port with 500 connected sockets and one unconnected one " +
+			"(connected), or on ports with unconnected sockets only.",
+		meaning: "A UDP proxy that connects one socket per client on one port finds a datagram's socket " +
+			"directly with the 4-tuple hash, instead of scoring every socket on the port, so its cost stops growing with the number of clients.",
+	},
+}
+
+// groupByName returns the spec named name, or nil.
+func groupByName(name string) *groupSpec {
+	for _, g := range groupSpecs {
+		if g.name == name {
+			return g
+		}
+	}
+	return nil
+}
+
+// groupByBench returns the spec of the benchmark function bench, or nil.
+func groupByBench(bench string) *groupSpec {
+	for _, g := range groupSpecs {
+		if g.bench == bench {
+			return g
+		}
+	}
+	return nil
+}

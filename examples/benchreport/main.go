@@ -1,0 +1,268 @@
+// Command benchreport runs hash4's comparison benchmarks in one go and turns
+// them into a Markdown table and SVG charts.
+//
+// From the repository root:
+//
+//	go run ./examples/benchreport -quick                  # a first look, under a minute
+//	go run ./examples/benchreport                         # the full comparison
+//	go run ./examples/benchreport -from docs/benchmarks.txt   # redraw from recorded output
+//
+// It compiles the package's test binary once (go test -c) and runs it once
+// for lookup, mixed and churn at every -cpu value, then once per other
+// comparison at GOMAXPROCS, each like
+//
+//	go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn)$/^n=(1K|1M)$' -benchtime 1s -count 3 -cpu 1,2 -benchmem
+//
+// The Connect strategies compared are unexported, so the benchmarks, not
+// this command, drive them. While they run, a progress bar on stderr (when
+// it is a terminal; otherwise a line per finished benchmark) counts the
+// result lines. The output, parsed with golang.org/x/perf/benchfmt, becomes:
+//
+//   - benchmarks.md: per comparison a table of the median ns/op, its ratio to
+//     the fastest implementation in the row and allocs/op, with hash4's ratio
+//     to its fastest peer as the headline;
+//   - throughput-<group>-<size>.svg: million ops/s against goroutines, a line
+//     per implementation (lookup, mixed, churn);
+//   - connect-<policy>.svg: time per Connect against the occupancy of the port
+//     range, a line per strategy;
+//   - udp.svg: time per UDP socket lookup, hash4 on and off, per case;
+//   - benchmarks.txt: the raw output, for benchstat or -from.
+//
+// # Flags
+//
+//	-groups list     comparisons to run: lookup, mixed, churn, connect, udp (default all)
+//	-sizes list      table sizes of lookup, mixed and churn (default 1K,1M)
+//	-benchtime t     run time of each benchmark, a duration or Nx (default 1s)
+//	-count n         runs of each benchmark; the report shows the median (default 3)
+//	-cpu list        goroutine counts of lookup, mixed and churn (default 1, 2, 4, ...
+//	                 up to GOMAXPROCS, and GOMAXPROCS)
+//	-policies list   Connect port policies (default all: odd-even, flat)
+//	-out dir         output directory (default docs/ at the module root)
+//	-pkg dir         package whose benchmarks run (default the module root)
+//	-from file       render from recorded benchmark output; run nothing
+//	-quick           sizes 1K, benchtime 100ms, count 1, policy flat: under a
+//	                 minute on two cores; flags given explicitly still apply
+//
+// Invalid flags print a message and exit with status 2; a failed build or
+// benchmark prints its output and exits with status 1.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// realMain runs the command with args (without the program name) and
+// returns its exit status.
+func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, runtime.GOMAXPROCS(0), stderr)
+	if errors.Is(err, errUsage) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "benchreport: %v\n", err)
+		return 2
+	}
+	if err := run(ctx, o, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "benchreport: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// goEnv returns the values of go env names, run in dir.
+func goEnv(ctx context.Context, dir string, names ...string) ([]string, error) {
+	cmd := exec.CommandContext(ctx, "go", append([]string{"env"}, names...)...)
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("go env: %v: %s", err, ee.Stderr)
+		}
+		return nil, fmt.Errorf("go env: %v", err)
+	}
+	vals := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(vals) != len(names) {
+		return nil, fmt.Errorf("go env %s: unexpected output %q", strings.Join(names, " "), out)
+	}
+	return vals, nil
+}
+
+// moduleRoot returns the directory of the module containing dir, or "".
+func moduleRoot(ctx context.Context, dir string) string {
+	v, err := goEnv(ctx, dir, "GOMOD")
+	if err != nil || v[0] == "" || v[0] == os.DevNull {
+		return ""
+	}
+	return filepath.Dir(v[0])
+}
+
+// run runs the benchmarks (or reads -from) and writes the report.
+func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
+	root := ""
+	if o.out == "" || (o.pkg == "" && o.from == "") {
+		root = moduleRoot(ctx, ".")
+	}
+	if o.out == "" {
+		o.out = filepath.Join(root, "docs") // root "" gives ./docs
+	}
+	var raw []byte
+	source := o.from
+	if o.from != "" {
+		b, err := os.ReadFile(o.from)
+		if err != nil {
+			return err
+		}
+		raw = b
+	} else {
+		if o.pkg == "" {
+			if root == "" {
+				return errors.New("not in a Go module: give -pkg, the directory of the package to benchmark")
+			}
+			o.pkg = root
+		}
+		b, err := runAll(ctx, o, stderr)
+		if err != nil {
+			return err
+		}
+		raw, source = b, "benchmark output"
+	}
+	rep, err := parseReport(bytes.NewReader(raw), source)
+	if err != nil {
+		return err
+	}
+	if len(rep.groups) == 0 {
+		return fmt.Errorf("no results of %s in %s", strings.Join(benchNames(), ", "), source)
+	}
+	if o.from == "" {
+		for _, g := range o.groups {
+			if rep.group(g.name) == nil {
+				fmt.Fprintf(stderr, "benchreport: warning: no results for %s (%s)\n", g.name, g.bench)
+			}
+		}
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	cs := charts(rep)
+	written := []string{}
+	write := func(name string, data []byte) error {
+		p := filepath.Join(o.out, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			return err
+		}
+		written = append(written, p)
+		return nil
+	}
+	if o.from == "" {
+		if err := write("benchmarks.txt", raw); err != nil {
+			return err
+		}
+	}
+	for _, c := range cs {
+		if err := write(c.name, c.svg); err != nil {
+			return err
+		}
+	}
+	if err := write("benchmarks.md", []byte(markdown(rep, cs))); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", strings.Join(written, "\n      "))
+	return nil
+}
+
+func benchNames() []string {
+	var n []string
+	for _, g := range groupSpecs {
+		n = append(n, g.bench)
+	}
+	return n
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0 && st.Mode()&os.ModeDevice != 0
+}
+
+// runAll compiles the test binary, runs the planned invocations and returns
+// their output, preceded by configuration lines naming the command, the
+// machine and the settings.
+func runAll(ctx context.Context, o options, stderr io.Writer) ([]byte, error) {
+	invs := plan(o)
+	total := 0
+	for _, inv := range invs {
+		total += inv.expect
+	}
+	env, err := goEnv(ctx, o.pkg, "GOVERSION")
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "benchreport")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+
+	began := time.Now()
+	fmt.Fprintf(stderr, "benchreport: compiling the test binary of %s\n", o.pkg)
+	bin, err := compile(ctx, o.pkg, tmp)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stderr, "benchreport: running %d benchmarks\n", total)
+	for _, inv := range invs {
+		fmt.Fprintf(stderr, "  %s\n", inv.goTestCommand())
+	}
+
+	var raw bytes.Buffer
+	cmdline := "go run ./examples/benchreport"
+	for _, a := range o.args {
+		cmdline += " " + shellQuote(a)
+	}
+	fmt.Fprintf(&raw, "benchreport-command: %s\n", cmdline)
+	fmt.Fprintf(&raw, "date: %s\n", time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&raw, "gomaxprocs: %d\n", runtime.GOMAXPROCS(0))
+	fmt.Fprintf(&raw, "go-version: %s\n", env[0])
+	fmt.Fprintf(&raw, "benchtime: %s\n", o.benchtime)
+	fmt.Fprintf(&raw, "count: %d\n", o.count)
+
+	var prog progress
+	if isTerminal(stderr) {
+		prog = newBarProgress(stderr, total)
+	} else {
+		prog = &lineProgress{w: stderr, total: total}
+	}
+	for _, inv := range invs {
+		if err := runBinary(ctx, bin, o.pkg, inv, &raw, prog); err != nil {
+			prog.close()
+			return nil, err
+		}
+	}
+	prog.close()
+	fmt.Fprintf(stderr, "benchreport: benchmarks took %s\n", time.Since(began).Round(time.Second))
+	return raw.Bytes(), nil
+}

@@ -1,0 +1,320 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Bad flags: a clear message naming the flag, exit 2, no panic.
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-groups", "lookup,bogus"}, `-groups: unknown group "bogus"`},
+		{[]string{"-groups", ","}, "-groups: empty"},
+		{[]string{"-sizes", "1Q"}, `-sizes: bad size "1Q"`},
+		{[]string{"-sizes", ""}, "-sizes: empty"},
+		{[]string{"-benchtime", "0s"}, `-benchtime: bad value "0s"`},
+		{[]string{"-benchtime", "fast"}, `-benchtime: bad value "fast"`},
+		{[]string{"-benchtime", "0x"}, `-benchtime: bad value "0x"`},
+		{[]string{"-count", "0"}, "-count: 0, want at least 1"},
+		{[]string{"-count", "many"}, `invalid value "many" for flag -count`},
+		{[]string{"-cpu", "1,0"}, `-cpu: bad goroutine count "0"`},
+		{[]string{"-cpu", "one"}, `-cpu: bad goroutine count "one"`},
+		{[]string{"-policies", "Flat!"}, `-policies: bad policy "Flat!"`},
+		{[]string{"-policies", ""}, "-policies: empty"},
+		{[]string{"-from", filepath.Join(t.TempDir(), "missing.txt")}, "-from: "},
+		{[]string{"-pkg", filepath.Join(t.TempDir(), "missing")}, "-pkg: "},
+		{[]string{"-pkg", "main.go"}, "-pkg: main.go is not a directory"},
+		{[]string{"-out", ""}, "-out: empty"},
+		{[]string{"-out", "main.go"}, "-out: main.go is not a directory"},
+		{[]string{"-quick", "extra"}, `unexpected argument "extra"`},
+		{[]string{"-nosuchflag"}, "flag provided but not defined: -nosuchflag"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := realMain(context.Background(), tc.args, &stdout, &stderr)
+		if code != 2 {
+			t.Errorf("%q: exit %d, want 2", tc.args, code)
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%q: stderr %q lacks %q", tc.args, stderr.String(), tc.want)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("%q: wrote to stdout: %q", tc.args, stdout.String())
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := realMain(context.Background(), []string{"-h"}, &stdout, &stderr); code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+	for _, s := range []string{"-quick", "-groups", "-from", "-benchtime"} {
+		if !strings.Contains(stderr.String(), s) {
+			t.Errorf("usage lacks %s:\n%s", s, stderr.String())
+		}
+	}
+}
+
+func TestFlagsQuick(t *testing.T) {
+	o, err := parseFlags([]string{"-quick"}, 2, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.groups) != len(groupSpecs) || !slices.Equal(o.sizes, []string{"1K"}) || o.benchtime != "100ms" ||
+		o.count != 1 || !slices.Equal(o.cpus, []int{1, 2}) || !slices.Equal(o.policies, []string{"flat"}) {
+		t.Errorf("-quick: %+v", o)
+	}
+	// Explicit flags win over -quick.
+	o, err = parseFlags([]string{"-quick", "-count", "2", "-sizes", "1k,1M,1K", "-cpu", "4,1", "-groups", "udp,lookup"}, 2, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.count != 2 || !slices.Equal(o.sizes, []string{"1K", "1M"}) || !slices.Equal(o.cpus, []int{1, 4}) ||
+		len(o.groups) != 2 || o.groups[0].name != "lookup" || o.groups[1].name != "udp" {
+		t.Errorf("-quick with flags: %+v", o)
+	}
+	// Defaults.
+	o, err = parseFlags(nil, 12, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.benchtime != "1s" || o.count != 3 || !slices.Equal(o.sizes, []string{"1K", "1M"}) ||
+		!slices.Equal(o.cpus, []int{1, 2, 4, 8, 12}) || o.policies != nil {
+		t.Errorf("defaults: %+v", o)
+	}
+	if got := defaultCPUs(1); !slices.Equal(got, []int{1}) {
+		t.Errorf("defaultCPUs(1) = %v", got)
+	}
+	if got := defaultCPUs(8); !slices.Equal(got, []int{1, 2, 4, 8}) {
+		t.Errorf("defaultCPUs(8) = %v", got)
+	}
+}
+
+func TestPlan(t *testing.T) {
+	o, err := parseFlags([]string{"-quick"}, 2, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	total := 0
+	for _, inv := range plan(o) {
+		got = append(got, inv.goTestCommand())
+		total += inv.expect
+	}
+	want := []string{
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^Benchmark(Lookup|Mixed|Churn)$/^n=(1K)$' -cpu 1,2 .`,
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkConnect$/^(policy=(flat)|occupancy=.*)$' .`,
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkUDPLookup$' .`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("plan\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// 3 groups x 1 size x 2 cpus x 4 impls + 1 policy x 4 occupancies x 4
+	// impls + 3 cases x 2.
+	if total != 24+16+6 {
+		t.Errorf("expect %d results, want 46", total)
+	}
+
+	o, err = parseFlags([]string{"-groups", "churn,connect", "-count", "3", "-cpu", "1,2,4"}, 4, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	invs := plan(o)
+	if len(invs) != 2 || invs[0].expect != 2*3*4*3 || invs[1].expect != 2*16*3 ||
+		!slices.Contains(invs[1].args, "-test.bench=^BenchmarkConnect$") {
+		t.Errorf("plan %+v", invs)
+	}
+}
+
+// lineTap reports each benchmark when its name is printed, however the
+// output is split into reads.
+func TestLineTap(t *testing.T) {
+	out := "goos: linux\nBenchmarkA/n=1K-2   \t 100\t 5 ns/op\nsome log\twith a tab\nBenchmarkB \t 1\t 2 ns/op\n"
+	for _, chunk := range []int{1, 3, 7, len(out)} {
+		var started []string
+		tap := &lineTap{r: &chunkReader{s: out, n: chunk}, onStart: func(n string) { started = append(started, n) }}
+		var got bytes.Buffer
+		if _, err := got.ReadFrom(tap); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != out {
+			t.Errorf("chunk %d: passed %q", chunk, got.String())
+		}
+		if !slices.Equal(started, []string{"BenchmarkA/n=1K-2", "BenchmarkB"}) {
+			t.Errorf("chunk %d: started %q", chunk, started)
+		}
+	}
+}
+
+type chunkReader struct {
+	s string
+	n int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if r.s == "" {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.n)], r.s)
+	r.s = r.s[n:]
+	return n, nil
+}
+
+func TestProgress(t *testing.T) {
+	var b bytes.Buffer
+	p := &lineProgress{w: &b, total: 2}
+	p.start("BenchmarkA")
+	p.done("BenchmarkA-2", 43.98)
+	p.done("BenchmarkB-2", 1473)
+	p.done("BenchmarkC-2", 5)
+	p.close()
+	want := "[1/2] BenchmarkA-2 44.0 ns/op\n[2/2] BenchmarkB-2 1.47 µs/op\n[3/3] BenchmarkC-2 5.00 ns/op\n"
+	if b.String() != want {
+		t.Errorf("line progress %q, want %q", b.String(), want)
+	}
+
+	var bb bytes.Buffer
+	bar := newBarProgress(&bb, 2)
+	bar.start("BenchmarkLookup/n=1K/impl=hash4-2")
+	bar.done("", 1)
+	bar.done("", 1)
+	bar.done("", 1) // more results than planned: the bar stays full
+	bar.close()
+	if got := shortName("BenchmarkConnect/policy=odd-even/occupancy=99%/impl=xsync-2"); got != "…odd-even/occupancy=99%/impl=xsync-2" {
+		t.Errorf("shortName = %q", got)
+	}
+	if !strings.Contains(bb.String(), "100% |") || !strings.Contains(bb.String(), "Lookup/n=1K/impl=hash4-2") ||
+		!strings.HasSuffix(bb.String(), "\n") {
+		t.Errorf("bar output %q", bb.String())
+	}
+}
+
+// -from renders a recorded output without running anything.
+func TestCommandFrom(t *testing.T) {
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := realMain(context.Background(), []string{"-from", filepath.Join("testdata", "bench.txt"), "-out", out}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	for _, f := range []string{"benchmarks.md", "throughput-lookup-1K.svg", "connect-flat.svg", "udp.svg"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, "benchmarks.txt")); err == nil {
+		t.Error("-from wrote benchmarks.txt")
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
+	golden, _ := os.ReadFile(filepath.Join("testdata", "bench.golden.md"))
+	if !bytes.Equal(md, golden) {
+		t.Error("benchmarks.md differs from testdata/bench.golden.md")
+	}
+
+	// A file with no comparison in it is an error.
+	empty := filepath.Join(t.TempDir(), "empty.txt")
+	if err := os.WriteFile(empty, []byte("BenchmarkOther-2 \t 10 \t 5 ns/op\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stderr.Reset()
+	if code := realMain(context.Background(), []string{"-from", empty, "-out", out}, &stdout, &stderr); code != 1 ||
+		!strings.Contains(stderr.String(), "no results of BenchmarkLookup") {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// A benchmark that fails: its output is reported and the exit status is 1.
+func TestCommandChildFails(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"go.mod": "module example.com/failing\n\ngo 1.26\n",
+		"failing_test.go": `package failing
+
+import "testing"
+
+func BenchmarkUDPLookup(b *testing.B) {
+	b.Run("connected/hash4=on", func(b *testing.B) { b.Fatal("the table is broken") })
+}
+`,
+	}
+	for name, s := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	code := realMain(context.Background(), []string{"-pkg", dir, "-groups", "udp", "-out", t.TempDir(), "-benchtime", "1x"}, &stdout, &stderr)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if !strings.Contains(stderr.String(), "the table is broken") || !strings.Contains(stderr.String(), "exit status 1") {
+		t.Errorf("stderr lacks the failure:\n%s", stderr.String())
+	}
+
+	// A package that does not compile.
+	if err := os.WriteFile(filepath.Join(dir, "failing_test.go"), []byte("package failing\n\nfunc x() { undefined() }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stderr.Reset()
+	code = realMain(context.Background(), []string{"-pkg", dir, "-groups", "udp", "-out", t.TempDir()}, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "undefined") {
+		t.Errorf("exit %d, stderr:\n%s", code, stderr.String())
+	}
+}
+
+// The CI run of -quick: the real benchmarks of the module, end to end.
+func TestCommandQuick(t *testing.T) {
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	began := time.Now()
+	code := realMain(context.Background(), []string{"-quick", "-out", out}, &stdout, &stderr)
+	took := time.Since(began)
+	t.Logf("-quick took %v", took.Round(time.Second))
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, stderr.String())
+	}
+	for _, f := range []string{
+		"benchmarks.md", "benchmarks.txt", "throughput-lookup-1K.svg", "throughput-mixed-1K.svg",
+		"throughput-churn-1K.svg", "connect-flat.svg", "udp.svg",
+	} {
+		data, err := os.ReadFile(filepath.Join(out, f))
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		if strings.HasSuffix(f, ".svg") {
+			w, h, texts, err := parseSVG(data)
+			if err != nil {
+				t.Errorf("%s: %v", f, err)
+			}
+			for _, o := range overlaps(w, h, texts) {
+				t.Errorf("%s: %s", f, o)
+			}
+		}
+	}
+	// A line per finished benchmark (stderr is not a terminal here), the
+	// last one at the planned total.
+	if !regexp.MustCompile(`\[46/46\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
+		t.Errorf("progress lacks [46/46]:\n%s", stderr.String())
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
+	for _, s := range []string{"`go run ./examples/benchreport -quick -out ", "## Lookup hits", "## UDP socket lookup", "GOMAXPROCS"} {
+		if !strings.Contains(string(md), s) {
+			t.Errorf("benchmarks.md lacks %q", s)
+		}
+	}
+	if took > 3*time.Minute {
+		t.Errorf("-quick took %v; it is meant to take under a minute", took)
+	}
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/perf/benchfmt"
+)
+
+// invocation is one run of the test binary.
+type invocation struct {
+	args   []string // flags of the test binary
+	expect int      // result lines it prints
+}
+
+// goTestCommand is the go test command equivalent to the invocation, run in
+// the package's directory.
+func (inv invocation) goTestCommand() string {
+	parts := []string{"go", "test"}
+	for _, a := range inv.args {
+		k, v, _ := strings.Cut(strings.TrimPrefix(a, "-test."), "=")
+		if v == "" {
+			parts = append(parts, "-"+k)
+		} else {
+			parts = append(parts, "-"+k, shellQuote(v))
+		}
+	}
+	return strings.Join(append(parts, "."), " ")
+}
+
+// shellQuote quotes s for a POSIX shell if it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.,/=:") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// plan returns the runs of the test binary that the options ask for: the
+// sized comparisons in one run at every -cpu value, then each other
+// comparison in a run of its own at GOMAXPROCS.
+func plan(o options) []invocation {
+	common := []string{"-test.run=^$", "-test.benchtime=" + o.benchtime, "-test.count=" + strconv.Itoa(o.count), "-test.benchmem"}
+	var invs []invocation
+	var sized []string
+	perSize := 0
+	for _, g := range o.groups {
+		if g.sized {
+			sized = append(sized, strings.TrimPrefix(g.bench, "Benchmark"))
+			perSize += g.perRow
+		}
+	}
+	if len(sized) > 0 {
+		re := "^Benchmark(" + strings.Join(sized, "|") + ")$/^n=(" + strings.Join(o.sizes, "|") + ")$"
+		args := append(common[:len(common):len(common)], "-test.bench="+re, "-test.cpu="+joinInts(o.cpus))
+		invs = append(invs, invocation{args: args, expect: perSize * len(o.sizes) * len(o.cpus) * o.count})
+	}
+	for _, g := range o.groups {
+		if g.sized {
+			continue
+		}
+		re := "^" + g.bench + "$"
+		n := g.perRow
+		if g.name == "connect" {
+			if o.policies != nil {
+				// Also matches every occupancy in case the benchmark has no
+				// policy level.
+				re += "/^(policy=(" + strings.Join(o.policies, "|") + ")|occupancy=.*)$"
+				n *= len(o.policies)
+			} else {
+				n *= len(connectPolicies)
+			}
+		}
+		args := append(common[:len(common):len(common)], "-test.bench="+re)
+		invs = append(invs, invocation{args: args, expect: n * o.count})
+	}
+	return invs
+}
+
+// childError is a failed child process: its command, exit error and output.
+type childError struct {
+	cmd    string
+	err    error
+	output string // the tail of stdout and stderr
+}
+
+func (e *childError) Error() string {
+	return fmt.Sprintf("%s: %v\n%s", e.cmd, e.err, e.output)
+}
+
+// compile builds the test binary of the package in dir into tmp.
+func compile(ctx context.Context, dir, tmp string) (string, error) {
+	bin := filepath.Join(tmp, "bench.test")
+	cmd := exec.CommandContext(ctx, "go", "test", "-c", "-o", bin, ".")
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", &childError{cmd: "go test -c (in " + dir + ")", err: err, output: string(out)}
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", &childError{cmd: "go test -c (in " + dir + ")", err: errors.New("no test binary built"), output: string(out)}
+	}
+	return bin, nil
+}
+
+// runBinary runs one invocation of the test binary bin in dir, appending
+// its standard output to raw and reporting each benchmark to prog as it
+// starts and finishes.
+func runBinary(ctx context.Context, bin, dir string, inv invocation, raw *bytes.Buffer, prog progress) error {
+	cmd := exec.CommandContext(ctx, bin, inv.args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	start := raw.Len()
+	tap := &lineTap{r: io.TeeReader(stdout, raw), onStart: prog.start}
+	br := benchfmt.NewReader(tap, "stdout")
+	for br.Scan() {
+		if res, ok := br.Result().(*benchfmt.Result); ok {
+			sec, _ := res.Value("sec/op")
+			prog.done("Benchmark"+res.Name.String(), sec*1e9)
+		}
+	}
+	_, _ = io.Copy(io.Discard, tap) // if the reader stopped early, let the child finish
+	if err := cmd.Wait(); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		out := tail(raw.String()[start:], 40)
+		if stderr.Len() > 0 {
+			out += "\nstderr:\n" + tail(stderr.String(), 40)
+		}
+		return &childError{cmd: inv.goTestCommand(), err: err, output: out}
+	}
+	return nil
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = append([]string{"..."}, lines[len(lines)-n:]...)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// lineTap passes a reader through, calling onStart with the name of each
+// benchmark as soon as the testing package prints it (the name, then a tab,
+// then the results when it finishes).
+type lineTap struct {
+	r       io.Reader
+	line    []byte // the current line up to its first tab
+	tabbed  bool   // the current line has had its tab
+	onStart func(name string)
+}
+
+func (t *lineTap) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	for _, c := range p[:n] {
+		switch {
+		case c == '\n':
+			t.line, t.tabbed = t.line[:0], false
+		case t.tabbed:
+		case c == '\t':
+			t.tabbed = true
+			if bytes.HasPrefix(t.line, []byte("Benchmark")) {
+				t.onStart(string(bytes.TrimSpace(t.line)))
+			}
+		case len(t.line) < 1024:
+			t.line = append(t.line, c)
+		}
+	}
+	return n, err
+}

@@ -1,0 +1,318 @@
+package hash4
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/require"
+)
+
+type linOp uint8
+
+const (
+	linInsert linOp = iota
+	linLookup
+	linDelete
+)
+
+func (o linOp) String() string { return [...]string{"insert", "lookup", "delete"}[o] }
+
+// linInput is one call: val is the value's id for an insert.
+type linInput struct {
+	op  linOp
+	key int
+	val int
+}
+
+// linOutput is one answer: for an insert, ok reports success (false:
+// ErrExists); for lookup and delete, ok and val (0 when absent) as returned.
+type linOutput struct {
+	ok  bool
+	val int
+}
+
+// linModel is a map from key to value id, partitioned by key: a partition's
+// state is the key's value id, 0 when absent.
+var linModel = porcupine.Model{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		m := map[int][]porcupine.Operation{}
+		for _, op := range history {
+			k := op.Input.(linInput).key
+			m[k] = append(m[k], op)
+		}
+		keys := make([]int, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Ints(keys)
+		out := make([][]porcupine.Operation, 0, len(m))
+		for _, k := range keys {
+			out = append(out, m[k])
+		}
+		return out
+	},
+	PartitionEvent: func(history []porcupine.Event) [][]porcupine.Event {
+		keyOf := map[int]int{} // event id -> key, from the call events
+		for _, e := range history {
+			if e.Kind == porcupine.CallEvent {
+				keyOf[e.Id] = e.Value.(linInput).key
+			}
+		}
+		m := map[int][]porcupine.Event{}
+		for _, e := range history {
+			k := keyOf[e.Id]
+			m[k] = append(m[k], e)
+		}
+		keys := make([]int, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Ints(keys)
+		out := make([][]porcupine.Event, 0, len(m))
+		for _, k := range keys {
+			out = append(out, m[k])
+		}
+		return out
+	},
+	Init: func() any { return 0 },
+	Step: func(state, input, output any) (bool, any) {
+		s, in, out := state.(int), input.(linInput), output.(linOutput)
+		switch in.op {
+		case linInsert:
+			if s == 0 {
+				return out.ok, in.val
+			}
+			return !out.ok, s
+		case linLookup:
+			return out.ok == (s != 0) && out.val == s, s
+		case linDelete:
+			return out.ok == (s != 0) && out.val == s, 0
+		}
+		return false, s
+	},
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(linInput), output.(linOutput)
+		return fmt.Sprintf("%v(k%d, %d) -> %v %d", in.op, in.key, in.val, out.ok, out.val)
+	},
+}
+
+// linRun records a history of nClients goroutines doing opsPerClient random
+// operations each on nKeys keys of a tiny table.
+func linRun(t *testing.T, seed uint64, stripes, nClients, opsPerClient, nKeys int) []porcupine.Operation {
+	t.Helper()
+	tab := New[int](WithCapacity(16), WithLockStripes(stripes), WithSecret(tblSecret))
+	// The keys: half in one bucket (a long chain), half anywhere, and each
+	// spelled two ways.
+	var keys []Tuple
+	for i := 0; len(keys) < nKeys; i++ {
+		k := tblKey(int(seed)*1000+i, i%2 == 1)
+		if len(keys) >= nKeys/2 || HashTuple(k, LinuxHasher, tblSecret)&15 == 7 {
+			keys = append(keys, k)
+		}
+	}
+	// Preallocated values: id c*opsPerClient+i+1 is client c's i-th insert.
+	vals := make([]*int, nClients*opsPerClient+1)
+	for i := 1; i < len(vals); i++ {
+		vals[i] = new(i)
+	}
+
+	var clock atomic.Int64
+	var start, wg sync.WaitGroup
+	var bad atomic.Value
+	hist := make([][]porcupine.Operation, nClients)
+	start.Add(1)
+	for c := range nClients {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, uint64(c)))
+			ops := make([]porcupine.Operation, 0, opsPerClient)
+			start.Wait()
+			for i := range opsPerClient {
+				ki := r.IntN(nKeys)
+				k := keys[ki]
+				if r.IntN(2) == 0 {
+					k = tblMapped(k)
+				}
+				in := linInput{key: ki}
+				var out linOutput
+				var got *int
+				switch p := r.IntN(10); {
+				case p < 4:
+					in.op, in.val = linInsert, c*opsPerClient+i+1
+				case p < 7:
+					in.op = linDelete
+				default:
+					in.op = linLookup
+				}
+				call := clock.Add(1)
+				switch in.op {
+				case linInsert:
+					err := tab.Insert(k, vals[in.val])
+					out.ok = err == nil
+				case linLookup:
+					got, out.ok = tab.Lookup(k)
+				case linDelete:
+					got, out.ok = tab.Delete(k)
+				}
+				ret := clock.Add(1)
+				if got != nil {
+					out.val = *got
+					if out.val <= 0 || out.val >= len(vals) || vals[out.val] != got {
+						bad.Store(fmt.Sprintf("%v %v returned a pointer that is no inserted value", in.op, k))
+					}
+				}
+				ops = append(ops, porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret})
+				if r.IntN(4) == 0 {
+					runtime.Gosched()
+				}
+			}
+			hist[c] = ops
+		})
+	}
+	start.Done()
+	wg.Wait()
+	require.Nil(t, bad.Load())
+	var all []porcupine.Operation
+	for _, h := range hist {
+		all = append(all, h...)
+	}
+	return all
+}
+
+// linEvents converts a history of operations into one of events.
+func linEvents(ops []porcupine.Operation) []porcupine.Event {
+	type timed struct {
+		at int64
+		e  porcupine.Event
+	}
+	var ts []timed
+	for id, op := range ops {
+		ts = append(ts,
+			timed{op.Call, porcupine.Event{ClientId: op.ClientId, Kind: porcupine.CallEvent, Value: op.Input, Id: id}},
+			timed{op.Return, porcupine.Event{ClientId: op.ClientId, Kind: porcupine.ReturnEvent, Value: op.Output, Id: id}})
+	}
+	sort.SliceStable(ts, func(i, j int) bool {
+		if ts[i].at != ts[j].at {
+			return ts[i].at < ts[j].at
+		}
+		return ts[i].e.Kind == porcupine.CallEvent && ts[j].e.Kind == porcupine.ReturnEvent
+	})
+	out := make([]porcupine.Event, len(ts))
+	for i, x := range ts {
+		out[i] = x.e
+	}
+	return out
+}
+
+// TestLinearizability checks recorded concurrent histories against the
+// map model.
+func TestLinearizability(t *testing.T) {
+	runs, ops := 20, 150
+	if testing.Short() {
+		runs = 8
+	}
+	overlapping := 0
+	// On a loaded machine the clients may happen to run one at a time; keep
+	// going (bounded) until some history is really concurrent.
+	for run := 0; run < runs || (overlapping == 0 && run < 10*runs); run++ {
+		stripes := 1 + run%2
+		hist := linRun(t, uint64(run+1), stripes, 4, ops, 4)
+		require.Len(t, hist, 4*ops)
+		overlapping += linOverlapping(hist)
+		res := porcupine.CheckOperationsTimeout(linModel, hist, 30*time.Second)
+		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes): history not linearizable", run, stripes)
+		if run%5 == 0 {
+			require.Equal(t, porcupine.Ok, porcupine.CheckEventsTimeout(linModel, linEvents(hist), 30*time.Second), "run %d as events", run)
+		}
+	}
+	// The histories are concurrent, not a sequence of isolated calls.
+	t.Logf("%d operations overlap another client's", overlapping)
+	require.Positive(t, overlapping)
+}
+
+// linOverlapping counts operations whose interval overlaps that of an
+// operation of another client.
+func linOverlapping(hist []porcupine.Operation) int {
+	n := 0
+	for i, a := range hist {
+		for j, b := range hist {
+			if i != j && a.ClientId != b.ClientId && a.Call < b.Return && b.Call < a.Return {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// linOpAt builds one operation of a handmade history.
+func linOpAt(client int, in linInput, out linOutput, call, ret int64) porcupine.Operation {
+	return porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call, Return: ret}
+}
+
+// TestLinearizabilityCheckerCanFail shows that the model and checker reject
+// a history no map could produce, and accept its legal variants.
+func TestLinearizabilityCheckerCanFail(t *testing.T) {
+	ins := linInput{op: linInsert, key: 1, val: 7}
+	del := linInput{op: linDelete, key: 1}
+	look := linInput{op: linLookup, key: 1}
+	found := linOutput{ok: true, val: 7}
+
+	// A lookup returns the value after its delete completed.
+	stale := []porcupine.Operation{
+		linOpAt(0, ins, linOutput{ok: true}, 0, 1),
+		linOpAt(0, del, found, 2, 3),
+		linOpAt(1, look, found, 4, 5),
+	}
+	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, stale, 10*time.Second))
+	require.False(t, porcupine.CheckOperations(linModel, stale))
+	require.Equal(t, porcupine.Illegal, porcupine.CheckEventsTimeout(linModel, linEvents(stale), 10*time.Second))
+
+	// Concurrent with the delete, the same answer is legal.
+	overlap := []porcupine.Operation{
+		linOpAt(0, ins, linOutput{ok: true}, 0, 1),
+		linOpAt(0, del, found, 2, 5),
+		linOpAt(1, look, found, 4, 6),
+	}
+	require.Equal(t, porcupine.Ok, porcupine.CheckOperationsTimeout(linModel, overlap, 10*time.Second))
+
+	// Two deletes of one insert both succeeding: illegal, even concurrent.
+	double := []porcupine.Operation{
+		linOpAt(0, ins, linOutput{ok: true}, 0, 1),
+		linOpAt(0, del, found, 2, 5),
+		linOpAt(1, del, found, 3, 6),
+	}
+	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, double, 10*time.Second))
+
+	// A value returned for a key that was only ever given another value,
+	// with an independent legal key alongside: partitioning keeps the
+	// verdict.
+	foreign := []porcupine.Operation{
+		linOpAt(0, ins, linOutput{ok: true}, 0, 1),
+		linOpAt(1, linInput{op: linInsert, key: 2, val: 9}, linOutput{ok: true}, 0, 1),
+		linOpAt(0, linInput{op: linLookup, key: 2}, linOutput{ok: true, val: 9}, 2, 3),
+		linOpAt(1, look, linOutput{ok: true, val: 9}, 2, 3),
+	}
+	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, foreign, 10*time.Second))
+	require.Equal(t, porcupine.Ok, porcupine.CheckOperationsTimeout(linModel, foreign[:3], 10*time.Second))
+
+	// A real history made wrong by one edit: the last lookup that found a
+	// value is changed to return a value never inserted.
+	hist := linRun(t, 99, 1, 3, 60, 2)
+	require.True(t, porcupine.CheckOperations(linModel, hist))
+	edited := false
+	for i := len(hist) - 1; i >= 0 && !edited; i-- {
+		if in := hist[i].Input.(linInput); in.op == linLookup {
+			hist[i].Output = linOutput{ok: true, val: 1 << 30}
+			edited = true
+		}
+	}
+	require.True(t, edited)
+	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, hist, 10*time.Second))
+}

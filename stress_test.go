@@ -1,0 +1,202 @@
+package hash4
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// stressVal is a value that names its own key, so a reader can tell a value
+// of another key (a torn or recycled read) from the right one.
+type stressVal struct {
+	tup Tuple // canonical form
+	gen uint64
+}
+
+// stressKey returns key i of the stress key space, mixing families: every
+// third key is IPv6, on link-local addresses so zones can be added.
+func stressKey(i int) Tuple {
+	if i%3 == 0 {
+		return Tuple{
+			Local:  netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfe, 0x80, 13: byte(i >> 16), 14: byte(i >> 8), 15: byte(i)}), uint16(1+i%1000)),
+			Remote: netip.AddrPortFrom(netip.MustParseAddr("fe80::beef"), 8443),
+		}
+	}
+	return Tuple{
+		Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 443),
+		Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 16, 0, byte(1 + i%7)}), uint16(20000+i%5000)),
+	}
+}
+
+// stressSpell returns another spelling of the same key: IPv4-mapped for
+// IPv4, zoned for IPv6.
+func stressSpell(k Tuple, r *rand.Rand) Tuple {
+	if r.IntN(2) == 0 {
+		return k
+	}
+	if k.Local.Addr().Is4() {
+		return tblMapped(k)
+	}
+	z := fmt.Sprint("if", r.IntN(3))
+	return Tuple{
+		Local:  netip.AddrPortFrom(k.Local.Addr().WithZone(z), k.Local.Port()),
+		Remote: k.Remote,
+	}
+}
+
+// TestStress churns a small table (long chains, constant recycling) from
+// several writers while readers check that keys that are never deleted are
+// always found and that every value returned belongs to the key asked for.
+func TestStress(t *testing.T) {
+	const (
+		nPerm     = 128
+		nWriters  = 2
+		nReaders  = 2
+		perWriter = 768
+	)
+	dur := 2 * time.Second
+	if testing.Short() {
+		dur = 500 * time.Millisecond
+	}
+	tab := New[stressVal](WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret))
+
+	perm := make([]Tuple, nPerm)
+	permVal := make([]*stressVal, nPerm)
+	for i := range perm {
+		perm[i] = stressKey(i)
+		permVal[i] = &stressVal{tup: tblCanon(perm[i])}
+		require.NoError(t, tab.Insert(perm[i], permVal[i]))
+	}
+	churn := make([]Tuple, nWriters*perWriter) // writer w owns churn[w*perWriter:]
+	for i := range churn {
+		churn[i] = stressKey(nPerm + i)
+	}
+
+	var (
+		stop      atomic.Bool
+		failures  atomic.Int64
+		wg        sync.WaitGroup
+		inserts   atomic.Int64
+		lookups   atomic.Int64
+		churnHits atomic.Int64
+	)
+	fail := func(format string, args ...any) {
+		if failures.Add(1) <= 10 {
+			t.Errorf(format, args...)
+		}
+		stop.Store(true)
+	}
+	present := make([][]*stressVal, nWriters) // each writer's model, read after Wait
+
+	for w := range nWriters {
+		own := churn[w*perWriter : (w+1)*perWriter]
+		model := make([]*stressVal, len(own))
+		present[w] = model
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 0x57e55))
+			gen := uint64(0)
+			for n := 0; !stop.Load(); n++ {
+				j := r.IntN(len(own))
+				k := stressSpell(own[j], r)
+				if cur := model[j]; cur != nil {
+					if r.IntN(8) == 0 {
+						if err := tab.Insert(k, &stressVal{tup: cur.tup}); err == nil {
+							fail("insert of present %v succeeded", k)
+						}
+						continue
+					}
+					v, ok := tab.Delete(k)
+					if !ok || v != cur {
+						fail("writer %d: delete %v = %p %v, want %p", w, k, v, ok, cur)
+					}
+					model[j] = nil
+				} else {
+					gen++
+					v := &stressVal{tup: tblCanon(own[j]), gen: gen}
+					if err := tab.Insert(k, v); err != nil {
+						fail("writer %d: insert %v: %v", w, k, err)
+					}
+					model[j] = v
+					inserts.Add(1)
+				}
+			}
+		})
+	}
+	for rd := range nReaders {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(rd), 0x7ead))
+			for n := 0; !stop.Load(); n++ {
+				if n%2 == 0 {
+					i := r.IntN(nPerm)
+					k := stressSpell(perm[i], r)
+					v, ok := tab.Lookup(k)
+					if !ok {
+						fail("reader %d: permanent %v not found", rd, k)
+					} else if v != permVal[i] {
+						fail("reader %d: permanent %v: got value of %v", rd, k, v.tup)
+					}
+				} else {
+					c := churn[r.IntN(len(churn))]
+					k := stressSpell(c, r)
+					if v, ok := tab.Lookup(k); ok {
+						churnHits.Add(1)
+						if v == nil || v.tup != tblCanon(c) || v.gen == 0 {
+							fail("reader %d: %v returned value %+v of another key", rd, k, v)
+						}
+					}
+				}
+				lookups.Add(1)
+				if n%4096 == 4095 { // now and then, a full iteration
+					seen := 0
+					for tup, v := range tab.All() {
+						if v.tup != tup {
+							fail("All: %v yielded with value of %v", tup, v.tup)
+						}
+						seen++
+					}
+					if seen < nPerm {
+						fail("All yielded %d entries, fewer than the %d permanent ones", seen, nPerm)
+					}
+				}
+			}
+		})
+	}
+	time.Sleep(dur)
+	stop.Store(true)
+	wg.Wait()
+	require.Zero(t, failures.Load())
+
+	want := map[Tuple]*stressVal{}
+	for i, k := range perm {
+		want[tblCanon(k)] = permVal[i]
+	}
+	for _, model := range present {
+		for _, v := range model {
+			if v != nil {
+				want[v.tup] = v
+			}
+		}
+	}
+	require.Equal(t, len(want), tab.Len())
+	got := tblCollect(t, tab)
+	require.Equal(t, len(want), len(got))
+	for k, v := range want {
+		require.Same(t, v, got[k], k)
+	}
+	st := tab.Stats()
+	require.Equal(t, len(want), st.Entries)
+	require.Greater(t, st.LongestChain, 4, "chains are long")
+	t.Logf("inserts %d, lookups %d (churn hits %d), restarts %d, nodes %d",
+		inserts.Load(), lookups.Load(), churnHits.Load(), st.LookupRestarts, st.Nodes)
+	require.Greater(t, inserts.Load(), int64(nWriters*perWriter), "the writers churned")
+	require.Positive(t, churnHits.Load())
+	// Recycling: every insert beyond the live set reused a node.
+	require.LessOrEqual(t, st.Nodes, nPerm+len(churn)+st.LockStripes*slabCacheMax)
+	require.Less(t, int64(st.Nodes), inserts.Load()+nPerm)
+}

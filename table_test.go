@@ -1,0 +1,1101 @@
+package hash4
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tblSecret is the fixed secret of the tests that need reproducible buckets.
+var tblSecret = Secret{Ehash: 0x01234567, Ehash6Addr: 0x89abcdef, Seed: 0x0f1e2d3c4b5a6978}
+
+// tblTuple parses "local" and "remote" address:port strings.
+func tblTuple(local, remote string) Tuple {
+	return Tuple{Local: netip.MustParseAddrPort(local), Remote: netip.MustParseAddrPort(remote)}
+}
+
+// tblKey returns distinct valid tuples: i < 2^24 selects the tuple, v6 the
+// family.
+func tblKey(i int, v6 bool) Tuple {
+	if v6 {
+		var a [16]byte
+		a[0], a[1], a[2], a[3] = 0x20, 0x01, 0x0d, 0xb8
+		a[13], a[14], a[15] = byte(i>>16), byte(i>>8), byte(i)
+		a[12] = 1
+		return Tuple{
+			Local:  netip.AddrPortFrom(netip.AddrFrom16(a), 443),
+			Remote: netip.MustParseAddrPort("[2001:db8:ffff::7]:50000"),
+		}
+	}
+	return Tuple{
+		Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 443),
+		Remote: netip.MustParseAddrPort("192.0.2.7:50000"),
+	}
+}
+
+// tblCanon returns the form of tup that All yields: IPv4-mapped addresses
+// unmapped, zones dropped.
+func tblCanon(tup Tuple) Tuple {
+	c := func(ap netip.AddrPort) netip.AddrPort {
+		return netip.AddrPortFrom(ap.Addr().Unmap().WithZone(""), ap.Port())
+	}
+	return Tuple{Local: c(tup.Local), Remote: c(tup.Remote)}
+}
+
+// tblMapped returns tup with both addresses in IPv4-mapped form.
+func tblMapped(tup Tuple) Tuple {
+	m := func(ap netip.AddrPort) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom16(ap.Addr().As16()), ap.Port())
+	}
+	return Tuple{Local: m(tup.Local), Remote: m(tup.Remote)}
+}
+
+// tblCollect returns what All yields, failing on a tuple yielded twice.
+func tblCollect[T any](t testing.TB, tab *Table[T]) map[Tuple]*T {
+	t.Helper()
+	got := map[Tuple]*T{}
+	for tup, v := range tab.All() {
+		_, dup := got[tup]
+		require.False(t, dup, "All yielded %v twice", tup)
+		require.NotNil(t, v, "All yielded nil for %v", tup)
+		got[tup] = v
+	}
+	return got
+}
+
+func TestTableBasic(t *testing.T) {
+	tab := New[string](WithSecret(tblSecret))
+	require.Zero(t, tab.Len())
+	require.Empty(t, tblCollect(t, tab))
+
+	keys := []Tuple{
+		tblTuple("10.0.0.1:40000", "93.184.216.34:443"),
+		tblTuple("10.0.0.1:40001", "93.184.216.34:443"),
+		tblTuple("10.0.0.1:40000", "93.184.216.34:80"),
+		tblTuple("10.0.0.2:40000", "93.184.216.34:443"),
+		tblTuple("[2001:db8::1]:40000", "[2001:db8::2]:443"),
+		tblTuple("[2001:db8::1]:40000", "[2001:db8::3]:443"),
+		tblTuple("[::1.2.3.4]:1", "[::5.6.7.8]:2"), // IPv4-compatible: IPv6
+		tblTuple("127.0.0.1:65535", "127.0.0.1:1"),
+	}
+	vals := make([]*string, len(keys))
+	for i, k := range keys {
+		_, ok := tab.Lookup(k)
+		require.False(t, ok, k)
+		vals[i] = new(fmt.Sprint("v", i))
+		require.NoError(t, tab.Insert(k, vals[i]))
+		require.Equal(t, i+1, tab.Len())
+		for j := 0; j <= i; j++ {
+			v, ok := tab.Lookup(keys[j])
+			require.True(t, ok, keys[j])
+			require.Same(t, vals[j], v)
+		}
+	}
+	st := tab.Stats()
+	require.Equal(t, len(keys), st.Entries)
+	sum, weighted := 0, 0
+	for n, c := range st.ChainLengths {
+		sum += c
+		weighted += n * c
+	}
+	require.Equal(t, st.Buckets, sum)
+	require.Equal(t, len(keys), weighted)
+	require.Equal(t, len(st.ChainLengths)-1, st.LongestChain)
+
+	all := tblCollect(t, tab)
+	require.Len(t, all, len(keys))
+	for i, k := range keys {
+		require.Same(t, vals[i], all[k], k)
+	}
+
+	// ErrExists, the stored value untouched.
+	err := tab.Insert(keys[0], new("other"))
+	require.ErrorIs(t, err, ErrExists)
+	require.NotErrorIs(t, err, ErrInvalidTuple)
+	v, ok := tab.Lookup(keys[0])
+	require.True(t, ok)
+	require.Same(t, vals[0], v)
+	require.Equal(t, len(keys), tab.Len())
+
+	// Delete returns the stored value, once.
+	for i, k := range keys {
+		v, ok := tab.Delete(k)
+		require.True(t, ok, k)
+		require.Same(t, vals[i], v)
+		v, ok = tab.Delete(k)
+		require.False(t, ok)
+		require.Nil(t, v)
+		_, ok = tab.Lookup(k)
+		require.False(t, ok)
+		require.Equal(t, len(keys)-i-1, tab.Len())
+		for j := i + 1; j < len(keys); j++ {
+			v, ok := tab.Lookup(keys[j])
+			require.True(t, ok)
+			require.Same(t, vals[j], v)
+		}
+	}
+	require.Empty(t, tblCollect(t, tab))
+	require.Zero(t, tab.Stats().Entries)
+
+	// Reinsert after delete, with a new value.
+	nv := new("again")
+	require.NoError(t, tab.Insert(keys[0], nv))
+	v, ok = tab.Lookup(keys[0])
+	require.True(t, ok)
+	require.Same(t, nv, v)
+}
+
+func TestTableBadInput(t *testing.T) {
+	good := tblTuple("10.0.0.1:1000", "10.0.0.2:2000")
+	cases := []struct {
+		name string
+		tup  Tuple
+		nilV bool
+		want error
+	}{
+		{"zero tuple", Tuple{}, false, ErrInvalidTuple},
+		{"invalid local", Tuple{Remote: good.Remote}, false, ErrInvalidTuple},
+		{"invalid remote", Tuple{Local: good.Local}, false, ErrInvalidTuple},
+		{"invalid local addr with port", Tuple{Local: netip.AddrPortFrom(netip.Addr{}, 5), Remote: good.Remote}, false, ErrInvalidTuple},
+		{"local 0.0.0.0", tblTuple("0.0.0.0:1000", "10.0.0.2:2000"), false, ErrInvalidTuple},
+		{"remote 0.0.0.0", tblTuple("10.0.0.1:1000", "0.0.0.0:2000"), false, ErrInvalidTuple},
+		{"local ::", tblTuple("[::]:1000", "[2001:db8::2]:2000"), false, ErrInvalidTuple},
+		{"remote ::", tblTuple("[2001:db8::1]:1000", "[::]:2000"), false, ErrInvalidTuple},
+		{"local ::ffff:0.0.0.0", tblTuple("[::ffff:0.0.0.0]:1000", "10.0.0.2:2000"), false, ErrInvalidTuple},
+		{"remote ::ffff:0.0.0.0", tblTuple("10.0.0.1:1000", "[::ffff:0.0.0.0]:2000"), false, ErrInvalidTuple},
+		{"local port 0", tblTuple("10.0.0.1:0", "10.0.0.2:2000"), false, ErrInvalidTuple},
+		{"remote port 0", tblTuple("10.0.0.1:1000", "10.0.0.2:0"), false, ErrInvalidTuple},
+		{"both ports 0 v6", tblTuple("[2001:db8::1]:0", "[2001:db8::2]:0"), false, ErrInvalidTuple},
+		{"IPv4 local, IPv6 remote", tblTuple("10.0.0.1:1000", "[2001:db8::2]:2000"), false, ErrInvalidTuple},
+		{"IPv6 local, IPv4 remote", tblTuple("[2001:db8::1]:1000", "10.0.0.2:2000"), false, ErrInvalidTuple},
+		{"IPv4-mapped local, IPv6 remote", tblTuple("[::ffff:10.0.0.1]:1000", "[2001:db8::2]:2000"), false, ErrInvalidTuple},
+		{"IPv6 local, IPv4-mapped remote", tblTuple("[2001:db8::1]:1000", "[::ffff:10.0.0.2]:2000"), false, ErrInvalidTuple},
+		{"IPv4 local, IPv4-compatible remote", tblTuple("10.0.0.1:1000", "[::10.0.0.2]:2000"), false, ErrInvalidTuple},
+		{"nil value", good, true, ErrNilValue},
+		{"nil value v6", tblTuple("[2001:db8::1]:1000", "[2001:db8::2]:2000"), true, ErrNilValue},
+	}
+	sentinels := []error{ErrExists, ErrInvalidTuple, ErrNilValue, ErrTableFull}
+
+	tab := New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	for i := range 40 {
+		require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), new(i)))
+	}
+	before := tblCollect(t, tab)
+	beforeStats := tab.Stats()
+
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := new(7)
+			if c.nilV {
+				v = nil
+			}
+			err := tab.Insert(c.tup, v)
+			require.Error(t, err)
+			require.ErrorIs(t, err, c.want)
+			for _, s := range sentinels {
+				if s != c.want {
+					require.NotErrorIs(t, err, s)
+				}
+			}
+			require.Equal(t, len(before), tab.Len())
+			require.Equal(t, before, tblCollect(t, tab))
+			_, ok := tab.Lookup(c.tup)
+			require.False(t, ok, "Lookup found a rejected tuple")
+			_, ok = tab.Delete(c.tup)
+			require.False(t, ok, "Delete found a rejected tuple")
+			st := tab.Stats()
+			require.Equal(t, beforeStats.Entries, st.Entries)
+			require.Equal(t, beforeStats.Nodes, st.Nodes)
+		})
+	}
+
+	// ErrExists leaves the table unchanged too, in either spelling.
+	for i := range 4 {
+		k := tblKey(i, i%2 == 1)
+		err := tab.Insert(k, new(99))
+		require.ErrorIs(t, err, ErrExists)
+		require.NotErrorIs(t, err, ErrInvalidTuple)
+		err = tab.Insert(tblMapped(k), new(99))
+		require.ErrorIs(t, err, ErrExists)
+	}
+	require.Equal(t, before, tblCollect(t, tab))
+	require.Equal(t, len(before), tab.Len())
+}
+
+func TestTableIPv4MappedIsOneKey(t *testing.T) {
+	v4 := tblTuple("10.1.2.3:8080", "192.0.2.9:12345")
+	mapped := tblMapped(v4)
+	halfL := Tuple{Local: mapped.Local, Remote: v4.Remote}
+	halfR := Tuple{Local: v4.Local, Remote: mapped.Remote}
+	spellings := []Tuple{v4, mapped, halfL, halfR}
+	require.True(t, mapped.Local.Addr().Is4In6())
+
+	for _, h := range hashers {
+		for _, ins := range spellings {
+			for _, other := range spellings {
+				tab := New[int](WithHasher(h), WithCapacity(16), WithLockStripes(1))
+				v := new(1)
+				require.NoError(t, tab.Insert(ins, v))
+				got, ok := tab.Lookup(other)
+				require.True(t, ok, "%v: insert %v, lookup %v", h, ins, other)
+				require.Same(t, v, got)
+				require.ErrorIs(t, tab.Insert(other, new(2)), ErrExists)
+				require.Equal(t, map[Tuple]*int{v4: v}, tblCollect(t, tab), "All yields the IPv4 form")
+				for tup := range tab.All() {
+					require.True(t, tup.Local.Addr().Is4() && tup.Remote.Addr().Is4())
+				}
+				got, ok = tab.Delete(other)
+				require.True(t, ok)
+				require.Same(t, v, got)
+				require.Zero(t, tab.Len())
+				_, ok = tab.Lookup(ins)
+				require.False(t, ok)
+			}
+		}
+	}
+}
+
+func TestTableZonesIgnored(t *testing.T) {
+	base := tblTuple("[fe80::1]:5000", "[fe80::2]:6000")
+	zoned := func(lz, rz string) Tuple {
+		return Tuple{
+			Local:  netip.AddrPortFrom(base.Local.Addr().WithZone(lz), base.Local.Port()),
+			Remote: netip.AddrPortFrom(base.Remote.Addr().WithZone(rz), base.Remote.Port()),
+		}
+	}
+	spellings := []Tuple{base, zoned("eth0", ""), zoned("eth1", "eth1"), zoned("", "wlan0")}
+	for _, h := range hashers {
+		for si, ins := range spellings {
+			tab := New[int](WithHasher(h))
+			v := new(1)
+			require.NoError(t, tab.Insert(ins, v))
+			for _, other := range spellings {
+				got, ok := tab.Lookup(other)
+				require.True(t, ok, "%v: insert %v, lookup %v", h, ins, other)
+				require.Same(t, v, got)
+				require.ErrorIs(t, tab.Insert(other, new(2)), ErrExists)
+			}
+			require.Equal(t, map[Tuple]*int{base: v}, tblCollect(t, tab), "All yields no zone")
+			got, ok := tab.Delete(spellings[(si+1)%len(spellings)])
+			require.True(t, ok)
+			require.Same(t, v, got)
+			require.Zero(t, tab.Len())
+		}
+	}
+
+	// A zone on an IPv4-mapped address is dropped with the mapping.
+	tab := New[int]()
+	v := new(3)
+	z := Tuple{
+		Local:  netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.0.0.1").WithZone("eth0"), 1),
+		Remote: netip.MustParseAddrPort("10.0.0.2:2"),
+	}
+	require.NoError(t, tab.Insert(z, v))
+	got, ok := tab.Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2"))
+	require.True(t, ok)
+	require.Same(t, v, got)
+}
+
+func TestTableOptions(t *testing.T) {
+	defStripes := max(64, ceilPow2(16*runtime.GOMAXPROCS(0)))
+	cases := []struct {
+		name                 string
+		opts                 []Option
+		buckets, lockStripes int
+	}{
+		{"default", nil, 1024, min(defStripes, 1024)},
+		{"cap -5", []Option{WithCapacity(-5)}, 16, 16},
+		{"cap 0", []Option{WithCapacity(0)}, 16, 16},
+		{"cap 1", []Option{WithCapacity(1)}, 16, 16},
+		{"cap 15", []Option{WithCapacity(15)}, 16, 16},
+		{"cap 16", []Option{WithCapacity(16)}, 16, 16},
+		{"cap 17", []Option{WithCapacity(17)}, 32, 32},
+		{"cap 1000", []Option{WithCapacity(1000)}, 1024, min(defStripes, 1024)},
+		{"cap 4096", []Option{WithCapacity(4096)}, 4096, defStripes},
+		{"cap 100000", []Option{WithCapacity(100000)}, 1 << 17, defStripes},
+		{"stripes -1", []Option{WithLockStripes(-1)}, 1024, 1},
+		{"stripes 0", []Option{WithLockStripes(0)}, 1024, 1},
+		{"stripes 1", []Option{WithLockStripes(1)}, 1024, 1},
+		{"stripes 3", []Option{WithLockStripes(3)}, 1024, 4},
+		{"stripes 64", []Option{WithLockStripes(64)}, 1024, 64},
+		{"stripes 65", []Option{WithLockStripes(65)}, 1024, 128},
+		{"stripes 5000 clamped", []Option{WithLockStripes(5000)}, 1024, 1024},
+		{"stripes clamped to 16 buckets", []Option{WithCapacity(16), WithLockStripes(64)}, 16, 16},
+		{"stripes clamped to 32 buckets", []Option{WithLockStripes(33), WithCapacity(20)}, 32, 32},
+		{"last option wins", []Option{WithCapacity(16), WithCapacity(300), WithLockStripes(2), WithLockStripes(8)}, 512, 8},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tab := New[int](c.opts...)
+			st := tab.Stats()
+			require.Equal(t, c.buckets, st.Buckets)
+			require.Equal(t, c.lockStripes, st.LockStripes)
+			require.Len(t, st.ChainLengths, 1)
+			require.Equal(t, c.buckets, st.ChainLengths[0])
+			require.Zero(t, st.Entries)
+			require.Zero(t, st.LongestChain)
+			require.Zero(t, st.Nodes)
+			require.Zero(t, st.LookupRestarts)
+		})
+	}
+}
+
+// tblSameBucket returns n tuples of the given family that hash, with h and
+// tblSecret, into bucket b of a 16-bucket table, and (if otherH is valid)
+// not all into one bucket under otherH.
+func tblSameBucket(t *testing.T, h Hasher, b uint32, n int, v6 bool) []Tuple {
+	t.Helper()
+	var out []Tuple
+	for i := 0; len(out) < n; i++ {
+		require.Less(t, i, 1<<20)
+		k := tblKey(i, v6)
+		if HashTuple(k, h, tblSecret)&15 == b {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// TestTableHasherOption checks WithHasher through bucket placement: tuples
+// chosen to collide under one hasher form one chain only under it.
+func TestTableHasherOption(t *testing.T) {
+	const n = 12
+	for _, v6 := range []bool{false, true} {
+		linux := tblSameBucket(t, LinuxHasher, 5, n, v6)
+		xxh := tblSameBucket(t, XXH3Hasher, 9, n, v6)
+		longest := func(keys []Tuple, opts ...Option) int {
+			tab := New[int](append([]Option{WithCapacity(16), WithSecret(tblSecret)}, opts...)...)
+			for _, k := range keys {
+				require.NoError(t, tab.Insert(k, new(0)))
+			}
+			st := tab.Stats()
+			require.Equal(t, n, st.Entries)
+			return st.LongestChain
+		}
+		require.Equal(t, n, longest(linux), "default is LinuxHasher")
+		require.Equal(t, n, longest(linux, WithHasher(LinuxHasher)))
+		require.Less(t, longest(linux, WithHasher(XXH3Hasher)), n)
+		require.Equal(t, n, longest(xxh, WithHasher(XXH3Hasher)))
+		require.Less(t, longest(xxh, WithHasher(LinuxHasher)), n)
+		require.Less(t, longest(xxh), n)
+		// An invalid hasher leaves the default (or an earlier choice).
+		require.Equal(t, n, longest(linux, WithHasher(Hasher(2))))
+		require.Equal(t, n, longest(linux, WithHasher(Hasher(255))))
+		require.Equal(t, n, longest(xxh, WithHasher(XXH3Hasher), WithHasher(Hasher(7))))
+	}
+	require.Equal(t, LinuxHasher, New[int](WithHasher(Hasher(3))).hasher)
+	require.Equal(t, XXH3Hasher, New[int](WithHasher(XXH3Hasher)).hasher)
+}
+
+func TestTableAllExactlyOnce(t *testing.T) {
+	tab := New[int](WithCapacity(16), WithLockStripes(4))
+	want := map[Tuple]*int{}
+	for i := range 300 {
+		k := tblKey(i, i%3 == 0)
+		v := new(i)
+		if i%5 == 0 {
+			require.NoError(t, tab.Insert(tblMapped(k), v)) // v4 as mapped, v6 unchanged
+		} else {
+			require.NoError(t, tab.Insert(k, v))
+		}
+		want[k] = v
+	}
+	got := tblCollect(t, tab)
+	require.Len(t, got, len(want))
+	for k, v := range want {
+		require.Same(t, v, got[k], k)
+	}
+}
+
+func TestTableAllEarlyBreak(t *testing.T) {
+	tab := New[int](WithCapacity(16), WithLockStripes(1))
+	for i := range 50 {
+		require.NoError(t, tab.Insert(tblKey(i, false), new(i)))
+	}
+	for _, stop := range []int{1, 2, 3, 17, 49, 50} {
+		n := 0
+		for range tab.All() {
+			n++
+			if n == stop {
+				break
+			}
+		}
+		require.Equal(t, stop, n)
+		// No lock is left held: the single stripe still takes writes.
+		k := tblKey(1000, false)
+		require.NoError(t, tab.Insert(k, new(0)))
+		_, ok := tab.Delete(k)
+		require.True(t, ok)
+	}
+	n := 0
+	tab.All()(func(Tuple, *int) bool { n++; return false })
+	require.Equal(t, 1, n, "the iterator stops when yield returns false")
+}
+
+// tblNoDeadlock runs f and fails if it does not return within a generous
+// time.
+func tblNoDeadlock(t *testing.T, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("deadlock: the loop body could not use the table")
+	}
+}
+
+func TestTableAllBodyMayWrite(t *testing.T) {
+	tab := New[int](WithCapacity(16), WithLockStripes(1))
+	orig := map[Tuple]*int{}
+	for i := range 64 {
+		k := tblKey(i, i%2 == 0)
+		orig[k] = new(i)
+		require.NoError(t, tab.Insert(k, orig[k]))
+	}
+	added := map[Tuple]*int{}
+	seen := map[Tuple]int{}
+	var errs []error
+	tblNoDeadlock(t, func() {
+		i := 0
+		for tup, v := range tab.All() {
+			seen[tup]++
+			if o, ok := orig[tup]; ok {
+				if v != o {
+					errs = append(errs, fmt.Errorf("%v: value %p, want %p", tup, v, o))
+				}
+				if d, ok := tab.Delete(tup); !ok || d != o {
+					errs = append(errs, fmt.Errorf("delete %v in body: %p %v", tup, d, ok))
+				}
+			} else if a, ok := added[tup]; !ok || a != v {
+				errs = append(errs, fmt.Errorf("yielded unknown %v", tup))
+			}
+			// Insert, look up, count and iterate from inside the body.
+			k := tblKey(10000+i, i%2 == 1)
+			i++
+			added[k] = new(-i)
+			if err := tab.Insert(k, added[k]); err != nil {
+				errs = append(errs, err)
+			}
+			if _, ok := tab.Lookup(k); !ok {
+				errs = append(errs, fmt.Errorf("lookup %v in body", k))
+			}
+			_ = tab.Len()
+			_ = tab.Stats()
+			for range tab.All() {
+				break
+			}
+		}
+	})
+	require.Empty(t, errs)
+	for k := range orig {
+		require.Equal(t, 1, seen[k], "original %v yielded %d times", k, seen[k])
+		_, ok := tab.Lookup(k)
+		require.False(t, ok)
+	}
+	for k, n := range seen {
+		require.Equal(t, 1, n, k)
+	}
+	require.Equal(t, len(added), tab.Len())
+	require.Equal(t, added, tblCollect(t, tab))
+}
+
+// TestTableAllWeaklyConsistent iterates while other goroutines insert and
+// delete other keys: keys present for the whole iteration are yielded
+// exactly once, and nothing is yielded twice or with a foreign value.
+func TestTableAllWeaklyConsistent(t *testing.T) {
+	type val struct{ tup Tuple }
+	tab := New[val](WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret))
+	const nPerm, nChurn = 200, 200
+	perm := map[Tuple]*val{}
+	for i := range nPerm {
+		k := tblKey(i, i%2 == 0)
+		perm[k] = &val{k}
+		require.NoError(t, tab.Insert(k, perm[k]))
+	}
+	var stop atomic.Bool
+	var churnOps atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 42))
+			present := make([]bool, nChurn)
+			for !stop.Load() {
+				j := r.IntN(nChurn/2)*2 + w // writer w owns keys j%2 == w
+				k := tblKey(100000+j, j%3 == 0)
+				if present[j] {
+					if v, ok := tab.Delete(k); !ok || v.tup != k {
+						t.Errorf("delete %v: %v %v", k, v, ok)
+						return
+					}
+				} else if err := tab.Insert(k, &val{k}); err != nil {
+					t.Errorf("insert %v: %v", k, err)
+					return
+				}
+				present[j] = !present[j]
+				churnOps.Add(1)
+			}
+		})
+	}
+	iters := 100
+	if testing.Short() {
+		iters = 30
+	}
+	for range iters {
+		seen := map[Tuple]bool{}
+		for tup, v := range tab.All() {
+			require.False(t, seen[tup], "%v yielded twice", tup)
+			seen[tup] = true
+			require.Equal(t, tup, v.tup, "foreign value")
+			if p, ok := perm[tup]; ok {
+				require.Same(t, p, v)
+			}
+		}
+		for k := range perm {
+			require.True(t, seen[k], "permanent %v not yielded", k)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	require.Positive(t, churnOps.Load())
+}
+
+// tblFuzzKeys are the key space of FuzzTable: 32 distinct keys (16 IPv4,
+// 16 IPv6) crowded into 4 of 16 buckets under LinuxHasher and tblSecret,
+// each with two spellings (tblFuzzSpell), 64 tuples in all.
+var tblFuzzKeys = sync.OnceValue(func() []Tuple {
+	var keys []Tuple
+	for _, v6 := range []bool{false, true} {
+		n := 0
+		for i := 0; n < 16; i++ {
+			var k Tuple
+			if v6 {
+				k = Tuple{
+					Local:  netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfe, 0x80, 15: byte(i%7 + 1)}), uint16(1+i/7)),
+					Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte(i >> 8), 15: byte(i)}), 443),
+				}
+			} else {
+				k = Tuple{
+					Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i%5 + 1)}), uint16(30000+i)),
+					Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i >> 4)}), 80),
+				}
+			}
+			if HashTuple(k, LinuxHasher, tblSecret)&15 < 4 {
+				keys = append(keys, k)
+				n++
+			}
+		}
+	}
+	return keys
+})
+
+// tblFuzzSpell returns spelling alt (0 or 1) of key k: IPv4 keys as IPv4
+// or (partly) IPv4-mapped, IPv6 keys with or without zones.
+func tblFuzzSpell(k Tuple, i, alt int) Tuple {
+	if alt == 0 {
+		return k
+	}
+	if k.Local.Addr().Is4() {
+		m := tblMapped(k)
+		switch i % 3 {
+		case 1:
+			m.Remote = k.Remote
+		case 2:
+			m.Local = k.Local
+		}
+		return m
+	}
+	return Tuple{
+		Local:  netip.AddrPortFrom(k.Local.Addr().WithZone(fmt.Sprint("eth", i%3)), k.Local.Port()),
+		Remote: netip.AddrPortFrom(k.Remote.Addr().WithZone("z"), k.Remote.Port()),
+	}
+}
+
+var tblFuzzInvalid = []Tuple{
+	{},
+	tblTuple("0.0.0.0:1", "10.0.0.1:2"),
+	tblTuple("10.0.0.1:0", "10.0.0.1:2"),
+	tblTuple("[fe80::1]:1", "10.0.0.1:2"),
+	tblTuple("[::ffff:10.0.0.1]:1", "[2001:db8::1]:2"),
+	tblTuple("[2001:db8::1]:1", "[::]:2"),
+}
+
+// FuzzTable runs a sequence of operations decoded from the input against
+// two tables (one per hasher) and a map model.
+func FuzzTable(f *testing.F) {
+	f.Add([]byte{})
+	var all []byte
+	for i := range 64 {
+		all = append(all, 0, byte(i))
+	}
+	all = append(all, 5, 0, 6, 0)
+	for i := range 64 {
+		all = append(all, 2, byte(63-i), 3, byte(i^1), 5, 0)
+	}
+	f.Add(all)
+	f.Add([]byte{0, 0, 0, 1, 2, 1, 3, 1, 2, 0, 0, 1, 5, 0, 3, 0, 0, 3, 2, 2})
+	f.Add([]byte{0, 7, 1, 9, 3, 8, 0, 8, 2, 9, 7, 0, 7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7, 6, 6, 0})
+	r := rand.New(rand.NewPCG(2024, 7))
+	for range 6 {
+		b := make([]byte, 400)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		keys := tblFuzzKeys()
+		canon := map[Tuple]int{}
+		for i, k := range keys {
+			canon[tblCanon(k)] = i
+		}
+		tabs := []*Table[int]{
+			New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret)),
+			New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(XXH3Hasher)),
+		}
+		// models[i] is what tabs[i] must hold: key index -> the very
+		// pointer inserted (each table gets its own pointer; both point to
+		// the same content).
+		models := []map[int]*int{{}, {}}
+		serial := 0
+		if len(data) > 1024 {
+			data = data[:1024]
+		}
+		// check compares a returned value with the model's pointer.
+		check := func(want *int, wok bool, got *int, gok bool, msg string) {
+			t.Helper()
+			require.Equal(t, wok, gok, msg)
+			if wok {
+				require.Same(t, want, got, msg)
+				require.Equal(t, *want, *got, msg)
+			} else {
+				require.Nil(t, got, msg)
+			}
+		}
+		for step := 0; step+1 < len(data); step += 2 {
+			op, arg := data[step], int(data[step+1])
+			ki, alt := (arg%64)/2, arg%2
+			tup := tblFuzzSpell(keys[ki], ki, alt)
+			serial++
+			for ti, tab := range tabs {
+				model := models[ti]
+				msg := fmt.Sprintf("table %d step %d op %d %v", ti, step, op%8, tup)
+				switch op % 8 {
+				case 0, 1: // Insert
+					v := new(serial)
+					err := tab.Insert(tup, v)
+					if old, ok := model[ki]; ok {
+						require.ErrorIs(t, err, ErrExists, msg)
+						got, gok := tab.Lookup(keys[ki])
+						check(old, true, got, gok, msg)
+					} else {
+						require.NoError(t, err, msg)
+						model[ki] = v
+					}
+				case 2: // Lookup
+					want, ok := model[ki]
+					got, gok := tab.Lookup(tup)
+					check(want, ok, got, gok, msg)
+				case 3, 4: // Delete
+					want, ok := model[ki]
+					got, gok := tab.Delete(tup)
+					check(want, ok, got, gok, msg)
+					delete(model, ki)
+				case 5: // All
+					got := tblCollect(t, tab)
+					require.Len(t, got, len(model), msg)
+					for tup, v := range got {
+						i, ok := canon[tup]
+						require.True(t, ok, "%s: All yielded %v, not a canonical key", msg, tup)
+						want, ok := model[i]
+						check(want, ok, v, true, msg)
+					}
+				case 6: // Len, Stats
+					require.Equal(t, len(model), tab.Len(), msg)
+					st := tab.Stats()
+					require.Equal(t, len(model), st.Entries, msg)
+					// A stripe carves a new batch only when all it has
+					// carved is live: at most 32 keys are live, so the
+					// nodes stay within that plus a batch per stripe.
+					require.LessOrEqual(t, st.Nodes, 32+st.LockStripes*slabBatch, msg)
+				case 7: // bad input leaves the table unchanged
+					bad := tblFuzzInvalid[arg%len(tblFuzzInvalid)]
+					require.ErrorIs(t, tab.Insert(bad, new(-1)), ErrInvalidTuple, msg)
+					require.ErrorIs(t, tab.Insert(tup, nil), ErrNilValue, msg)
+					_, ok := tab.Lookup(bad)
+					require.False(t, ok, msg)
+					want, wok := model[ki]
+					got, gok := tab.Lookup(tup)
+					check(want, wok, got, gok, msg)
+					require.Equal(t, len(model), tab.Len(), msg)
+				}
+			}
+		}
+		for ti, tab := range tabs {
+			require.Equal(t, len(models[ti]), tab.Len())
+			got := tblCollect(t, tab)
+			require.Len(t, got, len(models[ti]))
+			for i, want := range models[ti] {
+				require.Same(t, want, got[tblCanon(keys[i])])
+			}
+		}
+	})
+}
+
+// tblNulls is the fixture of the deterministic nulls tests: a 16-bucket,
+// one-stripe table with a fixed secret (so a freed entry is the next one
+// inserted), and keys grouped by bucket.
+type tblNulls struct {
+	tab     *Table[string]
+	byBkt   map[uint32][]Tuple
+	a, b    uint32 // two buckets
+	restart func() uint64
+}
+
+func newTblNulls(t *testing.T) *tblNulls {
+	tab := New[string](WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
+	f := &tblNulls{tab: tab, byBkt: map[uint32][]Tuple{}}
+	f.restart = func() uint64 { return tab.Stats().LookupRestarts }
+	for i := 0; i < 4096; i++ {
+		k := tblKey(i, i%2 == 1)
+		b := HashTuple(k, LinuxHasher, tblSecret) & 15
+		f.byBkt[b] = append(f.byBkt[b], k)
+	}
+	f.a, f.b = 3, 11
+	require.GreaterOrEqual(t, len(f.byBkt[f.a]), 8)
+	require.GreaterOrEqual(t, len(f.byBkt[f.b]), 8)
+	for _, k := range f.byBkt[f.a] {
+		k := tab.tupleKey(k)
+		require.Equal(t, f.a, tab.b.bucket(uint32(k.meta>>32)))
+	}
+	return f
+}
+
+// headIndex returns the entry index at the head of bucket b.
+func (f *tblNulls) headIndex(t *testing.T, b uint32) uint32 {
+	l := f.tab.b.heads[b].load()
+	require.False(t, l.isNulls(), "bucket %d empty", b)
+	return l.index()
+}
+
+// blockAt installs a visit hook that blocks the first visit of entry idx
+// until release is closed, and closes arrived when it gets there.
+func (f *tblNulls) blockAt(idx uint32) (arrived, release chan struct{}) {
+	arrived, release = make(chan struct{}), make(chan struct{})
+	blocked := false // only the reader goroutine touches it
+	f.tab.visit = func(i uint32) {
+		if i == idx && !blocked {
+			blocked = true
+			close(arrived)
+			<-release
+		}
+	}
+	return arrived, release
+}
+
+type tblResult struct {
+	v  *string
+	ok bool
+}
+
+// lookupAsync starts Lookup(k) in a goroutine.
+func (f *tblNulls) lookupAsync(k Tuple) chan tblResult {
+	res := make(chan tblResult, 1)
+	go func() {
+		v, ok := f.tab.Lookup(k)
+		res <- tblResult{v, ok}
+	}()
+	return res
+}
+
+func tblWait(t *testing.T, c chan struct{}) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(30 * time.Second):
+		t.Fatal("reader never reached the hooked entry")
+	}
+}
+
+func tblWaitResult(t *testing.T, c chan tblResult) tblResult {
+	t.Helper()
+	select {
+	case r := <-c:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatal("reader did not return")
+		return tblResult{}
+	}
+}
+
+// TestTableNullsRecycledEntry stops a reader on entry X of chain A (looking
+// for Y behind it), deletes X and recycles its entry for Z, then lets the
+// reader go on.
+func TestTableNullsRecycledEntry(t *testing.T) {
+	cases := []struct {
+		name         string
+		zBucketB     bool // Z in bucket B, else in A
+		preB         int  // entries already in B
+		wantRestarts uint64
+	}{
+		{"into empty bucket B", true, 0, 1},
+		{"into non-empty bucket B", true, 2, 1},
+		{"into the same bucket A", false, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newTblNulls(t)
+			tab := f.tab
+			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+			x, y := ka[0], ka[1]
+			z := ka[2]
+			if c.zBucketB {
+				z = kb[0]
+			}
+			for i := range c.preB {
+				require.NoError(t, tab.Insert(kb[1+i], new("pre")))
+			}
+			vy, vx, vz := new("Y"), new("X"), new("Z")
+			require.NoError(t, tab.Insert(y, vy))
+			require.NoError(t, tab.Insert(x, vx))
+			xIdx := f.headIndex(t, f.a) // X is at the head of A
+
+			arrived, release := f.blockAt(xIdx)
+			res := f.lookupAsync(y)
+			tblWait(t, arrived)
+			before := f.restart()
+
+			got, ok := tab.Delete(x)
+			require.True(t, ok)
+			require.Same(t, vx, got)
+			require.NoError(t, tab.Insert(z, vz))
+			zb := f.a
+			if c.zBucketB {
+				zb = f.b
+			}
+			require.Equal(t, xIdx, f.headIndex(t, zb), "Z did not recycle X's entry")
+
+			close(release)
+			r := tblWaitResult(t, res)
+			require.True(t, r.ok, "Lookup(Y) missed Y")
+			require.Same(t, vy, r.v)
+			require.Equal(t, c.wantRestarts, f.restart()-before)
+
+			// The table is intact.
+			for k, v := range map[Tuple]*string{y: vy, z: vz} {
+				got, ok := tab.Lookup(k)
+				require.True(t, ok)
+				require.Same(t, v, got)
+			}
+			_, ok = tab.Lookup(x)
+			require.False(t, ok)
+			require.Equal(t, 2+c.preB, tab.Len())
+		})
+	}
+}
+
+// TestTableNullsReadersKeyRecycled stops a reader looking for X on the
+// entry W before X, deletes W and X, and recycles X's entry: the reader
+// must answer not-found or a value of X, never the recycled entry's value.
+func TestTableNullsReadersKeyRecycled(t *testing.T) {
+	cases := []struct {
+		name string
+		// after W and X are deleted (X's entry on top of the free cache):
+		reinsert func(f *tblNulls, x Tuple) (zb uint32, z Tuple)
+		wantOK   bool // the deterministic outcome
+		wantX2   bool
+	}{
+		{"Z into bucket B", func(f *tblNulls, x Tuple) (uint32, Tuple) { return f.b, f.byBkt[f.b][0] }, false, false},
+		{"Z into bucket A", func(f *tblNulls, x Tuple) (uint32, Tuple) { return f.a, f.byBkt[f.a][2] }, false, false},
+		{"X itself again", func(f *tblNulls, x Tuple) (uint32, Tuple) { return f.a, x }, true, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newTblNulls(t)
+			tab := f.tab
+			ka := f.byBkt[f.a]
+			w, x := ka[0], ka[1]
+			vx, vw := new("X"), new("W")
+			require.NoError(t, tab.Insert(x, vx))
+			xIdx := f.headIndex(t, f.a)
+			require.NoError(t, tab.Insert(w, vw))
+			wIdx := f.headIndex(t, f.a) // A: W -> X
+
+			arrived, release := f.blockAt(wIdx)
+			res := f.lookupAsync(x)
+			tblWait(t, arrived)
+
+			_, ok := tab.Delete(w) // W's next still leads to X's entry
+			require.True(t, ok)
+			_, ok = tab.Delete(x)
+			require.True(t, ok)
+			zb, z := c.reinsert(f, x)
+			vz := new("new")
+			require.NoError(t, tab.Insert(z, vz))
+			require.Equal(t, xIdx, f.headIndex(t, zb), "X's entry was not recycled")
+
+			close(release)
+			r := tblWaitResult(t, res)
+			if r.ok {
+				require.True(t, r.v == vx || (z == x && r.v == vz), "Lookup(X) returned %q, not a value of X", *r.v)
+			}
+			if z != x {
+				require.NotSame(t, vz, r.v, "Lookup(X) returned the value of %v", z)
+			}
+			require.Equal(t, c.wantOK, r.ok)
+			if c.wantX2 {
+				require.Same(t, vz, r.v)
+			}
+		})
+	}
+}
+
+// TestTableAllocs pins Lookup and steady-state Insert+Delete at zero
+// allocations.
+func TestTableAllocs(t *testing.T) {
+	for _, h := range hashers {
+		tab := New[int](WithHasher(h), WithCapacity(256))
+		k4, k6 := tblKey(1, false), tblKey(1, true)
+		miss4, miss6 := tblKey(2, false), tblKey(2, true)
+		for i := range 512 { // long chains, so misses walk
+			require.NoError(t, tab.Insert(tblKey(100+i, i%2 == 0), new(i)))
+		}
+		require.NoError(t, tab.Insert(k4, new(4)))
+		require.NoError(t, tab.Insert(tblMapped(k6), new(6)))
+		for name, c := range map[string]struct {
+			k  Tuple
+			ok bool
+		}{
+			"hit v4": {k4, true}, "hit v4 mapped": {tblMapped(k4), true}, "hit v6": {k6, true},
+			"miss v4": {miss4, false}, "miss v6": {miss6, false},
+		} {
+			bad := 0
+			allocs := testing.AllocsPerRun(1000, func() {
+				if _, ok := tab.Lookup(c.k); ok != c.ok {
+					bad++
+				}
+			})
+			require.Zero(t, bad, "%v %s", h, name)
+			require.Zero(t, allocs, "%v %s", h, name)
+		}
+
+		keys := make([]Tuple, 64)
+		vals := make([]*int, len(keys))
+		for i := range keys {
+			keys[i] = tblKey(5000+i, i%2 == 1)
+			vals[i] = new(i)
+		}
+		var bad atomic.Int64
+		pair := func(i int) {
+			if tab.Insert(keys[i], vals[i]) != nil {
+				bad.Add(1)
+			}
+			if v, ok := tab.Delete(keys[i]); !ok || v != vals[i] {
+				bad.Add(1)
+			}
+		}
+		for r := range 2000 { // warm up the free caches
+			pair(r % len(keys))
+		}
+		n := 0
+		allocs := testing.AllocsPerRun(2000, func() {
+			pair(n % len(keys))
+			n++
+		})
+		require.Zero(t, bad.Load())
+		require.Zero(t, allocs, "%v: Insert+Delete", h)
+	}
+}
+
+// TestTableMemoryLayout pins the entry and stripe sizes.
+func TestTableMemoryLayout(t *testing.T) {
+	require.LessOrEqual(t, unsafe.Sizeof(entry[int]{}), uintptr(60))
+	require.LessOrEqual(t, unsafe.Sizeof(entry[[64]byte]{}), uintptr(60), "the value is held by pointer")
+	require.Equal(t, uintptr(64), unsafe.Sizeof(stripe{}))
+	require.Equal(t, uintptr(cacheLineSize), unsafe.Sizeof(stripe{}))
+	require.Equal(t, uintptr(4), unsafe.Sizeof(linkField{}))
+}
+
+// TestTableChurnNoLeak fills a table, churns it, and checks that entries
+// are recycled: the node count stays within the free caches' slack of the
+// peak live count.
+func TestTableChurnNoLeak(t *testing.T) {
+	for _, c := range []struct{ n, stripes int }{
+		{1 << 16, 0}, // default stripes: a loose bound
+		{1 << 14, 4}, // few stripes: a tight one
+	} {
+		n, stripes := c.n, c.stripes
+		t.Run(fmt.Sprintf("n=%d,stripes=%d", n, stripes), func(t *testing.T) {
+			opts := []Option{WithCapacity(n)}
+			if stripes > 0 {
+				opts = append(opts, WithLockStripes(stripes))
+			}
+			tab := New[int](opts...)
+			v := new(0)
+			key := func(i int) Tuple {
+				return Tuple{
+					Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 443),
+					Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i >> 16), byte(i >> 8), byte(i)}), 40000),
+				}
+			}
+			bad := 0
+			for i := range n {
+				if tab.Insert(key(i), v) != nil {
+					bad++
+				}
+			}
+			require.Zero(t, bad)
+			st := tab.Stats()
+			require.Equal(t, n, st.Entries)
+			peak := n
+			// A stripe carves nodes only when its cache and the depot are
+			// empty; every other cache holds fewer than slabCacheMax.
+			bound := peak + st.LockStripes*slabCacheMax
+			require.LessOrEqual(t, st.Nodes, bound)
+			r := rand.New(rand.NewPCG(3, 4))
+			next := n
+			live := make([]int, n)
+			for i := range live {
+				live[i] = i
+			}
+			for range n {
+				j := r.IntN(len(live))
+				if _, ok := tab.Delete(key(live[j])); !ok {
+					bad++
+				}
+				live[j] = next
+				if tab.Insert(key(next), v) != nil {
+					bad++
+				}
+				next++
+			}
+			require.Zero(t, bad)
+			st = tab.Stats()
+			require.Equal(t, n, st.Entries)
+			require.Equal(t, n, tab.Len())
+			require.LessOrEqual(t, st.Nodes, bound, "nodes leak: %d nodes for %d live", st.Nodes, n)
+		})
+	}
+}
+
+// Guard: the helpers above are only meaningful if errors wrap sentinels.
+func TestTableErrorsWrapTuple(t *testing.T) {
+	tab := New[int]()
+	k := tblTuple("10.0.0.1:1", "10.0.0.2:2")
+	require.NoError(t, tab.Insert(k, new(1)))
+	err := tab.Insert(k, new(2))
+	require.True(t, errors.Is(err, ErrExists))
+	require.Contains(t, err.Error(), k.String())
+}

@@ -1,0 +1,255 @@
+package hash4
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+)
+
+// This file holds the TCP socket demultiplexer: the established table (a
+// Table) and the listener table keyed by (local address, local port), the
+// kernel's lhash2, looked up in the kernel's order (__inet_lookup: the
+// established table, then __inet_lookup_listener).
+//
+// Listener nodes are entries of the established Table's node store, so that
+// a node can be recycled from an established chain into a listener chain and
+// back while lock-free readers stand on it. Listener chains end in nulls
+// values offset by 2^29 (the kernel's LISTENING_NULLS_BASE), so a reader of
+// either kind that strays into a chain of the other kind ends on a value
+// that is not its own and restarts. No false match is possible on the way:
+// a listener entry holds remote port 0, which no established key has.
+
+// listenerNullsBase is added to the bucket index of a listener chain to make
+// its nulls value, as the kernel's LISTENING_NULLS_BASE.
+const listenerNullsBase = 1 << 29
+
+// wordsAny4 is the 16-byte form of 0.0.0.0 (::ffff:0.0.0.0) as addrWords
+// gives it; that of :: is zero.
+var wordsAny4 = addrWords(netip.IPv4Unspecified())
+
+// TCPTable finds the TCP socket that owns a received segment, as the Linux
+// TCP tables do: an established connection with the segment's exact
+// 4-tuple, else the listener bound to the segment's destination address and
+// port, else the listener bound to the wildcard address on that port.
+//
+// The established connections are a Table (see Established): Insert,
+// Delete, Lookup and a PortAllocator's Connect work on it as on any Table.
+// Listeners are added by Listen. Lookup takes no lock and never allocates.
+// All methods are safe for concurrent use. A TCPTable must be created with
+// NewTCPTable.
+//
+// Listeners. At most one listener is bound to a given address and port (no
+// SO_REUSEPORT groups). A listener bound to 0.0.0.0 takes IPv4 segments for
+// its port, one bound to :: takes IPv6 segments and, as a dual-stack socket
+// (IPV6_V6ONLY off, the Linux and Go default), IPv4 segments too. 0.0.0.0
+// and :: on one port may both listen (Linux would refuse the second unless
+// the :: one were IPv6-only); an IPv4 segment then goes to 0.0.0.0, as the
+// kernel's compute_score prefers an IPv4 socket. Devices and network
+// namespaces are left out. Addresses are read as in Table: IPv4-mapped
+// addresses are IPv4, zones are ignored.
+type TCPTable[T any] struct {
+	est    *Table[T]
+	lb     buckets // listener chains (nulls base 2^29), keyed by the port+address hash
+	mix    uint32  // net_hash_mix of the port+address hash
+	anyMix uint32  // jhash_1word(0, mix)
+
+	restarts atomic.Uint64 // listener walks started again
+
+	// visit, set only by tests before the table is used, is called by
+	// listener walks on each node of a chain before they read its next
+	// link (the established walk has Table.visit).
+	visit func(index uint32)
+}
+
+// NewTCPTable returns an empty table. Its options are those of New and
+// apply to the established Table; the listener table gets as many buckets
+// and lock stripes, and Secret.Seed, folded to 32 bits, stands for
+// net_hash_mix in its port+address hash (IPv4PortaddrHash,
+// IPv6PortaddrHash).
+func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
+	var ok []Option
+	for _, o := range opts {
+		if o != nil {
+			ok = append(ok, o)
+		}
+	}
+	t := &TCPTable[T]{est: New[T](ok...)}
+	t.lb.init(len(t.est.b.heads), len(t.est.b.stripes), listenerNullsBase)
+	t.mix = portaddrMix(&t.est.secret)
+	t.anyMix = JHash1Word(0, t.mix)
+	return t
+}
+
+// Established returns the table of established connections. Flows inserted
+// into it, directly or by a PortAllocator's Connect, are found by Lookup
+// before any listener. Its Stats count the listeners' nodes among Nodes,
+// since listeners share its node store.
+func (t *TCPTable[T]) Established() *Table[T] { return t.est }
+
+// listenerKey returns the key of a listener on (addr, port), addr in the
+// form normAddr gives: hash and local port in meta, remote left zero.
+func (t *TCPTable[T]) listenerKey(addr netip.Addr, port uint16) key {
+	w := addrWords(addr)
+	h := portaddrHashWords(&w, addr.Is4(), port, t.mix)
+	return key{meta: uint64(h)<<32 | uint64(port)<<16, local: w}
+}
+
+// Listen adds a listener with value v on local, which may be the wildcard
+// address of its family (0.0.0.0 or ::), and returns the function that
+// removes it; release may be called more than once, and only its first call
+// does anything. Listen returns an error matching ErrPortInUse (and
+// syscall.EADDRINUSE) if a listener is on the same address and port,
+// ErrInvalidAddr for an invalid address or port 0, ErrNilValue for a nil v
+// and ErrTableFull if the node store is exhausted; on error nothing changes.
+func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T) (release func(), err error) {
+	addr, port := normAddr(local.Addr()), local.Port()
+	switch {
+	case !addr.IsValid():
+		return nil, fmt.Errorf("%w: Listen on an invalid address", ErrInvalidAddr)
+	case port == 0:
+		return nil, fmt.Errorf("%w: Listen on %v: port 0", ErrInvalidAddr, local)
+	case v == nil:
+		return nil, fmt.Errorf("%w for Listen on %v", ErrNilValue, local)
+	}
+	k := t.listenerKey(addr, port)
+	h := uint32(k.meta >> 32)
+	st := t.lb.stripe(h)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for l := t.lb.head(h).load(); !l.isNulls(); {
+		e := t.est.nodes.at(l.index())
+		if e.matches(&k) {
+			return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, netip.AddrPortFrom(addr, port))
+		}
+		l = e.next.load()
+	}
+	i, ok := t.est.nodes.get(&st.cache)
+	if !ok {
+		return nil, ErrTableFull
+	}
+	e := t.est.nodes.at(i)
+	// N.B. the node is free (seq even) and may have left an established
+	// chain a moment ago: readers that stand on it ignore its key while it
+	// is rewritten, and those that follow its next link into this chain
+	// end on a listener marker and restart.
+	e.meta.Store(k.meta)
+	e.remote[0].Store(0)
+	e.remote[1].Store(0)
+	e.local[0].Store(k.local[0])
+	e.local[1].Store(k.local[1])
+	e.val.Store(v)
+	e.seq.Add(1) // live
+	addHead(t.lb.head(h), nodeLink(i), &e.next)
+	st.count.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { t.unlisten(h, i) }) }, nil
+}
+
+// unlisten removes the listener in node i from the chain of hash h, as the
+// kernel's inet_unhash, and recycles the node at once.
+func (t *TCPTable[T]) unlisten(h, i uint32) {
+	st := t.lb.stripe(h)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	prev := t.lb.head(h)
+	for l := prev.load(); !l.isNulls(); l = prev.load() {
+		e := t.est.nodes.at(l.index())
+		if l.index() == i {
+			unlink(prev, &e.next)
+			e.seq.Add(1) // free: N.B. before the value is cleared (see entry)
+			e.val.Store(nil)
+			t.est.nodes.put(&st.cache, i)
+			st.count.Add(-1)
+			return
+		}
+		prev = &e.next
+	}
+}
+
+// Lookup returns the value of the socket that owns pkt, a segment from
+// pkt.Remote to pkt.Local: the established flow pkt if there is one, else
+// the listener on pkt.Local, else the wildcard listener on pkt.Local's port
+// (for an IPv4 segment 0.0.0.0, else ::). It takes no lock and does not
+// allocate. A segment whose addresses are invalid, whose destination is
+// unspecified or port 0, or whose addresses are of different families
+// reaches no listener.
+func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
+	// Table.Lookup's body, so that the established path costs what a
+	// plain Table lookup does: no second copy of pkt.
+	k := t.est.tupleKey(pkt)
+	if v, ok := t.est.lookup(&k); ok {
+		return v, true
+	}
+	return t.lookupListener(pkt)
+}
+
+// lookupListener is __inet_lookup_listener without reuseport groups: the
+// exact lhash2 chain, then the wildcard one.
+func (t *TCPTable[T]) lookupListener(pkt Tuple) (*T, bool) {
+	la, ra := pkt.Local.Addr().Unmap(), pkt.Remote.Addr().Unmap()
+	lp := pkt.Local.Port()
+	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || lp == 0 {
+		return nil, false
+	}
+	// N.B. keys are filled in place, field by field (see udpPacket.set).
+	var k, any4, any6 key
+	is4 := la.Is4()
+	setWords(&k.local, la)
+	k.meta = uint64(portaddrHashWords(&k.local, is4, lp, t.mix))<<32 | uint64(lp)<<16
+	if v := t.walkListeners(&k, nil); v != nil {
+		return v, true
+	}
+	any6.meta = uint64(t.anyMix^uint32(lp))<<32 | uint64(lp)<<16 // :: and 0.0.0.0 hash alike
+	var v *T
+	if is4 {
+		any4.meta = any6.meta
+		any4.local[1] = wordsAny4[1]
+		v = t.walkListeners(&any4, &any6)
+	} else {
+		v = t.walkListeners(&any6, nil)
+	}
+	return v, v != nil
+}
+
+// walkListeners walks the listener chain of k1 without locks and returns
+// the value of the live listener holding k1, else of the one holding k2
+// (if k2 is not nil and hashes like k1), else nil. A match is trusted only
+// if the node's seq was odd and unchanged across the read (see entry); a
+// miss only if the walk ended on this chain's own nulls marker: a node
+// recycled into another listener chain, or into an established chain,
+// while the walk stood on it leads to another marker, and the walk
+// restarts.
+func (t *TCPTable[T]) walkListeners(k1, k2 *key) *T {
+	b := t.lb.bucket(uint32(k1.meta >> 32))
+	head := &t.lb.heads[b]
+begin:
+	var second *T
+	l := head.load()
+	for !l.isNulls() {
+		e := t.est.nodes.at(l.index())
+		if seq := e.seq.Load(); seq&1 == 1 {
+			m1 := e.matches(k1)
+			if m1 || (k2 != nil && second == nil && e.matches(k2)) {
+				v := e.val.Load()
+				if e.seq.Load() != seq {
+					t.restarts.Add(1)
+					goto begin
+				}
+				if m1 {
+					return v
+				}
+				second = v
+			}
+		}
+		if t.visit != nil {
+			t.visit(l.index())
+		}
+		l = e.next.load()
+	}
+	if l.nullsValue() != t.lb.nullsBase+b {
+		t.restarts.Add(1)
+		goto begin
+	}
+	return second
+}

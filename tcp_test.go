@@ -1,0 +1,459 @@
+package hash4
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestTCPListenErrors(t *testing.T) {
+	tbl := NewTCPTable[int](WithSecret(udpTestSecret), nil) // a nil option is ignored
+	v := new(int)
+	for _, tc := range []struct {
+		local netip.AddrPort
+		v     *int
+		want  error
+	}{
+		{netip.AddrPort{}, v, ErrInvalidAddr},
+		{dmxAP("10.0.0.1:0"), v, ErrInvalidAddr},
+		{dmxAP("10.0.0.1:80"), nil, ErrNilValue},
+	} {
+		_, err := tbl.Listen(tc.local, tc.v)
+		require.ErrorIs(t, err, tc.want, "%v", tc.local)
+	}
+	rel, err := tbl.Listen(dmxAP("10.0.0.1:80"), v)
+	require.NoError(t, err)
+	for _, dup := range []string{"10.0.0.1:80", "[::ffff:10.0.0.1]:80"} {
+		_, err = tbl.Listen(dmxAP(dup), v)
+		require.ErrorIs(t, err, ErrPortInUse, dup)
+		require.ErrorIs(t, err, syscall.EADDRINUSE, dup)
+	}
+	for _, other := range []string{"10.0.0.2:80", "0.0.0.0:80", "[::]:80", "10.0.0.1:81"} {
+		_, err = tbl.Listen(dmxAP(other), v)
+		require.NoError(t, err, other)
+	}
+	syn := dmxPkt("10.0.0.1:80", "192.0.2.1:5555")
+	got, ok := tbl.Lookup(syn)
+	require.True(t, ok)
+	require.Same(t, v, got)
+
+	rel()
+	rel() // idempotent
+	v2 := new(int)
+	rel2, err := tbl.Listen(dmxAP("10.0.0.1:80"), v2)
+	require.NoError(t, err, "release frees the address")
+	rel() // the old release does not remove the new listener
+	got, ok = tbl.Lookup(syn)
+	require.True(t, ok)
+	require.Same(t, v2, got)
+	rel2()
+	got, ok = tbl.Lookup(syn)
+	require.True(t, ok)
+	require.NotSame(t, v2, got, "now the wildcard listener")
+}
+
+// TestTCPLookupOrder checks established, then exact listener, then wildcard
+// listener, and the families of wildcard listeners.
+func TestTCPLookupOrder(t *testing.T) {
+	tbl := NewTCPTable[string](WithSecret(udpTestSecret), WithCapacity(16))
+	listen := func(addr, name string) func() {
+		rel, err := tbl.Listen(dmxAP(addr), &name)
+		require.NoError(t, err)
+		return rel
+	}
+	lookup := func(local, remote string) string {
+		v, ok := tbl.Lookup(dmxPkt(local, remote))
+		if !ok {
+			return ""
+		}
+		return *v
+	}
+	relW4 := listen("0.0.0.0:80", "W4")
+	listen("[::]:80", "W6")
+	listen("10.0.0.1:80", "L")
+	listen("[2001:db8::1]:80", "L6")
+	listen("[::]:81", "D")
+	est := "E"
+	flow := dmxPkt("10.0.0.1:80", "192.0.2.1:5555")
+	require.NoError(t, tbl.Established().Insert(flow, &est))
+
+	for _, c := range []struct{ local, remote, want string }{
+		{"10.0.0.1:80", "192.0.2.1:5555", "E"},
+		{"[::ffff:10.0.0.1]:80", "[::ffff:192.0.2.1]:5555", "E"},
+		{"10.0.0.1:80", "192.0.2.1:5556", "L"},
+		{"10.0.0.2:80", "192.0.2.1:5555", "W4"},
+		{"[2001:db8::1]:80", "[2001:db8::9]:5555", "L6"},
+		{"[2001:db8::2]:80", "[2001:db8::9]:5555", "W6"},
+		{"10.0.0.2:81", "192.0.2.1:5555", "D"}, // dual-stack ::
+		{"[2001:db8::2]:81", "[2001:db8::9]:5555", "D"},
+		{"10.0.0.2:82", "192.0.2.1:5555", ""},
+		// Segments no listener takes.
+		{"0.0.0.0:80", "192.0.2.1:5555", ""},
+		{"10.0.0.2:80", "[2001:db8::9]:5555", ""},
+		{"10.0.0.2:0", "192.0.2.1:5555", ""},
+	} {
+		require.Equal(t, c.want, lookup(c.local, c.remote), "%s <- %s", c.local, c.remote)
+	}
+	_, ok := tbl.Lookup(Tuple{})
+	require.False(t, ok)
+
+	_, ok = tbl.Established().Delete(flow)
+	require.True(t, ok)
+	require.Equal(t, "L", lookup("10.0.0.1:80", "192.0.2.1:5555"))
+	relW4()
+	require.Equal(t, "W6", lookup("10.0.0.2:80", "192.0.2.1:5555"), ":: takes IPv4 once 0.0.0.0 is gone")
+}
+
+// tcpStray builds a small table and tuples that land in chosen buckets.
+type tcpStray struct {
+	tbl *TCPTable[string]
+}
+
+func newTCPStray() *tcpStray {
+	return &tcpStray{NewTCPTable[string](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(16))}
+}
+
+// estBucket returns the established bucket of tup.
+func (s *tcpStray) estBucket(tup Tuple) uint32 {
+	return HashTuple(tup, LinuxHasher, udpTestSecret) & s.tbl.est.b.mask
+}
+
+// flowIn returns the i-th flow to 10.0.0.1:80 whose established bucket is b.
+func (s *tcpStray) flowIn(b uint32, i int) Tuple {
+	for n := 1; ; n++ {
+		tup := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(n)}), uint16(1000+n))}
+		if s.estBucket(tup) == b {
+			if i == 0 {
+				return tup
+			}
+			i--
+		}
+	}
+}
+
+// listenerIn returns the i-th listener address 10.0.1.x:8080 whose listener
+// bucket is b, and its hash.
+func (s *tcpStray) listenerIn(b uint32, i int) (netip.AddrPort, uint32) {
+	for n := 1; ; n++ {
+		a := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 1, byte(n)}), 8080)
+		h := portaddrHash(a.Addr(), a.Port(), s.tbl.mix)
+		if h&s.tbl.lb.mask == b {
+			if i == 0 {
+				return a, h
+			}
+			i--
+		}
+	}
+}
+
+// moveFree moves free node i from the top of one stripe's cache to
+// another's, so that the next insert under the second stripe reuses it:
+// how a node of one kind is recycled into a chain of the other kind.
+func moveFree(t *testing.T, from, to *stripe, i uint32) {
+	t.Helper()
+	from.mu.Lock()
+	n := len(from.cache.free)
+	require.NotZero(t, n)
+	require.Equal(t, i, from.cache.free[n-1])
+	from.cache.free = from.cache.free[:n-1]
+	from.mu.Unlock()
+	to.mu.Lock()
+	to.cache.free = append(to.cache.free, i)
+	to.mu.Unlock()
+}
+
+// pauseAt returns a visit hook that blocks the first visit of node target,
+// and channels to wait for it and to let it go.
+func pauseAt(target uint32) (hook func(uint32), paused <-chan struct{}, resume chan<- struct{}) {
+	p, r := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	return func(i uint32) {
+		if i == target {
+			once.Do(func() { close(p); <-r })
+		}
+	}, p, r
+}
+
+// TestTCPStrayEstablishedIntoListener stops an established lookup on a
+// node, deletes it and recycles it as a listener in the listener chain with
+// the same bucket index: the reader walks into the listener chain and must
+// restart on its marker (index + 2^29) rather than report a miss, which
+// would send the segment to a listener.
+func TestTCPStrayEstablishedIntoListener(t *testing.T) {
+	s := newTCPStray()
+	tbl := s.tbl
+	const b = 5
+	x, y := s.flowIn(b, 0), s.flowIn(b, 1)
+	vx, vy := "X", "Y"
+	require.NoError(t, tbl.est.Insert(x, &vx))
+	require.NoError(t, tbl.est.Insert(y, &vy)) // chain b: Y -> X
+	iy := tbl.est.b.heads[b].load().index()
+	la, lh := s.listenerIn(b, 0)
+
+	hook, paused, resume := pauseAt(iy)
+	tbl.est.visit = hook
+	done := make(chan *string)
+	go func() {
+		v, _ := tbl.Lookup(x)
+		done <- v
+	}()
+	<-paused
+	_, ok := tbl.est.Delete(y)
+	require.True(t, ok)
+	moveFree(t, &tbl.est.b.stripes[b&tbl.est.b.stripeMask], tbl.lb.stripe(lh), iy)
+	vl := "listener"
+	_, err := tbl.Listen(la, &vl)
+	require.NoError(t, err)
+	require.Equal(t, nodeLink(iy), tbl.lb.heads[b].load(), "Y's node is now the listener, in listener chain b")
+	close(resume)
+	require.Equal(t, &vx, <-done)
+	require.EqualValues(t, 1, tbl.est.restarts.Load(), "one restart, on the listener marker")
+}
+
+// TestTCPStrayListenerIntoEstablished stops a listener lookup on a node,
+// releases it and recycles it as an established flow in the established
+// chain with the same bucket index: the reader walks into the established
+// chain and must restart on its marker rather than miss the listener
+// behind the node.
+func TestTCPStrayListenerIntoEstablished(t *testing.T) {
+	s := newTCPStray()
+	tbl := s.tbl
+	const b = 9
+	l1, _ := s.listenerIn(b, 0)
+	l2, _ := s.listenerIn(b, 1)
+	v1, v2 := "L1", "L2"
+	_, err := tbl.Listen(l1, &v1)
+	require.NoError(t, err)
+	rel2, err := tbl.Listen(l2, &v2) // chain b: L2 -> L1
+	require.NoError(t, err)
+	i2 := tbl.lb.heads[b].load().index()
+	_, h2 := s.listenerIn(b, 1)
+
+	hook, paused, resume := pauseAt(i2)
+	tbl.visit = hook
+	syn := Tuple{Local: l1, Remote: dmxAP("192.0.2.200:4444")}
+	done := make(chan *string)
+	go func() {
+		v, _ := tbl.Lookup(syn)
+		done <- v
+	}()
+	<-paused
+	rel2()
+	e := s.flowIn(b, 0)
+	moveFree(t, tbl.lb.stripe(h2), &tbl.est.b.stripes[b&tbl.est.b.stripeMask], i2)
+	ve := "E"
+	require.NoError(t, tbl.est.Insert(e, &ve))
+	require.Equal(t, nodeLink(i2), tbl.est.b.heads[b].load(), "L2's node is now an established flow, in chain b")
+	close(resume)
+	require.Equal(t, &v1, <-done)
+	require.EqualValues(t, 1, tbl.restarts.Load(), "one restart, on the established marker")
+}
+
+func TestTCPLookupNoAllocs(t *testing.T) {
+	tbl := NewTCPTable[int](WithSecret(udpTestSecret))
+	v := new(int)
+	require.NoError(t, tbl.Established().Insert(dmxPkt("10.0.0.1:80", "192.0.2.1:5555"), v))
+	for _, a := range []string{"10.0.0.1:80", "0.0.0.0:81", "[::]:82", "[2001:db8::1]:80"} {
+		_, err := tbl.Listen(dmxAP(a), v)
+		require.NoError(t, err)
+	}
+	for _, p := range []Tuple{
+		dmxPkt("10.0.0.1:80", "192.0.2.1:5555"),
+		dmxPkt("10.0.0.1:80", "192.0.2.2:5555"),
+		dmxPkt("10.0.0.2:81", "192.0.2.2:5555"),
+		dmxPkt("10.0.0.2:82", "192.0.2.2:5555"),
+		dmxPkt("[2001:db8::1]:80", "[2001:db8::9]:5555"),
+		dmxPkt("10.0.0.2:83", "192.0.2.2:5555"),
+		{},
+	} {
+		require.Zero(t, testing.AllocsPerRun(100, func() { tbl.Lookup(p) }), "%v", p)
+	}
+}
+
+// tcpRef is the reference model of a TCPTable: maps and the lookup order.
+type tcpRef struct {
+	est       map[Tuple]*int
+	listeners map[netip.AddrPort]*int
+}
+
+func (r *tcpRef) lookup(pkt Tuple) *int {
+	l, rem := refNorm(pkt.Local), refNorm(pkt.Remote)
+	if v, ok := r.est[Tuple{l, rem}]; ok {
+		return v
+	}
+	la, ra := l.Addr(), rem.Addr()
+	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || l.Port() == 0 {
+		return nil
+	}
+	if v, ok := r.listeners[l]; ok {
+		return v
+	}
+	if la.Is4() {
+		if v, ok := r.listeners[netip.AddrPortFrom(netip.IPv4Unspecified(), l.Port())]; ok {
+			return v
+		}
+	}
+	return r.listeners[netip.AddrPortFrom(netip.IPv6Unspecified(), l.Port())]
+}
+
+// TestTCPLookupMatchesReference applies random Listen, release, Insert and
+// Delete to a table and the reference and compares lookups.
+func TestTCPLookupMatchesReference(t *testing.T) {
+	locals := []string{"10.0.0.1", "10.0.0.2", "::ffff:10.0.0.1", "0.0.0.0", "::", "2001:db8::1", "fe80::1%eth0"}
+	ports := []uint16{80, 81}
+	remotes := []string{"192.0.2.1:1000", "192.0.2.2:1000", "[2001:db8::9]:1000", "[::ffff:192.0.2.1]:1000", "0.0.0.0:7"}
+	for seed := range 40 {
+		rng := rand.New(rand.NewPCG(uint64(seed), 7))
+		tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
+		ref := &tcpRef{est: map[Tuple]*int{}, listeners: map[netip.AddrPort]*int{}}
+		releases := map[netip.AddrPort]func(){}
+		pick := func(s []string) string { return s[rng.IntN(len(s))] }
+		randLocal := func() netip.AddrPort {
+			return netip.AddrPortFrom(netip.MustParseAddr(pick(locals)), ports[rng.IntN(len(ports))])
+		}
+		for step := range 150 {
+			v := new(step)
+			switch rng.IntN(4) {
+			case 0:
+				l := randLocal()
+				rel, err := tbl.Listen(l, v)
+				_, dup := ref.listeners[refNorm(l)]
+				require.Equal(t, dup, err != nil, "Listen(%v): %v", l, err)
+				if err == nil {
+					ref.listeners[refNorm(l)] = v
+					releases[refNorm(l)] = rel
+				}
+			case 1:
+				for l, rel := range releases {
+					rel()
+					delete(releases, l)
+					delete(ref.listeners, l)
+					break
+				}
+			case 2:
+				tup := Tuple{randLocal(), dmxAP(pick(remotes))}
+				err := tbl.Established().Insert(tup, v)
+				_, dup := ref.est[Tuple{refNorm(tup.Local), refNorm(tup.Remote)}]
+				if validate(tup) != nil || dup {
+					require.Error(t, err)
+				} else {
+					require.NoError(t, err)
+					ref.est[Tuple{refNorm(tup.Local), refNorm(tup.Remote)}] = v
+				}
+			case 3:
+				for tup := range ref.est {
+					_, ok := tbl.Established().Delete(tup)
+					require.True(t, ok)
+					delete(ref.est, tup)
+					break
+				}
+			}
+			for range 8 {
+				pkt := Tuple{randLocal(), dmxAP(pick(remotes))}
+				got, _ := tbl.Lookup(pkt)
+				require.Equal(t, ref.lookup(pkt), got, "seed %d step %d: Lookup(%v)", seed, step, pkt)
+			}
+		}
+	}
+}
+
+// TestTCPLookupRace recycles nodes between established and listener chains
+// (bursts large enough to spill the free caches into the shared depot)
+// while lookups run for flows and listeners that stay: every lookup must
+// find the right one (run it under -race).
+func TestTCPLookupRace(t *testing.T) {
+	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(1))
+	type probe struct {
+		pkt Tuple
+		val *int
+	}
+	var probes []probe
+	for i := range 24 {
+		v := new(i)
+		tup := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}), 1000)}
+		require.NoError(t, tbl.Established().Insert(tup, v))
+		probes = append(probes, probe{tup, v})
+	}
+	for i := range 24 {
+		v := new(100 + i)
+		a := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 2, byte(i + 1)}), 80)
+		_, err := tbl.Listen(a, v)
+		require.NoError(t, err)
+		probes = append(probes, probe{Tuple{Local: a, Remote: dmxAP("192.0.2.250:999")}, v})
+	}
+	vw := new(-1)
+	_, err := tbl.Listen(dmxAP("0.0.0.0:80"), vw)
+	require.NoError(t, err)
+	probes = append(probes, probe{dmxPkt("10.0.0.3:80", "192.0.2.250:999"), vw})
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // churn: bursts of listeners, then of flows, on the same port
+		defer wg.Done()
+		v := new(0)
+		rels := make([]func(), 0, 300)
+		for round := 0; !stop.Load(); round++ {
+			for i := range 300 {
+				a := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 80)
+				rel, err := tbl.Listen(a, v)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				rels = append(rels, rel)
+			}
+			for _, rel := range rels {
+				rel()
+			}
+			rels = rels[:0]
+			for i := range 300 {
+				tup := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), uint16(2000+round%7))}
+				if err := tbl.Established().Insert(tup, v); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			for i := range 300 {
+				tup := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), uint16(2000+round%7))}
+				tbl.Established().Delete(tup)
+			}
+		}
+	}()
+	var lookups, failures atomic.Int64
+	var first atomic.Value
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 3))
+			for !stop.Load() {
+				p := probes[rng.IntN(len(probes))]
+				v, ok := tbl.Lookup(p.pkt)
+				if !ok || v != p.val {
+					failures.Add(1)
+					first.CompareAndSwap(nil, fmt.Sprintf("Lookup(%v) = %v, %v", p.pkt, v, ok))
+				}
+				lookups.Add(1)
+			}
+		}()
+	}
+	d := 1500 * time.Millisecond
+	if testing.Short() {
+		d = 300 * time.Millisecond
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	if f := failures.Load(); f > 0 {
+		t.Fatalf("%d of %d lookups failed; first: %v", f, lookups.Load(), first.Load())
+	}
+	t.Logf("%d lookups, %d established and %d listener restarts", lookups.Load(), tbl.est.restarts.Load(), tbl.restarts.Load())
+}

@@ -1,0 +1,962 @@
+package hash4
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+var udpTestSecret = Secret{Ehash: 0x1234_5678, Ehash6Addr: 0x9abc_def0, Seed: 0x0f1e_2d3c_4b5a_6978}
+
+func dmxAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// udpTestHash returns the hash4 hash of tup in a table with udpTestSecret,
+// by the exported hash functions.
+func udpTestHash(tup Tuple) uint32 {
+	la, ra := tup.Local.Addr().Unmap(), tup.Remote.Addr().Unmap()
+	if la.Is4() {
+		return UDPEhashfn(la, tup.Local.Port(), ra, tup.Remote.Port(), udpTestSecret.Ehash)
+	}
+	return UDP6Ehashfn(la, tup.Local.Port(), ra, tup.Remote.Port(), udpTestSecret.Ehash, udpTestSecret.Ehash6Addr)
+}
+
+func dmxPkt(local, remote string) Tuple { return Tuple{Local: dmxAP(local), Remote: dmxAP(remote)} }
+
+func TestUDPBindErrors(t *testing.T) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+	v := new(int)
+	for _, tc := range []struct {
+		name  string
+		local netip.AddrPort
+		v     *int
+		opts  []BindOption
+		want  error
+	}{
+		{"invalid address", netip.AddrPort{}, v, nil, ErrInvalidAddr},
+		{"port 0", dmxAP("10.0.0.1:0"), v, nil, ErrInvalidAddr},
+		{"v6only on IPv4", dmxAP("10.0.0.1:53"), v, []BindOption{WithIPv6Only()}, ErrInvalidAddr},
+		{"v6only on mapped IPv4", dmxAP("[::ffff:0.0.0.0]:53"), v, []BindOption{WithIPv6Only()}, ErrInvalidAddr},
+		{"nil value", dmxAP("10.0.0.1:53"), nil, nil, ErrNilValue},
+	} {
+		_, err := tbl.Bind(tc.local, tc.v, tc.opts...)
+		require.ErrorIs(t, err, tc.want, tc.name)
+	}
+	require.Empty(t, tbl.sockets())
+
+	a, err := tbl.Bind(dmxAP("10.0.0.1:53"), v, nil) // a nil option is ignored
+	require.NoError(t, err)
+	_, err = tbl.Bind(dmxAP("10.0.0.1:53"), v)
+	require.ErrorIs(t, err, ErrPortInUse)
+	require.ErrorIs(t, err, syscall.EADDRINUSE)
+	_, err = tbl.Bind(dmxAP("[::ffff:10.0.0.1]:53"), v, WithReusePort())
+	require.ErrorIs(t, err, ErrPortInUse, "the mapped form is the same address; the first did not ask for reuse")
+	// Other addresses, the wildcard included, do not conflict.
+	_, err = tbl.Bind(dmxAP("10.0.0.2:53"), v)
+	require.NoError(t, err)
+	_, err = tbl.Bind(dmxAP("0.0.0.0:53"), v)
+	require.NoError(t, err)
+	_, err = tbl.Bind(dmxAP("[::]:53"), v)
+	require.NoError(t, err)
+	_, err = tbl.Bind(dmxAP("10.0.0.1:54"), v)
+	require.NoError(t, err)
+	require.Len(t, tbl.sockets(), 5)
+
+	// Reuse needs every socket on the address to ask for it.
+	r1, err := tbl.Bind(dmxAP("10.0.0.3:53"), v, WithReusePort())
+	require.NoError(t, err)
+	_, err = tbl.Bind(dmxAP("10.0.0.3:53"), v)
+	require.ErrorIs(t, err, ErrPortInUse)
+	r2, err := tbl.Bind(dmxAP("10.0.0.3:53"), v, WithReusePort())
+	require.NoError(t, err)
+	require.Len(t, tbl.sockets(), 7)
+
+	// Closing frees the address.
+	require.NoError(t, a.Close())
+	require.NoError(t, r1.Close())
+	require.NoError(t, r2.Close())
+	_, err = tbl.Bind(dmxAP("10.0.0.1:53"), v)
+	require.NoError(t, err)
+	_, err = tbl.Bind(dmxAP("10.0.0.3:53"), v)
+	require.NoError(t, err)
+}
+
+func TestUDPSocketErrors(t *testing.T) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+	v := new(int)
+	s4, err := tbl.Bind(dmxAP("10.0.0.1:53"), v)
+	require.NoError(t, err)
+	s6, err := tbl.Bind(dmxAP("[2001:db8::1]:53"), v)
+	require.NoError(t, err)
+	dual, err := tbl.Bind(dmxAP("[::]:53"), v)
+	require.NoError(t, err)
+	only6, err := tbl.Bind(dmxAP("[::]:54"), v, WithIPv6Only())
+	require.NoError(t, err)
+	any4, err := tbl.Bind(dmxAP("0.0.0.0:53"), v)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		s      *UDPSocket[int]
+		remote netip.AddrPort
+	}{
+		{s4, netip.AddrPort{}},
+		{s4, dmxAP("0.0.0.0:7")},
+		{s4, dmxAP("192.0.2.1:0")},
+		{s4, dmxAP("[2001:db8::9]:7")},
+		{any4, dmxAP("[2001:db8::9]:7")},
+		{s6, dmxAP("192.0.2.1:7")},
+		{s6, dmxAP("[::ffff:192.0.2.1]:7")},
+		{s6, dmxAP("[::]:7")},
+		{only6, dmxAP("192.0.2.1:7")},
+	} {
+		err := tc.s.Connect(tc.remote)
+		require.ErrorIs(t, err, ErrInvalidAddr, "%v to %v", tc.s.LocalAddr(), tc.remote)
+		_, ok := tc.s.RemoteAddr()
+		require.False(t, ok, "a failed Connect changes nothing")
+	}
+	require.Zero(t, tbl.slots[s4.h2&tbl.mask].hash4Cnt.Load())
+
+	require.NoError(t, dual.Connect(dmxAP("[::ffff:192.0.2.1]:7")))
+	r, ok := dual.RemoteAddr()
+	require.True(t, ok)
+	require.Equal(t, dmxAP("192.0.2.1:7"), r, "peers are kept in IPv4 form")
+	require.NoError(t, s6.Connect(dmxAP("[2001:db8::9%eth0]:7")))
+	r, _ = s6.RemoteAddr()
+	require.Equal(t, dmxAP("[2001:db8::9]:7"), r, "zones are dropped")
+
+	require.NoError(t, s4.Disconnect(), "disconnecting an unconnected socket does nothing")
+	require.NoError(t, s4.Close())
+	for _, err := range []error{s4.Close(), s4.Connect(dmxAP("192.0.2.1:7")), s4.Disconnect()} {
+		require.ErrorIs(t, err, net.ErrClosed)
+	}
+	var zero UDPSocket[int]
+	require.ErrorIs(t, zero.Connect(dmxAP("192.0.2.1:7")), net.ErrClosed)
+	require.ErrorIs(t, zero.Close(), net.ErrClosed)
+	var nilSock *UDPSocket[int]
+	require.ErrorIs(t, nilSock.Disconnect(), net.ErrClosed)
+}
+
+// TestUDPLookupSemantics spells out the lookup order and score on small
+// cases; every case runs with hash4 on and off.
+func TestUDPLookupSemantics(t *testing.T) {
+	type sock struct {
+		name, local, peer string
+		opts              []BindOption
+	}
+	type probe struct{ local, remote, want string }
+	reuse := []BindOption{WithReusePort()}
+	for _, tc := range []struct {
+		name   string
+		socks  []sock
+		probes []probe
+	}{
+		{
+			name:  "exact beats wildcard",
+			socks: []sock{{name: "W", local: "0.0.0.0:53"}, {name: "A", local: "10.0.0.1:53"}},
+			probes: []probe{
+				{"10.0.0.1:53", "192.0.2.1:9", "A"},
+				{"[::ffff:10.0.0.1]:53", "[::ffff:192.0.2.1]:9", "A"},
+				{"10.0.0.2:53", "192.0.2.1:9", "W"},
+				{"10.0.0.1:54", "192.0.2.1:9", ""},
+				{"[2001:db8::1]:53", "[2001:db8::9]:9", ""},
+			},
+		},
+		{
+			name: "an unconnected exact socket beats a connected wildcard one (Linux order)",
+			socks: []sock{
+				{name: "W", local: "0.0.0.0:53", peer: "192.0.2.1:9"},
+				{name: "A", local: "10.0.0.1:53"},
+			},
+			probes: []probe{
+				{"10.0.0.1:53", "192.0.2.1:9", "A"},
+				{"10.0.0.2:53", "192.0.2.1:9", "W"},
+				{"10.0.0.2:53", "192.0.2.1:10", ""},
+			},
+		},
+		{
+			name: "connected sockets take only their peer and beat unconnected ones",
+			socks: []sock{
+				{name: "C1", local: "10.0.0.1:53", peer: "192.0.2.1:9", opts: reuse},
+				{name: "U", local: "10.0.0.1:53", opts: reuse},
+				{name: "C2", local: "10.0.0.1:53", peer: "192.0.2.2:9", opts: reuse},
+			},
+			probes: []probe{
+				{"10.0.0.1:53", "192.0.2.1:9", "C1"},
+				{"10.0.0.1:53", "192.0.2.2:9", "C2"},
+				{"10.0.0.1:53", "192.0.2.1:10", "U"},
+				{"10.0.0.1:53", "192.0.2.3:9", "U"},
+			},
+		},
+		{
+			name:  "a connected socket alone drops other peers",
+			socks: []sock{{name: "C", local: "10.0.0.1:53", peer: "192.0.2.1:9"}},
+			probes: []probe{
+				{"10.0.0.1:53", "192.0.2.1:9", "C"},
+				{"10.0.0.1:53", "192.0.2.2:9", ""},
+			},
+		},
+		{
+			name: "IPv4 packets prefer 0.0.0.0 to ::, and reach :: without it",
+			socks: []sock{
+				{name: "W6", local: "[::]:53"},
+				{name: "W4", local: "0.0.0.0:53"},
+				{name: "D", local: "[::]:54"},
+				{name: "O", local: "[::]:55", opts: []BindOption{WithIPv6Only()}},
+			},
+			probes: []probe{
+				{"10.0.0.1:53", "192.0.2.1:9", "W4"},
+				{"[2001:db8::1]:53", "[2001:db8::9]:9", "W6"},
+				{"10.0.0.1:54", "192.0.2.1:9", "D"},
+				{"[::ffff:10.0.0.1]:54", "[::ffff:192.0.2.1]:9", "D"},
+				{"[2001:db8::1]:54", "[2001:db8::9]:9", "D"},
+				{"10.0.0.1:55", "192.0.2.1:9", ""},
+				{"[2001:db8::1]:55", "[2001:db8::9]:9", "O"},
+			},
+		},
+		{
+			name: "a dual-stack :: socket connected to an IPv4 peer beats 0.0.0.0",
+			socks: []sock{
+				{name: "W4", local: "0.0.0.0:53"},
+				{name: "D", local: "[::]:53", peer: "192.0.2.1:9"},
+			},
+			probes: []probe{
+				{"10.0.0.1:53", "192.0.2.1:9", "D"},
+				{"10.0.0.1:53", "192.0.2.2:9", "W4"},
+				{"[2001:db8::1]:53", "[2001:db8::9]:9", ""},
+			},
+		},
+		{
+			name: "IPv6 exact and wildcard",
+			socks: []sock{
+				{name: "A", local: "[2001:db8::1]:53", peer: "[2001:db8::9]:9", opts: reuse},
+				{name: "B", local: "[2001:db8::1]:53", opts: reuse},
+				{name: "W", local: "[::]:53", opts: []BindOption{WithIPv6Only()}},
+			},
+			probes: []probe{
+				{"[2001:db8::1]:53", "[2001:db8::9]:9", "A"},
+				{"[2001:db8::1%eth0]:53", "[2001:db8::9%eth0]:9", "A"},
+				{"[2001:db8::1]:53", "[2001:db8::8]:9", "B"},
+				{"[2001:db8::2]:53", "[2001:db8::9]:9", "W"},
+				{"10.0.0.1:53", "192.0.2.1:9", ""},
+			},
+		},
+		{
+			name: "packets no socket can receive",
+			socks: []sock{
+				{name: "W4", local: "0.0.0.0:53"},
+				{name: "W6", local: "[::]:53"},
+			},
+			probes: []probe{
+				{"0.0.0.0:53", "192.0.2.1:9", ""},
+				{"[::]:53", "[2001:db8::9]:9", ""},
+				{"10.0.0.1:0", "192.0.2.1:9", ""},
+				{"10.0.0.1:53", "[2001:db8::9]:9", ""},
+				{"[2001:db8::1]:53", "192.0.2.1:9", ""},
+				// A source may be unspecified, with port 0 (DHCP).
+				{"10.0.0.1:53", "0.0.0.0:0", "W4"},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl := NewUDPTable[string](WithSecret(udpTestSecret), WithCapacity(16))
+			for _, s := range tc.socks {
+				name := s.name
+				us, err := tbl.Bind(dmxAP(s.local), &name, s.opts...)
+				require.NoError(t, err, s.name)
+				if s.peer != "" {
+					require.NoError(t, us.Connect(dmxAP(s.peer)), s.name)
+				}
+			}
+			for _, off := range []bool{false, true} {
+				tbl.hash4Off = off
+				for _, p := range tc.probes {
+					got := ""
+					if v, ok := tbl.Lookup(dmxPkt(p.local, p.remote)); ok {
+						got = *v
+					}
+					require.Equal(t, p.want, got, "%s <- %s (hash4 off: %v)", p.local, p.remote, off)
+				}
+			}
+		})
+	}
+	// An invalid packet finds nothing and does not panic.
+	tbl := NewUDPTable[string]()
+	_, ok := tbl.Lookup(Tuple{})
+	require.False(t, ok)
+}
+
+// TestUDPReusePortFlowHash checks that reuseport sockets share the packets
+// of their address by flow hash: stable for a 4-tuple, every socket used,
+// the k-th socket in bind order for k = reciprocal_scale(udp_ehashfn, n).
+func TestUDPReusePortFlowHash(t *testing.T) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+	const n = 4
+	vals := make([]int, n)
+	for i := range vals {
+		vals[i] = i
+		_, err := tbl.Bind(dmxAP("10.0.0.1:53"), &vals[i], WithReusePort())
+		require.NoError(t, err)
+	}
+	seen := make([]int, n)
+	for i := range 400 {
+		remote := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))
+		pkt := Tuple{Local: dmxAP("10.0.0.1:53"), Remote: remote}
+		v, ok := tbl.Lookup(pkt)
+		require.True(t, ok)
+		h := UDPEhashfn(pkt.Local.Addr(), 53, remote.Addr(), remote.Port(), udpTestSecret.Ehash)
+		require.Equal(t, int(uint64(h)*n>>32), *v)
+		v2, _ := tbl.Lookup(pkt)
+		require.Same(t, v, v2)
+		seen[*v]++
+	}
+	for i, c := range seen {
+		require.Positive(t, c, "socket %d never chosen", i)
+	}
+}
+
+// TestUDPHash4Count checks hash4_cnt and hash4 membership through
+// Connect, reconnect, Disconnect and Close.
+func TestUDPHash4Count(t *testing.T) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+	v := new(int)
+	a, err := tbl.Bind(dmxAP("10.0.0.1:53"), v, WithReusePort())
+	require.NoError(t, err)
+	b, err := tbl.Bind(dmxAP("10.0.0.1:53"), v, WithReusePort())
+	require.NoError(t, err)
+	w, err := tbl.Bind(dmxAP("0.0.0.0:53"), v)
+	require.NoError(t, err)
+	slot := &tbl.slots[a.h2&tbl.mask]
+	wslot := &tbl.slots[w.h2&tbl.mask]
+	hashed := func() int {
+		n := 0
+		for i := range tbl.h4.stripes {
+			n += int(tbl.h4.stripes[i].count.Load())
+		}
+		return n
+	}
+	check := func(cnt, h int) {
+		t.Helper()
+		require.EqualValues(t, cnt, slot.hash4Cnt.Load())
+		require.Equal(t, h, hashed())
+	}
+	check(0, 0)
+	require.NoError(t, a.Connect(dmxAP("192.0.2.1:9")))
+	check(1, 1)
+	require.NoError(t, a.Connect(dmxAP("192.0.2.2:9")), "reconnect moves")
+	check(1, 1)
+	require.NoError(t, b.Connect(dmxAP("192.0.2.2:9")))
+	check(2, 2)
+	require.NoError(t, w.Connect(dmxAP("192.0.2.2:9")), "wildcard sockets stay out of hash4")
+	check(2, 2)
+	if wslot != slot {
+		require.Zero(t, wslot.hash4Cnt.Load())
+	}
+	require.NoError(t, a.Disconnect())
+	check(1, 1)
+	require.NoError(t, a.Disconnect())
+	check(1, 1)
+	require.NoError(t, b.Close())
+	check(0, 0)
+	require.NoError(t, a.Connect(dmxAP("192.0.2.3:9")))
+	check(1, 1)
+	require.NoError(t, a.Close())
+	check(0, 0)
+}
+
+// TestUDPHash4NullsRestart makes a hash4 reader stand on a node while the
+// node moves to another chain (a reconnect), or is recycled into another
+// socket that connects elsewhere; the reader must end on the other chain's
+// marker, restart, and find the socket it looks for. Without the marker
+// check it would report no match.
+func TestUDPHash4NullsRestart(t *testing.T) {
+	for _, recycle := range []bool{false, true} {
+		t.Run(fmt.Sprintf("recycle=%v", recycle), func(t *testing.T) {
+			tbl := NewUDPTable[int](WithSecret(udpTestSecret), WithCapacity(16))
+			local := dmxAP("10.0.0.1:5000")
+			chain := func(peer netip.AddrPort) uint32 {
+				return tbl.h4.bucket(udpTestHash(Tuple{Local: local, Remote: peer}))
+			}
+			// peerIn returns a peer whose 4-tuple hashes to a chain
+			// for which ok returns true.
+			peerIn := func(ok func(uint32) bool) netip.AddrPort {
+				for i := 1; ; i++ {
+					p := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), uint16(7000+i))
+					if ok(chain(p)) {
+						return p
+					}
+				}
+			}
+			sv, mv := 1, 2
+			stable, err := tbl.Bind(local, &sv, WithReusePort())
+			require.NoError(t, err)
+			sPeer := dmxAP("192.0.2.1:9")
+			require.NoError(t, stable.Connect(sPeer))
+			c := chain(sPeer)
+			mover, err := tbl.Bind(local, &mv, WithReusePort())
+			require.NoError(t, err)
+			require.NoError(t, mover.Connect(peerIn(func(b uint32) bool { return b == c })))
+			// Chain c is now mover -> stable.
+			require.Equal(t, nodeLink(mover.node), tbl.h4.heads[c].load())
+			other := peerIn(func(b uint32) bool { return b != c })
+
+			paused, resume := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			target := mover.node
+			tbl.visit = func(i uint32) {
+				if i == target {
+					once.Do(func() { close(paused); <-resume })
+				}
+			}
+			type res struct {
+				v *int
+				n int
+			}
+			done := make(chan res)
+			k := key{
+				meta:   uint64(udpTestHash(Tuple{Local: local, Remote: sPeer}))<<32 | 5000<<16 | 9,
+				remote: addrWords(sPeer.Addr()),
+				local:  addrWords(local.Addr()),
+			}
+			go func() {
+				v, n := tbl.lookup4(&k)
+				done <- res{v, n}
+			}()
+			<-paused
+			if recycle {
+				require.NoError(t, mover.Close())
+				nv := 3
+				n, err := tbl.Bind(local, &nv, WithReusePort())
+				require.NoError(t, err)
+				require.Equal(t, target, n.node, "the node is recycled at once")
+				require.NoError(t, n.Connect(other))
+			} else {
+				require.NoError(t, mover.Connect(other))
+			}
+			require.Equal(t, nodeLink(target), tbl.h4.heads[chain(other)].load())
+			close(resume)
+			r := <-done
+			require.Same(t, &sv, r.v)
+			require.Equal(t, 1, r.n)
+			require.EqualValues(t, 1, tbl.restarts.Load(), "one restart, on the foreign marker")
+			tbl.visit = nil
+			v, ok := tbl.Lookup(Tuple{Local: local, Remote: sPeer})
+			require.True(t, ok)
+			require.Same(t, &sv, v)
+		})
+	}
+}
+
+func TestUDPLookupNoAllocs(t *testing.T) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+	v := new(int)
+	for i := range 8 {
+		s, err := tbl.Bind(dmxAP("10.0.0.1:53"), v, WithReusePort())
+		require.NoError(t, err)
+		if i < 4 {
+			require.NoError(t, s.Connect(netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), 9)))
+		}
+	}
+	_, err := tbl.Bind(dmxAP("[::]:53"), v)
+	require.NoError(t, err)
+	s6, err := tbl.Bind(dmxAP("[2001:db8::1]:53"), v)
+	require.NoError(t, err)
+	require.NoError(t, s6.Connect(dmxAP("[2001:db8::9]:9")))
+	for _, p := range []Tuple{
+		dmxPkt("10.0.0.1:53", "192.0.2.1:9"),          // hash4
+		dmxPkt("10.0.0.1:53", "192.0.2.100:9"),        // scoring, reuseport tie
+		dmxPkt("10.0.0.2:53", "192.0.2.1:9"),          // wildcard
+		dmxPkt("10.0.0.2:54", "192.0.2.1:9"),          // miss
+		dmxPkt("[2001:db8::1]:53", "[2001:db8::9]:9"), // IPv6 hash4
+		{},
+	} {
+		require.Zero(t, testing.AllocsPerRun(100, func() { tbl.Lookup(p) }), "%v", p)
+	}
+}
+
+// ---- Reference model ----
+
+// udpRefSock is a socket of the reference model.
+type udpRefSock struct {
+	local  netip.AddrPort // normalized
+	v6only bool
+	reuse  bool
+	conn   bool
+	peer   netip.AddrPort // normalized
+	s      *UDPSocket[int]
+	val    *int
+}
+
+// udpRef is the obviously-correct reference: every open socket in bind
+// order, and a linear scan with the Linux score.
+type udpRef struct {
+	secret Secret
+	socks  []*udpRefSock
+}
+
+func refNorm(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
+}
+
+// bindOK reports whether Bind must succeed.
+func (r *udpRef) bindOK(local netip.AddrPort, v6only, reuse bool) bool {
+	l := refNorm(local)
+	if !l.Addr().IsValid() || l.Port() == 0 || (v6only && l.Addr().Is4()) {
+		return false
+	}
+	for _, s := range r.socks {
+		if s.local == l && !(s.reuse && reuse) {
+			return false
+		}
+	}
+	return true
+}
+
+// connectOK reports whether Connect must succeed.
+func (s *udpRefSock) connectOK(remote netip.AddrPort) bool {
+	p := refNorm(remote)
+	a := p.Addr()
+	if !a.IsValid() || a.IsUnspecified() || p.Port() == 0 {
+		return false
+	}
+	la := s.local.Addr()
+	if a.Is4() {
+		return la.Is4() || (la == netip.IPv6Unspecified() && !s.v6only)
+	}
+	return la.Is6()
+}
+
+func (s *udpRefSock) score(la netip.Addr, lp uint16, remote netip.AddrPort, wild bool) int {
+	sa := s.local.Addr()
+	if s.local.Port() != lp {
+		return -1
+	}
+	score := 2
+	if !wild {
+		if sa != la {
+			return -1
+		}
+	} else {
+		switch {
+		case !sa.IsUnspecified():
+			return -1
+		case sa.Is4() && la.Is4(), sa.Is6() && la.Is6():
+		case sa.Is6() && la.Is4() && !s.v6only:
+			score = 1
+		default:
+			return -1
+		}
+	}
+	if s.conn {
+		if s.peer != remote {
+			return -1
+		}
+		score += 8
+	}
+	return score
+}
+
+func (r *udpRef) lookup(pkt Tuple) *udpRefSock {
+	l, rem := refNorm(pkt.Local), refNorm(pkt.Remote)
+	la, ra := l.Addr(), rem.Addr()
+	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || l.Port() == 0 {
+		return nil
+	}
+	for _, wild := range []bool{false, true} {
+		best := -1
+		var winners []*udpRefSock
+		for _, s := range r.socks {
+			switch sc := s.score(la, l.Port(), rem, wild); {
+			case sc > best:
+				best, winners = sc, []*udpRefSock{s}
+			case sc == best && sc >= 0:
+				winners = append(winners, s)
+			}
+		}
+		switch len(winners) {
+		case 0:
+			continue
+		case 1:
+			return winners[0]
+		}
+		var h uint32
+		if la.Is4() {
+			h = UDPEhashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash)
+		} else {
+			h = UDP6Ehashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash, r.secret.Ehash6Addr)
+		}
+		return winners[uint64(h)*uint64(len(winners))>>32]
+	}
+	return nil
+}
+
+// Pools the scenarios draw from: few values, so that binds conflict,
+// sockets tie and peers repeat.
+var (
+	udpPoolLocal = []string{
+		"10.0.0.1", "10.0.0.2", "::ffff:10.0.0.1", "0.0.0.0", "::", "::ffff:0.0.0.0",
+		"2001:db8::1", "2001:db8::2", "fe80::1%eth0",
+	}
+	udpPoolPort = []uint16{53, 54}
+	udpPoolPeer = []string{
+		"192.0.2.1:1000", "192.0.2.1:1001", "192.0.2.2:1000", "[::ffff:192.0.2.2]:1000",
+		"[2001:db8::9]:1000", "[2001:db8::a]:1000", "[2001:db8::9]:1001", "0.0.0.0:5",
+		"192.0.2.3:0",
+	}
+	udpPoolDst = []string{
+		"10.0.0.1", "10.0.0.2", "10.0.0.3", "::ffff:10.0.0.1", "2001:db8::1", "2001:db8::2",
+		"2001:db8::3", "fe80::1%eth1", "0.0.0.0",
+	}
+	udpPoolSrc = []string{
+		"192.0.2.1:1000", "192.0.2.1:1001", "192.0.2.2:1000", "192.0.2.9:7", "0.0.0.0:68",
+		"[2001:db8::9]:1000", "[2001:db8::a]:1000", "[2001:db8::9]:1001", "[2001:db8::b]:5",
+		"[::ffff:192.0.2.1]:1000",
+	}
+)
+
+// opSource yields the bytes that drive a scenario: random ones, or a fuzz
+// input (then done reports its end).
+type opSource struct {
+	rng  *rand.Rand
+	data []byte
+	done bool
+}
+
+func (o *opSource) next() byte {
+	if o.rng != nil {
+		return byte(o.rng.Uint32())
+	}
+	if len(o.data) == 0 {
+		o.done = true
+		return 0
+	}
+	b := o.data[0]
+	o.data = o.data[1:]
+	return b
+}
+
+func (o *opSource) pick(n int) int { return int(o.next()) % n }
+
+// runUDPScenario applies up to steps random operations to a table and to
+// the reference, checking that they agree on every result and on the
+// lookup of many packets, with hash4 on and off.
+func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret), WithCapacity(capacity))
+	ref := &udpRef{secret: udpTestSecret}
+	name := 0
+	check := func(pkt Tuple) {
+		want := ref.lookup(pkt)
+		for _, off := range []bool{false, true} {
+			tbl.hash4Off = off
+			got, ok := tbl.Lookup(pkt)
+			if want == nil {
+				if ok {
+					t.Fatalf("Lookup(%v) (hash4 off: %v) = %d, want nothing", pkt, off, *got)
+				}
+				continue
+			}
+			if !ok || got != want.val {
+				t.Fatalf("Lookup(%v) (hash4 off: %v) = %v, %v; want the socket on %v (%d)", pkt, off, got, ok, want.local, *want.val)
+			}
+		}
+		tbl.hash4Off = false
+	}
+	for range steps {
+		if src.done {
+			break
+		}
+		switch op := src.pick(10); {
+		case op < 4 || len(ref.socks) == 0: // bind
+			a := netip.MustParseAddr(udpPoolLocal[src.pick(len(udpPoolLocal))])
+			local := netip.AddrPortFrom(a, udpPoolPort[src.pick(len(udpPoolPort))])
+			f := src.next()
+			v6only, reuse := f&1 != 0, f&6 != 0
+			var opts []BindOption
+			if v6only {
+				opts = append(opts, WithIPv6Only())
+			}
+			if reuse {
+				opts = append(opts, WithReusePort())
+			}
+			name++
+			v := name
+			s, err := tbl.Bind(local, &v, opts...)
+			if ok := ref.bindOK(local, v6only, reuse); ok != (err == nil) {
+				t.Fatalf("Bind(%v, v6only %v, reuse %v) = %v, want ok %v", local, v6only, reuse, err, ok)
+			}
+			if err == nil {
+				ref.socks = append(ref.socks, &udpRefSock{local: refNorm(local), v6only: v6only, reuse: reuse, s: s, val: &v})
+			}
+		case op < 7: // connect
+			rs := ref.socks[src.pick(len(ref.socks))]
+			peer := dmxAP(udpPoolPeer[src.pick(len(udpPoolPeer))])
+			err := rs.s.Connect(peer)
+			if ok := rs.connectOK(peer); ok != (err == nil) {
+				t.Fatalf("Connect(%v -> %v) = %v, want ok %v", rs.local, peer, err, ok)
+			}
+			if err == nil {
+				rs.conn, rs.peer = true, refNorm(peer)
+			}
+		case op < 8: // disconnect
+			rs := ref.socks[src.pick(len(ref.socks))]
+			if err := rs.s.Disconnect(); err != nil {
+				t.Fatalf("Disconnect: %v", err)
+			}
+			rs.conn = false
+		default: // close
+			i := src.pick(len(ref.socks))
+			if err := ref.socks[i].s.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			ref.socks = append(ref.socks[:i], ref.socks[i+1:]...)
+		}
+		// The flows of every connected socket, then random packets.
+		for _, rs := range ref.socks {
+			if rs.conn {
+				check(Tuple{Local: rs.local, Remote: rs.peer})
+			}
+		}
+		for range 6 {
+			check(Tuple{
+				Local:  netip.AddrPortFrom(netip.MustParseAddr(udpPoolDst[src.pick(len(udpPoolDst))]), udpPoolPort[src.pick(len(udpPoolPort))]),
+				Remote: dmxAP(udpPoolSrc[src.pick(len(udpPoolSrc))]),
+			})
+		}
+	}
+	// hash4_cnt of every slot counts its connected sockets with a concrete
+	// local address, and hash4 holds just those.
+	cnt := make([]int32, len(tbl.slots))
+	hashed := 0
+	for _, rs := range ref.socks {
+		if rs.conn && !rs.local.Addr().IsUnspecified() {
+			cnt[rs.s.h2&tbl.mask]++
+			hashed++
+		}
+	}
+	for i := range tbl.slots {
+		if got := tbl.slots[i].hash4Cnt.Load(); got != cnt[i] {
+			t.Fatalf("slot %d: hash4_cnt %d, want %d", i, got, cnt[i])
+		}
+	}
+	n := 0
+	for b := range tbl.h4.heads {
+		for l := tbl.h4.heads[b].load(); !l.isNulls(); l = tbl.nodes.at(l.index()).next.load() {
+			n++
+		}
+	}
+	if n != hashed {
+		t.Fatalf("hash4 holds %d nodes, want %d", n, hashed)
+	}
+	if got := len(tbl.sockets()); got != len(ref.socks) {
+		t.Fatalf("%d sockets bound, want %d", got, len(ref.socks))
+	}
+}
+
+// TestUDPLookupMatchesReference runs random scenarios against the reference.
+func TestUDPLookupMatchesReference(t *testing.T) {
+	seeds := 150
+	if testing.Short() {
+		seeds = 20
+	}
+	for seed := range seeds {
+		capacity := 16
+		if seed%3 == 2 {
+			capacity = 1024
+		}
+		runUDPScenario(t, &opSource{rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed))}, 120, capacity)
+	}
+}
+
+// FuzzUDPLookup drives a scenario with the fuzzer's bytes.
+func FuzzUDPLookup(f *testing.F) {
+	f.Add([]byte{0, 0, 2, 2, 0, 0, 2, 4, 5, 0, 0, 1, 1})
+	f.Add([]byte{1, 3, 0, 6, 1, 3, 0, 6, 5, 0, 0, 5, 1, 1, 9, 0, 3, 4, 4, 1, 0, 0})
+	f.Add([]byte("bind connect close reuse v6only wildcard"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		runUDPScenario(t, &opSource{data: data}, 64, 16)
+	})
+}
+
+// TestUDPLookupRace connects, disconnects, closes and rebinds sockets while
+// lookups run for sockets that stay bound: every lookup must find the right
+// socket, never nothing (run it under -race).
+func TestUDPLookupRace(t *testing.T) {
+	// Few slots, so that moving nodes share chains with stable ones.
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(4))
+	type flow struct {
+		pkt Tuple
+		val *int
+	}
+	var stable []flow
+	vals := make([]int, 200)
+	nv := 0
+	newVal := func() *int { nv++; vals[nv] = nv; return &vals[nv] }
+	bind := func(local string, peer netip.AddrPort, opts ...BindOption) *int {
+		v := newVal()
+		s, err := tbl.Bind(dmxAP(local), v, opts...)
+		require.NoError(t, err)
+		if peer.IsValid() {
+			require.NoError(t, s.Connect(peer))
+			stable = append(stable, flow{Tuple{Local: dmxAP(local), Remote: peer}, v})
+		}
+		return v
+	}
+	for i := range 32 {
+		bind("10.0.0.1:5000", netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}), uint16(1000+i)), WithReusePort())
+	}
+	for i := range 16 {
+		bind("[2001:db8::1]:5000", netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 1, 15: byte(i + 1)}), uint16(2000+i)), WithReusePort())
+	}
+	nConnected := len(stable)
+	// Unconnected sockets that own other addresses of the port.
+	u := bind("10.0.0.2:5000", netip.AddrPort{})
+	w := bind("0.0.0.0:5000", netip.AddrPort{})
+	w6 := bind("[::]:5000", netip.AddrPort{}, WithIPv6Only())
+	for i := range 8 {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i + 1)}), 3000)
+		src6 := netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 2, 15: byte(i + 1)}), 3000)
+		stable = append(stable,
+			flow{Tuple{Local: dmxAP("10.0.0.2:5000"), Remote: src}, u},
+			flow{Tuple{Local: dmxAP("10.0.0.9:5000"), Remote: src}, w},
+			flow{Tuple{Local: dmxAP("[2001:db8::9]:5000"), Remote: src6}, w6},
+		)
+	}
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	// Movers share the address of the stable connected sockets and connect
+	// to peers of their own.
+	const movers = 6
+	for m := range movers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(m), 1))
+			v6 := m%3 == 2
+			local := dmxAP("10.0.0.1:5000")
+			if v6 {
+				local = dmxAP("[2001:db8::1]:5000")
+			}
+			v := new(int)
+			s, err := tbl.Bind(local, v, WithReusePort())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for !stop.Load() {
+				peer := netip.AddrPortFrom(netip.AddrFrom4([4]byte{203, 0, 113, byte(rng.IntN(64) + 1)}), uint16(4000+rng.IntN(4)))
+				if v6 {
+					peer = netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 3, 15: byte(rng.IntN(64) + 1)}), uint16(4000+rng.IntN(4)))
+				}
+				switch r := rng.IntN(8); {
+				case r < 5:
+					err = s.Connect(peer)
+				case r < 7:
+					err = s.Disconnect()
+				default:
+					if err = s.Close(); err == nil {
+						s, err = tbl.Bind(local, v, WithReusePort())
+					}
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	var lookups, failures atomic.Int64
+	var firstFailure atomic.Value
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 2))
+			for !stop.Load() {
+				i := rng.IntN(len(stable))
+				f := stable[i]
+				v, ok := tbl.Lookup(f.pkt)
+				if !ok || v != f.val {
+					failures.Add(1)
+					firstFailure.CompareAndSwap(nil, fmt.Sprintf("Lookup(%v) = %v, %v", f.pkt, v, ok))
+				}
+				if i < nConnected {
+					// hash4 alone must find exactly the stable socket.
+					la, ra := f.pkt.Local.Addr(), f.pkt.Remote.Addr()
+					k := key{
+						meta:   uint64(udpTestHash(f.pkt))<<32 | 5000<<16 | uint64(f.pkt.Remote.Port()),
+						remote: addrWords(ra),
+						local:  addrWords(la),
+					}
+					if v, n := tbl.lookup4(&k); v != f.val || n != 1 {
+						failures.Add(1)
+						firstFailure.CompareAndSwap(nil, fmt.Sprintf("lookup4(%v) = %v, %d", f.pkt, v, n))
+					}
+				}
+				lookups.Add(1)
+			}
+		}()
+	}
+	d := 1500 * time.Millisecond
+	if testing.Short() {
+		d = 300 * time.Millisecond
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	if f := failures.Load(); f > 0 {
+		t.Fatalf("%d of %d lookups failed; first: %v", f, lookups.Load(), firstFailure.Load())
+	}
+	t.Logf("%d lookups, %d hash4 restarts", lookups.Load(), tbl.restarts.Load())
+	require.Positive(t, lookups.Load())
+}
+
+// TestDemuxHashWords checks that the hashes computed from address words
+// equal the exported (kernel-exact) functions.
+func TestDemuxHashWords(t *testing.T) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+	rng := rand.New(rand.NewPCG(1, 2))
+	addr := func(v4 bool) netip.Addr {
+		if v4 {
+			return netip.AddrFrom4([4]byte{byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())})
+		}
+		var b [16]byte
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return netip.AddrFrom16(b)
+	}
+	check := func(la, ra netip.Addr, lp, rp uint16) {
+		t.Helper()
+		is4 := la.Is4()
+		lw, rw := addrWords(la), addrWords(ra)
+		require.Equal(t, addrWords(la), lw)
+		wantPA := IPv6PortaddrHash(la, lp, tbl.mix)
+		if is4 {
+			wantPA = IPv4PortaddrHash(la, lp, tbl.mix)
+		}
+		require.Equal(t, wantPA, portaddrHashWords(&lw, is4, lp, tbl.mix), "%v", la)
+		require.Equal(t, wantPA, portaddrHash(la, lp, tbl.mix), "%v", la)
+		require.Equal(t, udpTestHash(Tuple{netip.AddrPortFrom(la, lp), netip.AddrPortFrom(ra, rp)}),
+			tbl.udpEhash(&lw, is4, lp, &rw, rp), "%v %v", la, ra)
+	}
+	for i := range 2000 {
+		v4 := i%2 == 0
+		check(addr(v4), addr(v4), uint16(rng.Uint32()), uint16(rng.Uint32()))
+	}
+	check(netip.IPv4Unspecified(), netip.IPv4Unspecified(), 53, 0)
+	check(netip.IPv6Unspecified(), netip.IPv6Unspecified(), 53, 0)
+	require.Equal(t, portaddrHash(netip.IPv4Unspecified(), 53, tbl.mix), portaddrHash(netip.IPv6Unspecified(), 53, tbl.mix))
+	require.Equal(t, tbl.anyMix^53, portaddrHash(netip.IPv6Unspecified(), 53, tbl.mix))
+}
+
+func TestUDPSlotSize(t *testing.T) {
+	require.EqualValues(t, 32, unsafe.Sizeof(udpSlot[int]{}), "a slot must not straddle a cache line")
+}
