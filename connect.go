@@ -64,7 +64,7 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	try := func(port uint16) bool {
 		if strategy == connectRehash {
 			// Hash the whole tuple anew, as before the port identity.
-			k = t.makeKey(local, port, remote)
+			t.setKey(&k, local, port, remote)
 		} else {
 			k.setPort(hash0, port, remote.Port())
 		}

@@ -432,7 +432,8 @@ func connSentinels(t *testing.T, tb *Table[int], local netip.Addr, remote netip.
 		tup := Tuple{netip.AddrPortFrom(local, uint16(q)), other}
 		require.Equal(t, tb.b.bucket(h0+p), tb.b.bucket(HashTuple(tup, tb.hasher, tb.secret)))
 		require.NoError(t, tb.Insert(tup, new(int)))
-		k := tb.tupleKey(tup)
+		var k key
+		tb.tupleKey(&k, tup)
 		_, l := tb.findLocked(&k)
 		require.False(t, l.isNulls())
 		sentinels[l.index()] = uint16(p)

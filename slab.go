@@ -55,6 +55,27 @@ func (s *slab[N]) at(i uint32) *N {
 	return &dir[i>>slabChunkShift][i&(slabChunkSize-1)]
 }
 
+// slabView is a reader's cached copy of the directory: a walk loads the
+// directory once and again only for an index past its end (a node carved
+// after the walk began), which saves a load per hop.
+type slabView[N any] struct {
+	s   *slab[N]
+	dir []*[slabChunkSize]N
+}
+
+// view returns a view of s for one walk.
+func (s *slab[N]) view() slabView[N] {
+	return slabView[N]{s: s}
+}
+
+// at returns node i, as slab.at.
+func (v *slabView[N]) at(i uint32) *N {
+	if int(i>>slabChunkShift) >= len(v.dir) {
+		v.dir = *v.s.dir.Load()
+	}
+	return &v.dir[i>>slabChunkShift][i&(slabChunkSize-1)]
+}
+
 // get returns the index of a free node, taking it from c when it can. A node
 // that was used before keeps what its last user left in it. It reports false
 // when the index space is exhausted.

@@ -133,14 +133,15 @@ func New[T any](opts ...Option) *Table[T] {
 	return t
 }
 
-// makeKey returns the key of the flow (local:localPort, remote), hashed
-// with the table's hasher: the hash with local port 0, plus the port.
-func (t *Table[T]) makeKey(local netip.Addr, localPort uint16, remote netip.AddrPort) key {
-	var k key
+// setKey sets *k to the key of the flow (local:localPort, remote), hashed
+// with the table's hasher: the hash with local port 0, plus the port. N.B.
+// keys are filled in place and passed by pointer on hot paths: returning a
+// 40-byte key just written field by field costs a copy that stalls on
+// store-to-load forwarding.
+func (t *Table[T]) setKey(k *key, local netip.Addr, localPort uint16, remote netip.AddrPort) {
 	setWords(&k.remote, remote.Addr())
 	setWords(&k.local, local)
 	k.setPort(hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port()), localPort, remote.Port())
-	return k
 }
 
 // setPort sets the local port of k, given the hash of k with local port 0.
@@ -157,9 +158,9 @@ func wordsAddr(w [2]uint64) netip.Addr {
 	return netip.AddrFrom16(b).Unmap()
 }
 
-// tupleKey returns the key of tup, hashed.
-func (t *Table[T]) tupleKey(tup Tuple) key {
-	return t.makeKey(tup.Local.Addr(), tup.Local.Port(), tup.Remote)
+// tupleKey sets *k to the key of tup, hashed.
+func (t *Table[T]) tupleKey(k *key, tup Tuple) {
+	t.setKey(k, tup.Local.Addr(), tup.Local.Port(), tup.Remote)
 }
 
 // validate reports why tup cannot be a key, or nil.
@@ -188,7 +189,8 @@ func (e *entry[T]) matches(k *key) bool {
 // Lookup returns the value stored for tup. It takes no lock and does not
 // allocate. A tuple that Insert would reject is never found.
 func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
-	k := t.tupleKey(tup)
+	var k key
+	t.tupleKey(&k, tup)
 	return t.lookup(&k)
 }
 
@@ -201,10 +203,11 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 	h := uint32(k.meta >> 32)
 	b := t.b.bucket(h)
 	head := &t.b.heads[b]
+	nodes := t.nodes.view()
 begin:
 	l := head.load()
 	for !l.isNulls() {
-		e := t.nodes.at(l.index())
+		e := nodes.at(l.index())
 		if seq := e.seq.Load(); seq&1 == 1 && e.matches(k) {
 			v := e.val.Load()
 			if e.seq.Load() != seq {
@@ -253,7 +256,8 @@ func (t *Table[T]) Insert(tup Tuple, v *T) error {
 	if v == nil {
 		return fmt.Errorf("%w for %v", ErrNilValue, tup)
 	}
-	k := t.tupleKey(tup)
+	var k key
+	t.tupleKey(&k, tup)
 	switch t.insert(&k, v) {
 	case insertExists:
 		return fmt.Errorf("%w: %v", ErrExists, tup)
@@ -300,7 +304,8 @@ func (t *Table[T]) insert(k *key, v *T) insertResult {
 
 // Delete removes tup and returns its value.
 func (t *Table[T]) Delete(tup Tuple) (*T, bool) {
-	k := t.tupleKey(tup)
+	var k key
+	t.tupleKey(&k, tup)
 	return t.delete(&k)
 }
 

@@ -776,8 +776,9 @@ func newTblNulls(t *testing.T) *tblNulls {
 	f.a, f.b = 3, 11
 	require.GreaterOrEqual(t, len(f.byBkt[f.a]), 8)
 	require.GreaterOrEqual(t, len(f.byBkt[f.b]), 8)
-	for _, k := range f.byBkt[f.a] {
-		k := tab.tupleKey(k)
+	for _, tup := range f.byBkt[f.a] {
+		var k key
+		tab.tupleKey(&k, tup)
 		require.Equal(t, f.a, tab.b.bucket(uint32(k.meta>>32)))
 	}
 	return f

@@ -177,7 +177,8 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// Table.Lookup's body, so that the established path costs what a
 	// plain Table lookup does: no second copy of pkt.
-	k := t.est.tupleKey(pkt)
+	var k key
+	t.est.tupleKey(&k, pkt)
 	if v, ok := t.est.lookup(&k); ok {
 		return v, true
 	}
