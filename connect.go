@@ -37,8 +37,10 @@ const (
 // When every candidate is taken it returns an error matching ErrNoPorts (and
 // syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil allocator or
 // value, invalid, unspecified or mixed-family addresses, remote port 0)
-// returns an error matching ErrInvalidTuple or ErrNilValue and changes
-// nothing.
+// returns an error matching ErrInvalidTuple or ErrNilValue, and a
+// PortAllocator that NewPortAllocator did not make one matching
+// ErrInvalidPortRange; none changes anything. If the table cannot index
+// another entry it returns ErrTableFull.
 func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, opts ...ConnectOption) (Tuple, error) {
 	return t.connect(a, local, remote, v, connectHashOnce, opts)
 }
@@ -56,11 +58,15 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	if a == nil {
 		return Tuple{}, fmt.Errorf("%w: nil *PortAllocator", ErrInvalidTuple)
 	}
+	if err := a.rng.Validate(); err != nil {
+		return Tuple{}, fmt.Errorf("%w: PortAllocator not made by NewPortAllocator", err)
+	}
 	cc := connectOptions(opts)
 	var k key
 	setWords(&k.remote, remote.Addr())
 	setWords(&k.local, local)
 	hash0 := hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port())
+	full := false
 	try := func(port uint16) bool {
 		if strategy == connectRehash {
 			// Hash the whole tuple anew, as before the port identity.
@@ -73,9 +79,18 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 				return false
 			}
 		}
-		return t.insert(&k, v) == inserted
+		switch t.insert(&k, v) {
+		case inserted:
+			return true
+		case insertFull:
+			full = true
+		}
+		return false
 	}
 	port, ok := a.selectPort(local, remote, &cc, try)
+	if !ok && full {
+		return Tuple{}, ErrTableFull
+	}
 	if !ok {
 		return Tuple{}, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
 	}

@@ -939,3 +939,12 @@ func TestConnectMapped(t *testing.T) {
 	}
 	require.Equal(t, seq(connLocal, dst), seq(connMapped, mappedDst))
 }
+
+// TestConnectZeroAllocator checks that a PortAllocator not made by
+// NewPortAllocator is refused rather than yielding local port 0.
+func TestConnectZeroAllocator(t *testing.T) {
+	tab := New[int]()
+	_, err := tab.Connect(&PortAllocator{}, netip.MustParseAddr("10.0.0.1"), netip.MustParseAddrPort("10.0.0.2:80"), new(int))
+	require.ErrorIs(t, err, ErrInvalidPortRange)
+	require.Zero(t, tab.Len())
+}

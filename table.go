@@ -121,7 +121,9 @@ func WithHasher(h Hasher) Option {
 func New[T any](opts ...Option) *Table[T] {
 	cfg := tableConfig{capacity: 1024, stripes: defaultStripes(), hasher: LinuxHasher}
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
 	}
 	t := &Table[T]{hasher: cfg.hasher}
 	if cfg.secret != nil {
@@ -189,6 +191,12 @@ func (e *entry[T]) matches(k *key) bool {
 // Lookup returns the value stored for tup. It takes no lock and does not
 // allocate. A tuple that Insert would reject is never found.
 func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
+	// No entry has port 0; checking it here also keeps a stray walk (into
+	// a TCPTable listener chain, whose nodes leave the remote zero) from
+	// ever matching.
+	if tup.Remote.Port() == 0 || tup.Local.Port() == 0 {
+		return nil, false
+	}
 	var k key
 	t.tupleKey(&k, tup)
 	return t.lookup(&k)

@@ -1100,3 +1100,26 @@ func TestTableErrorsWrapTuple(t *testing.T) {
 	require.True(t, errors.Is(err, ErrExists))
 	require.Contains(t, err.Error(), k.String())
 }
+
+// TestTableEdgeInput checks inputs that must neither panic nor match.
+func TestTableEdgeInput(t *testing.T) {
+	tab := New[int](nil, WithCapacity(-1), WithLockStripes(0), nil)
+	st := tab.Stats()
+	require.Equal(t, 16, st.Buckets)
+	require.Equal(t, 1, st.LockStripes)
+	tup := Tuple{Local: netip.MustParseAddrPort("10.0.0.1:1000"), Remote: netip.MustParseAddrPort("10.0.0.2:80")}
+	require.NoError(t, tab.Insert(tup, new(int)))
+	for _, bad := range []Tuple{
+		{Local: tup.Local},
+		{Remote: tup.Remote},
+		{Local: netip.AddrPortFrom(tup.Local.Addr(), 0), Remote: tup.Remote},
+		{Local: tup.Local, Remote: netip.AddrPortFrom(tup.Remote.Addr(), 0)},
+		{},
+	} {
+		_, ok := tab.Lookup(bad)
+		require.False(t, ok, "%v", bad)
+		_, ok = tab.Delete(bad)
+		require.False(t, ok, "%v", bad)
+	}
+	require.Equal(t, 1, tab.Len())
+}

@@ -177,10 +177,16 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// Table.Lookup's body, so that the established path costs what a
 	// plain Table lookup does: no second copy of pkt.
-	var k key
-	t.est.tupleKey(&k, pkt)
-	if v, ok := t.est.lookup(&k); ok {
-		return v, true
+	// N.B. a packet from port 0 cannot belong to a flow, and skipping the
+	// established walk for it keeps its key from ever equalling a
+	// listener node's (remote left zero), should the walk stray into a
+	// listener chain.
+	if pkt.Remote.Port() != 0 {
+		var k key
+		t.est.tupleKey(&k, pkt)
+		if v, ok := t.est.lookup(&k); ok {
+			return v, true
+		}
 	}
 	return t.lookupListener(pkt)
 }

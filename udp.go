@@ -323,7 +323,7 @@ func (t *UDPTable[T]) putNode(h uint32, i uint32) {
 func (s *UDPSocket[T]) LocalAddr() netip.AddrPort { return s.local }
 
 // RemoteAddr returns the peer the socket is connected to, and whether it is
-// connected.
+// connected. A closed socket reports the peer it had when it was closed.
 func (s *UDPSocket[T]) RemoteAddr() (netip.AddrPort, bool) {
 	if p := s.peer.Load(); p != nil {
 		return p.addr, true

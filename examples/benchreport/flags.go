@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -39,6 +40,9 @@ const (
 )
 
 var defaultSizes = []string{"1K", "1M"}
+
+// quickOut is the default output directory of -quick.
+func quickOut() string { return filepath.Join(os.TempDir(), "benchreport-quick") }
 
 // errUsage is returned for -h: print usage, exit 0.
 var errUsage = errors.New("usage requested")
@@ -80,7 +84,7 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 	fs.StringVar(&o.pkg, "pkg", "", "directory of the package whose benchmarks run (default the module root)")
 	fs.StringVar(&o.from, "from", "", "render the report from this recorded benchmark output instead of running")
 	fs.BoolVar(&o.quick, "quick", false, "a first look in under a minute: sizes "+quickSize+", benchtime "+quickBenchtime+
-		", count 1, connect policy "+quickPolicy+" (flags given explicitly still apply)")
+		", count 1, connect policy "+quickPolicy+", output in "+quickOut()+" (flags given explicitly still apply)")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "usage: benchreport [flags]\n\nRuns hash4's comparison benchmarks and writes benchmarks.md and SVG charts.\n\n")
 		fs.PrintDefaults()
@@ -108,6 +112,10 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 		}
 		if !set["policies"] {
 			policies = quickPolicy
+		}
+		if !set["out"] {
+			// Not docs/: a first look must not overwrite the report.
+			o.out = quickOut()
 		}
 	}
 

@@ -40,8 +40,9 @@
 //	-out dir         output directory (default docs/ at the module root)
 //	-pkg dir         package whose benchmarks run (default the module root)
 //	-from file       render from recorded benchmark output; run nothing
-//	-quick           sizes 1K, benchtime 100ms, count 1, policy flat: under a
-//	                 minute on two cores; flags given explicitly still apply
+//	-quick           sizes 1K, benchtime 100ms, count 1, policy flat, output in
+//	                 $TMPDIR/benchreport-quick (not docs/): under a minute on two
+//	                 cores; flags given explicitly still apply
 //
 // Invalid flags print a message and exit with status 2; a failed build or
 // benchmark prints its output and exits with status 1.

@@ -72,7 +72,8 @@ func TestFlagsQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(o.groups) != len(groupSpecs) || !slices.Equal(o.sizes, []string{"1K"}) || o.benchtime != "100ms" ||
-		o.count != 1 || !slices.Equal(o.cpus, []int{1, 2}) || !slices.Equal(o.policies, []string{"flat"}) {
+		o.count != 1 || !slices.Equal(o.cpus, []int{1, 2}) || !slices.Equal(o.policies, []string{"flat"}) ||
+		o.out != filepath.Join(os.TempDir(), "benchreport-quick") {
 		t.Errorf("-quick: %+v", o)
 	}
 	// Explicit flags win over -quick.
@@ -90,7 +91,7 @@ func TestFlagsQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.benchtime != "1s" || o.count != 3 || !slices.Equal(o.sizes, []string{"1K", "1M"}) ||
-		!slices.Equal(o.cpus, []int{1, 2, 4, 8, 12}) || o.policies != nil {
+		!slices.Equal(o.cpus, []int{1, 2, 4, 8, 12}) || o.policies != nil || o.out != "" {
 		t.Errorf("defaults: %+v", o)
 	}
 	if got := defaultCPUs(1); !slices.Equal(got, []int{1}) {

@@ -168,8 +168,9 @@ func markdown(rep *report, charts []chartFile) string {
 		"(**bold**, 1.00×) and allocs/op. The last column compares hash4 with the fastest of the others. "+
 		"Charts show throughput, 10⁹ / (ns/op) ops per second over all goroutines.\n", runs, bt)
 	if rep.config["benchreport-command"] != "" {
-		b.WriteString("- **Raw output:** [benchmarks.txt](benchmarks.txt), for benchstat or " +
-			"`go run ./examples/benchreport -from docs/benchmarks.txt` to redraw.\n")
+		b.WriteString("- **Raw output:** [benchmarks.txt](benchmarks.txt). Small differences may be noise: " +
+			"benchstat on it gives confidence intervals, and " +
+			"`go run ./examples/benchreport -from docs/benchmarks.txt` redraws this page.\n")
 	}
 	for _, gd := range rep.groups {
 		fmt.Fprintf(&b, "\n## %s\n\n%s %s\n\n", gd.spec.title, gd.spec.what, gd.spec.meaning)

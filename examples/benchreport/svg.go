@@ -102,6 +102,10 @@ func (c *canvas) polyline(xs, ys []float64, stroke string, width float64) {
 		strings.Join(pts, " "), stroke, num(width))
 }
 
+// markerOf is the marker shape of series i: with its colour, distinct for
+// the first 32 series.
+func markerOf(i int) int { return i + i/len(palette) }
+
 // marker draws marker shape k (cycling through four) centred on (x, y).
 func (c *canvas) marker(k int, x, y float64, fill string) {
 	const r = 4.5
@@ -270,16 +274,17 @@ type frame struct {
 	left, right, top, bottom float64 // the plot area
 }
 
-// newFrame lays out a chart whose plot area is plotW wide, with y tick
+// newFrame lays out a chart whose plot area is at least plotW wide, with y tick
 // labels up to yTickW wide, a legend of legend, and xLabelRows rows of x
 // tick labels.
 func newFrame(title, subtitle string, plotW, yTickW float64, legend []string, xLabelRows int) *frame {
 	f := &frame{}
 	f.left = edge + fontAxis + 10 + yTickW + 8
 	f.top = 76
-	f.right = f.left + plotW
-	f.w = f.right + 24 + legendWidth(legend) + edge
+	f.w = f.left + plotW + 24 + legendWidth(legend) + edge
+	// A title wider than that widens the plot rather than leaving a gap.
 	f.w = max(f.w, edge+textWidth(title, fontTitle)+edge, edge+textWidth(subtitle, fontSub)+edge)
+	f.right = f.w - edge - legendWidth(legend) - 24
 	f.bottom = f.top + 280
 	f.h = f.bottom + 18 + float64(xLabelRows-1)*14 + 28 + edge
 	f.c.text(edge, 28, fontTitle, "start", title, true, false, "")
@@ -315,7 +320,7 @@ func (f *frame) legend(names []string, bars bool) {
 			f.c.rect(x+6, y-12, 16, 12, col)
 		} else {
 			f.c.line(x, y-4, x+28, y-4, col, 2.5)
-			f.c.marker(i, x+14, y-4, col)
+			f.c.marker(markerOf(i), x+14, y-4, col)
 		}
 		f.c.text(x+36, y, fontLegend, "start", n, false, false, "")
 	}
@@ -407,7 +412,7 @@ func (lc *lineChart) render() []byte {
 			f.c.polyline(px, py, col, width)
 		}
 		for j := range px {
-			f.c.marker(i, px[j], py[j], col)
+			f.c.marker(markerOf(i), px[j], py[j], col)
 		}
 	}
 	f.legend(names, false)
@@ -474,8 +479,13 @@ func (bc *barChart) render() []byte {
 		rows = max(rows, len(wrapped[i]))
 	}
 	plotW := max(slot*float64(len(bc.categories)), 300)
-	slot = plotW / float64(len(bc.categories))
 	f := newFrame(bc.title, bc.subtitle, plotW, maxTickWidth(&ya, bc.yFmt), names, rows)
+	slot = (f.right - f.left) / float64(len(bc.categories))
+	rows = 1 // the plot may have grown: wrap again
+	for i, c := range bc.categories {
+		wrapped[i] = wrapLabel(c, slot-10)
+		rows = max(rows, len(wrapped[i]))
+	}
 	ya.p0, ya.p1 = f.bottom, f.top+6
 	f.yAxis(&ya, yLabel, bc.yFmt)
 	for ci, lines := range wrapped {
