@@ -200,3 +200,39 @@ func TestStress(t *testing.T) {
 	require.LessOrEqual(t, st.Nodes, nPerm+len(churn)+st.LockStripes*slabCacheMax)
 	require.Less(t, int64(st.Nodes), inserts.Load()+nPerm)
 }
+
+// raceLookups runs readers goroutines that call probe, each with a PRNG of
+// its own, for 1.5 s (0.3 s with -short); then it sets stop, waits for wg,
+// which must also count the writers that watch stop, and fails the test if
+// any probe failed. probe returns "" or a description of the failed lookup.
+// It returns the number of probes.
+func raceLookups(t *testing.T, stop *atomic.Bool, wg *sync.WaitGroup, readers int, seed uint64, probe func(rng *rand.Rand) string) int64 {
+	t.Helper()
+	var probes, failures atomic.Int64
+	var first atomic.Value
+	for r := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), seed))
+			for !stop.Load() {
+				if msg := probe(rng); msg != "" {
+					failures.Add(1)
+					first.CompareAndSwap(nil, msg)
+				}
+				probes.Add(1)
+			}
+		}()
+	}
+	d := 1500 * time.Millisecond
+	if testing.Short() {
+		d = 300 * time.Millisecond
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	if f := failures.Load(); f > 0 {
+		t.Fatalf("%d of %d probes failed; first: %v", f, probes.Load(), first.Load())
+	}
+	return probes.Load()
+}

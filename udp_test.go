@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -872,50 +871,28 @@ func TestUDPLookupRace(t *testing.T) {
 			}
 		}()
 	}
-	var lookups, failures atomic.Int64
-	var firstFailure atomic.Value
-	for r := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(r), 2))
-			for !stop.Load() {
-				i := rng.IntN(len(stable))
-				f := stable[i]
-				v, ok := tbl.Lookup(f.pkt)
-				if !ok || v != f.val {
-					failures.Add(1)
-					firstFailure.CompareAndSwap(nil, fmt.Sprintf("Lookup(%v) = %v, %v", f.pkt, v, ok))
-				}
-				if i < nConnected {
-					// hash4 alone must find exactly the stable socket.
-					la, ra := f.pkt.Local.Addr(), f.pkt.Remote.Addr()
-					k := key{
-						meta:   uint64(udpTestHash(f.pkt))<<32 | 5000<<16 | uint64(f.pkt.Remote.Port()),
-						remote: addrWords(ra),
-						local:  addrWords(la),
-					}
-					if v, n := tbl.lookup4(&k); v != f.val || n != 1 {
-						failures.Add(1)
-						firstFailure.CompareAndSwap(nil, fmt.Sprintf("lookup4(%v) = %v, %d", f.pkt, v, n))
-					}
-				}
-				lookups.Add(1)
+	lookups := raceLookups(t, &stop, &wg, 2, 2, func(rng *rand.Rand) string {
+		i := rng.IntN(len(stable))
+		f := stable[i]
+		if v, ok := tbl.Lookup(f.pkt); !ok || v != f.val {
+			return fmt.Sprintf("Lookup(%v) = %v, %v", f.pkt, v, ok)
+		}
+		if i < nConnected {
+			// hash4 alone must find exactly the stable socket.
+			la, ra := f.pkt.Local.Addr(), f.pkt.Remote.Addr()
+			k := key{
+				meta:   uint64(udpTestHash(f.pkt))<<32 | 5000<<16 | uint64(f.pkt.Remote.Port()),
+				remote: addrWords(ra),
+				local:  addrWords(la),
 			}
-		}()
-	}
-	d := 1500 * time.Millisecond
-	if testing.Short() {
-		d = 300 * time.Millisecond
-	}
-	time.Sleep(d)
-	stop.Store(true)
-	wg.Wait()
-	if f := failures.Load(); f > 0 {
-		t.Fatalf("%d of %d lookups failed; first: %v", f, lookups.Load(), firstFailure.Load())
-	}
-	t.Logf("%d lookups, %d hash4 restarts", lookups.Load(), tbl.restarts.Load())
-	require.Positive(t, lookups.Load())
+			if v, n := tbl.lookup4(&k); v != f.val || n != 1 {
+				return fmt.Sprintf("lookup4(%v) = %v, %d", f.pkt, v, n)
+			}
+		}
+		return ""
+	})
+	t.Logf("%d lookups, %d hash4 restarts", lookups, tbl.restarts.Load())
+	require.Positive(t, lookups)
 }
 
 // TestDemuxHashWords checks that the hashes computed from address words
