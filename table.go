@@ -29,9 +29,11 @@ var (
 // hlist_nulls chains read without locks, written under striped locks, with
 // entries recycled without allocation.
 //
-// Lookup takes no lock, writes no shared memory on its path to an answer
-// and never allocates; Insert and Delete lock one stripe. All methods are
-// safe for concurrent use. A Table must be created with New.
+// Lookup takes no lock and never allocates; it reads shared memory with
+// atomic loads only, and writes it only to count a restart
+// (Stats.LookupRestarts) on the rare path where its walk met an entry
+// recycled under it. Insert and Delete lock one stripe. All methods are safe
+// for concurrent use. A Table must be created with New.
 //
 // Keys. An IPv4 address and its IPv4-mapped IPv6 form (::ffff:a.b.c.d) are
 // the same address, as for a dual-stack Linux socket talking to an IPv4
