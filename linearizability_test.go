@@ -42,21 +42,7 @@ type linOutput struct {
 // state is the key's value id, 0 when absent.
 var linModel = porcupine.Model{
 	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
-		m := map[int][]porcupine.Operation{}
-		for _, op := range history {
-			k := op.Input.(linInput).key
-			m[k] = append(m[k], op)
-		}
-		keys := make([]int, 0, len(m))
-		for k := range m {
-			keys = append(keys, k)
-		}
-		sort.Ints(keys)
-		out := make([][]porcupine.Operation, 0, len(m))
-		for _, k := range keys {
-			out = append(out, m[k])
-		}
-		return out
+		return groupByKey(history, func(op porcupine.Operation) int { return op.Input.(linInput).key })
 	},
 	PartitionEvent: func(history []porcupine.Event) [][]porcupine.Event {
 		keyOf := map[int]int{} // event id -> key, from the call events
@@ -65,21 +51,7 @@ var linModel = porcupine.Model{
 				keyOf[e.Id] = e.Value.(linInput).key
 			}
 		}
-		m := map[int][]porcupine.Event{}
-		for _, e := range history {
-			k := keyOf[e.Id]
-			m[k] = append(m[k], e)
-		}
-		keys := make([]int, 0, len(m))
-		for k := range m {
-			keys = append(keys, k)
-		}
-		sort.Ints(keys)
-		out := make([][]porcupine.Event, 0, len(m))
-		for _, k := range keys {
-			out = append(out, m[k])
-		}
-		return out
+		return groupByKey(history, func(e porcupine.Event) int { return keyOf[e.Id] })
 	},
 	Init: func() any { return 0 },
 	Step: func(state, input, output any) (bool, any) {
@@ -315,4 +287,24 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 	}
 	require.True(t, edited)
 	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, hist, 10*time.Second))
+}
+
+// groupByKey splits items into groups of equal key, in increasing key order,
+// keeping the order of items within a group: one partition per key.
+func groupByKey[E any](items []E, key func(E) int) [][]E {
+	m := map[int][]E{}
+	for _, it := range items {
+		k := key(it)
+		m[k] = append(m[k], it)
+	}
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Ints(keys)
+	out := make([][]E, 0, len(m))
+	for _, k := range keys {
+		out = append(out, m[k])
+	}
+	return out
 }

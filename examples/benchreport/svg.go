@@ -348,21 +348,28 @@ func dataRange(ss []series) (lo, hi float64, ok bool) {
 	return lo, hi, lo <= hi
 }
 
-// render draws the line chart.
-func (lc *lineChart) render() []byte {
-	lo, hi, ok := dataRange(lc.series)
+// valueAxisFor returns the value axis that fits every point of series, its
+// label (marked when the scale is logarithmic) and the series' names for
+// the legend.
+func valueAxisFor(ss []series, allowLog bool, label string) (axis, string, []string) {
+	lo, hi, ok := dataRange(ss)
 	if !ok {
 		lo, hi = 1, 1
 	}
-	ya := valueAxis(lo, hi, lc.allowLog)
-	yLabel := lc.yLabel
+	ya := valueAxis(lo, hi, allowLog)
 	if ya.log {
-		yLabel += ", log scale"
+		label += ", log scale"
 	}
-	names := make([]string, len(lc.series))
-	for i, s := range lc.series {
+	names := make([]string, len(ss))
+	for i, s := range ss {
 		names[i] = s.name
 	}
+	return ya, label, names
+}
+
+// render draws the line chart.
+func (lc *lineChart) render() []byte {
+	ya, yLabel, names := valueAxisFor(lc.series, lc.allowLog, lc.yLabel)
 	f := newFrame(lc.title, lc.subtitle, 480, maxTickWidth(&ya, lc.yFmt), names, 1)
 	ya.p0, ya.p1 = f.bottom, f.top+6
 
@@ -448,19 +455,7 @@ func wrapLabel(s string, w float64) []string {
 
 // render draws the bar chart.
 func (bc *barChart) render() []byte {
-	lo, hi, ok := dataRange(bc.series)
-	if !ok {
-		lo, hi = 1, 1
-	}
-	ya := valueAxis(lo, hi, bc.allowLog)
-	yLabel := bc.yLabel
-	if ya.log {
-		yLabel += ", log scale"
-	}
-	names := make([]string, len(bc.series))
-	for i, s := range bc.series {
-		names[i] = s.name
-	}
+	ya, yLabel, names := valueAxisFor(bc.series, bc.allowLog, bc.yLabel)
 	// Each bar is wide enough for its value label.
 	barW := 24.0
 	for _, s := range bc.series {
