@@ -26,14 +26,17 @@ const (
 )
 
 // stripe is one writer lock with what it guards besides chains: the cache of
-// free nodes for inserts under it, and the count of entries in its buckets.
-// It fills a cache line of its own so that writers on neighbouring stripes
-// do not share lines.
+// free nodes for inserts under it, the count of entries in its buckets, and
+// a Table's bookkeeping of its buckets' home slots (home.go). It fills a
+// cache line of its own so that writers on neighbouring stripes do not share
+// lines.
 type stripe struct {
-	mu    sync.Mutex
-	cache slabCache
-	count atomic.Int64 // written under mu, read without it
-	_     [cacheLineSize - 8 - 24 - 8]byte
+	mu         sync.Mutex
+	cache      slabCache
+	count      atomic.Int64 // written under mu, read without it
+	homeFree   uint32       // free home slots of its buckets
+	homeCursor uint32       // word of its home bitmap run where steal resumes
+	_          [cacheLineSize - 8 - 24 - 8 - 4 - 4]byte
 }
 
 // buckets is a bucket array with its lock stripes. Chain b ends in the nulls

@@ -414,11 +414,19 @@ func TestConnectFlat(t *testing.T) {
 // connSentinels inserts, for every port p of r, a tuple toward another
 // destination that hashes to the bucket of (local:p, remote), so that it is
 // at the head of that chain, and returns the set of their entry indexes. A
-// lookup of (local:p, remote) then visits exactly one sentinel before the
-// entry it looks for. The table must have at least r.Size() buckets.
+// lookup of (local:p, remote) that does not find its entry in the bucket's
+// home slot then visits exactly one sentinel before the entry it looks for.
+// The table must have at least r.Size() buckets.
 func connSentinels(t *testing.T, tb *Table[int], local netip.Addr, remote netip.AddrPort, r PortRange) map[uint32]uint16 {
 	t.Helper()
-	other := netip.AddrPortFrom(netip.MustParseAddr("203.0.113.9"), 9999)
+	return connBucketMates(t, tb, local, remote, r, netip.AddrPortFrom(netip.MustParseAddr("203.0.113.9"), 9999))
+}
+
+// connBucketMates inserts, for every port p of r, a tuple toward other that
+// hashes to the bucket of (local:p, remote), and returns the set of their
+// entry indexes.
+func connBucketMates(t *testing.T, tb *Table[int], local netip.Addr, remote netip.AddrPort, r PortRange, other netip.AddrPort) map[uint32]uint16 {
+	t.Helper()
 	nb := uint32(len(tb.b.heads))
 	require.GreaterOrEqual(t, int(nb), r.Size())
 	h0 := HashTuple(Tuple{netip.AddrPortFrom(local, 0), remote}, tb.hasher, tb.secret)
@@ -455,6 +463,9 @@ func TestConnectExhaustion(t *testing.T) {
 			defer release()
 			tb := connTable(4096)
 			dst := connDsts[0]
+			// Fill the home slots of the candidates' buckets first, so
+			// that the flows are reached through their chains (below).
+			connBucketMates(t, tb, connLocal, dst, rng, netip.AddrPortFrom(netip.MustParseAddr("203.0.113.10"), 9999))
 
 			// Fill by a flat scan of the same range, which costs one
 			// lookup per Connect rather than a pass over the even half.

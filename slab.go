@@ -83,9 +83,37 @@ func (s *slab[N]) get(c *slabCache) (uint32, bool) {
 	if len(c.free) == 0 && !s.refill(c) {
 		return 0, false
 	}
+	return c.pop(), true
+}
+
+// cached returns a free index held by c, if any, without touching the
+// depot.
+func (c *slabCache) cached() (uint32, bool) {
+	if len(c.free) == 0 {
+		return 0, false
+	}
+	return c.pop(), true
+}
+
+func (c *slabCache) pop() uint32 {
 	i := c.free[len(c.free)-1]
 	c.free = c.free[:len(c.free)-1]
-	return i, true
+	return i
+}
+
+// reserve carves nodes 1 to n, in one allocation, for the caller to manage
+// outside the caches: they are never handed out by get. It must be called
+// on an empty store, before any other method.
+func (s *slab[N]) reserve(n uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	chunks := make([][slabChunkSize]N, (n+1+slabChunkSize-1)/slabChunkSize)
+	dir := make([]*[slabChunkSize]N, len(chunks))
+	for i := range chunks {
+		dir[i] = &chunks[i]
+	}
+	s.dir.Store(&dir)
+	s.carved = n + 1
 }
 
 // put returns node i to c; c gives half of its indexes back to the depot

@@ -196,9 +196,12 @@ func TestStress(t *testing.T) {
 		inserts.Load(), lookups.Load(), churnHits.Load(), st.LookupRestarts, st.Nodes)
 	require.Greater(t, inserts.Load(), int64(nWriters*perWriter), "the writers churned")
 	require.Positive(t, churnHits.Load())
-	// Recycling: every insert beyond the live set reused a node.
-	require.LessOrEqual(t, st.Nodes, nPerm+len(churn)+st.LockStripes*slabCacheMax)
+	// Recycling: every insert beyond the live set reused a node (or a
+	// home slot, reserved per bucket).
+	require.LessOrEqual(t, st.Nodes, st.Buckets+nPerm+len(churn)+st.LockStripes*(slabCacheMax+slabBatch))
 	require.Less(t, int64(st.Nodes), inserts.Load()+nPerm)
+	require.Positive(t, st.HomeEntries)
+	tblCheckHome(t, tab, "after the stress")
 }
 
 // raceLookups runs readers goroutines that call probe, each with a PRNG of

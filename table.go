@@ -43,11 +43,20 @@ var (
 // one Table per interface where flows on link-local addresses must be told
 // apart by interface.
 //
-// Memory: each entry takes 56 bytes and each bucket 4, beyond the caller's T.
-// The bucket count is fixed when the table is made (WithCapacity).
+// Placement. Each bucket owns one entry slot, its home slot, and an entry
+// goes there when it can: Lookup reads the home slot in parallel with the
+// chain head, so a key held there costs one memory access (see home.go).
+//
+// Memory: a table reserves, when it is made, 60 bytes and 1 bit per bucket:
+// a 4-byte chain head and a 56-byte entry slot. Up to one entry per bucket
+// lives in those slots (an entry may use the free home slot of another
+// bucket under the same lock stripe); beyond that, an entry takes 56
+// bytes. All of it is beyond the caller's T. The bucket count is fixed when
+// the table is made (WithCapacity).
 type Table[T any] struct {
 	b        buckets
 	nodes    slab[entry[T]]
+	home     homeSlots
 	secret   Secret
 	hasher   Hasher
 	restarts atomic.Uint64
@@ -61,13 +70,16 @@ type Table[T any] struct {
 // writers under the stripe lock of the chain it is in, and each is accessed
 // atomically.
 //
-// N.B. seq is odd while the entry is live (linked with its key and value)
-// and even while it is free. A writer fills a free entry and then makes seq
-// odd before linking it; deleting unlinks it, makes seq even and then
-// clears the value. A reader that matches a key therefore reads seq before
-// the key and again after the value, and trusts the match only if seq was
-// odd and did not change: otherwise the entry was deleted or recycled under
-// it, and it restarts. Recycling never waits for readers.
+// N.B. seq is odd while the entry is live (in the table with its key and
+// value) and even while it is free. A writer fills a free entry, links it
+// and then makes seq odd; deleting makes seq even, then unlinks the entry
+// and clears the value. A live entry is therefore always linked in the
+// chain of its key, so a reader may trust an entry it reaches without the
+// chain (a home slot). A reader that matches a key reads seq before the key
+// and again after the value, and trusts the match only if seq was odd and
+// did not change: otherwise the entry was deleted or recycled under it.
+// Chain walkers skip entries whose seq is even. Recycling never waits for
+// readers.
 type entry[T any] struct {
 	seq    atomic.Uint32
 	next   linkField
@@ -97,7 +109,8 @@ type tableConfig struct {
 // WithCapacity sizes the table for about n entries: the bucket count is n
 // rounded up to a power of two (at least 16, at most 2^29), so that a full
 // table holds one entry per bucket on average, as Linux sizes its
-// established table. The default is 1024.
+// established table. The default is 1024. New reserves 60 bytes per bucket
+// at once (see Table), as make(map[K]V, n) reserves room for n entries.
 func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n } }
 
 // WithLockStripes sets the number of writer locks, rounded up to a power of
@@ -134,6 +147,8 @@ func New[T any](opts ...Option) *Table[T] {
 		t.secret = NewSecret()
 	}
 	t.b.init(cfg.capacity, cfg.stripes, 0)
+	t.nodes.reserve(uint32(len(t.b.heads)))
+	t.home.init(len(t.b.heads), len(t.b.stripes), t.b.stripes)
 	return t
 }
 
@@ -204,38 +219,52 @@ func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
 	return t.lookup(&k)
 }
 
-// lookup is __inet_lookup_established over one chain: walk it without
-// locks; trust a match only if the entry stayed live and unchanged across
-// the read (see entry); trust a miss only if the walk ended on this chain's
-// own nulls marker, since an entry recycled into another chain while we
-// stood on it leads into that chain.
+// lookup is __inet_lookup_established over one chain, preceded by a look
+// at the bucket's home slot: trust a match only if the entry stayed live and
+// unchanged across the read (see entry); walk the chain without locks, and
+// trust a miss only if the walk ended on this chain's own nulls marker,
+// since an entry recycled into another chain while we stood on it leads
+// into that chain.
 func (t *Table[T]) lookup(k *key) (*T, bool) {
 	h := uint32(k.meta >> 32)
 	b := t.b.bucket(h)
 	head := &t.b.heads[b]
 	nodes := t.nodes.view()
-begin:
+	// N.B. the head is loaded before the home slot is read, so that the
+	// two loads, which do not depend on each other, overlap their misses.
 	l := head.load()
-	for !l.isNulls() {
-		e := nodes.at(l.index())
-		if seq := e.seq.Load(); seq&1 == 1 && e.matches(k) {
-			v := e.val.Load()
-			if e.seq.Load() != seq {
-				t.restarts.Add(1) // the slow path's only write
-				goto begin
-			}
+	home := nodes.at(homeSlot(b))
+	if seq := home.seq.Load(); seq&1 == 1 && home.matches(k) {
+		v := home.val.Load()
+		if home.seq.Load() == seq {
 			return v, true
 		}
-		if t.visit != nil {
-			t.visit(l.index())
+		// Changed under us: the walk decides.
+	}
+	for {
+	walk:
+		for !l.isNulls() {
+			e := nodes.at(l.index())
+			if seq := e.seq.Load(); seq&1 == 1 && e.matches(k) {
+				v := e.val.Load()
+				if e.seq.Load() != seq {
+					t.restarts.Add(1) // the slow path's only write
+					l = head.load()
+					continue walk
+				}
+				return v, true
+			}
+			if t.visit != nil {
+				t.visit(l.index())
+			}
+			l = e.next.load()
 		}
-		l = e.next.load()
-	}
-	if l.nullsValue() != t.b.nullsBase+b {
+		if l.nullsValue() == t.b.nullsBase+b {
+			return nil, false
+		}
 		t.restarts.Add(1)
-		goto begin
+		l = head.load()
 	}
-	return nil, false
 }
 
 // findLocked returns the field that links the entry holding k in its chain
@@ -287,16 +316,35 @@ const (
 
 // insert adds k with value v under the stripe lock, unless k is present.
 func (t *Table[T]) insert(k *key, v *T) insertResult {
-	st := t.b.stripe(uint32(k.meta >> 32))
+	b := t.b.bucket(uint32(k.meta >> 32))
+	s := b & t.b.stripeMask
+	st := &t.b.stripes[s]
+	t.touch(b)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if _, l := t.findLocked(k); !l.isNulls() {
-		return insertExists
+	// Look for k, and note whether the home slot holds an entry of this
+	// chain, which place would otherwise have to read.
+	home, homeOwn := homeSlot(b), false
+	for l := t.b.heads[b].load(); !l.isNulls(); {
+		e := t.nodes.at(l.index())
+		if e.matches(k) {
+			return insertExists
+		}
+		homeOwn = homeOwn || l.index() == home
+		l = e.next.load()
 	}
-	i, ok := t.nodes.get(&st.cache)
+	i, ok := t.place(st, s, b, homeOwn)
 	if !ok {
 		return insertFull
 	}
+	t.fill(i, k, v)
+	st.count.Add(1)
+	return inserted
+}
+
+// fill writes key k and value v into free node i and links it in k's
+// chain. The caller holds the chain's stripe lock.
+func (t *Table[T]) fill(i uint32, k *key, v *T) {
 	e := t.nodes.at(i)
 	// N.B. the entry is free (seq even): readers that still stand on it
 	// ignore its key, so it can be written field by field.
@@ -306,10 +354,100 @@ func (t *Table[T]) insert(k *key, v *T) insertResult {
 	e.local[0].Store(k.local[0])
 	e.local[1].Store(k.local[1])
 	e.val.Store(v)
-	e.seq.Add(1) // live
 	addHead(t.b.head(uint32(k.meta>>32)), nodeLink(i), &e.next)
-	st.count.Add(1)
-	return inserted
+	e.seq.Add(1) // live: N.B. after linking (see entry)
+}
+
+// touch loads bucket b's chain head and home slot before the caller takes
+// the stripe lock. N.B. the lock's atomic instruction waits for earlier
+// loads, so their misses overlap there, rather than come one after the
+// other under the lock.
+func (t *Table[T]) touch(b uint32) {
+	t.b.heads[b].load()
+	t.nodes.at(homeSlot(b)).seq.Load()
+}
+
+// place returns a free node for a new entry of bucket b, of stripe s (st),
+// whose lock the caller holds: b's home slot, taken back from an entry of
+// another bucket if one holds it, else a spare node. homeOwn tells whether
+// b's chain links the home slot.
+func (t *Table[T]) place(st *stripe, s, b uint32, homeOwn bool) (uint32, bool) {
+	home := homeSlot(b)
+	if t.home.take(st, b) {
+		return home, true
+	}
+	if homeOwn {
+		return t.spare(st, s)
+	}
+	// The home slot holds an entry of another chain of stripe s: a
+	// stealer. Move it to its own home slot if that is free, else to a
+	// spare node, and take the slot back.
+	e := t.nodes.at(home)
+	var k key
+	k.meta = e.meta.Load()
+	d := t.b.bucket(uint32(k.meta >> 32))
+	to := homeSlot(d)
+	if !t.home.take(st, d) {
+		var ok bool
+		if to, ok = t.spare(st, s); !ok {
+			return 0, false
+		}
+	}
+	k.remote = [2]uint64{e.remote[0].Load(), e.remote[1].Load()}
+	k.local = [2]uint64{e.local[0].Load(), e.local[1].Load()}
+	// N.B. the key is in two live entries for a moment, with one value:
+	// a lookup may find either. The copy is linked first, so a reader
+	// that walks the chain meanwhile finds at least one of them.
+	t.fill(to, &k, e.val.Load())
+	prev, l := t.findIndexLocked(d, home)
+	t.unlinkLocked(prev, l)
+	return home, true
+}
+
+// spare returns a free node for an entry that cannot have its home slot:
+// one freed under stripe s (st) before, else the free home slot of another
+// bucket of the stripe, else a node from the store. The caller holds st's
+// lock.
+func (t *Table[T]) spare(st *stripe, s uint32) (uint32, bool) {
+	if i, ok := st.cache.cached(); ok {
+		return i, true
+	}
+	if b, ok := t.home.steal(st, s); ok {
+		return homeSlot(b), true
+	}
+	return t.nodes.get(&st.cache)
+}
+
+// findIndexLocked returns the field that links node i in bucket b's chain,
+// and i's link. The caller holds the chain's stripe lock, and i is in it.
+func (t *Table[T]) findIndexLocked(b, i uint32) (*linkField, link) {
+	prev := &t.b.heads[b]
+	l := prev.load()
+	for l.index() != i {
+		prev = &t.nodes.at(l.index()).next
+		l = prev.load()
+	}
+	return prev, l
+}
+
+// unlinkLocked deletes the entry of link l, linked by prev, and returns its
+// value; the caller frees its node. The caller holds the chain's stripe
+// lock.
+func (t *Table[T]) unlinkLocked(prev *linkField, l link) *T {
+	e := t.nodes.at(l.index())
+	e.seq.Add(1) // free: N.B. before unlinking, and before the value is cleared (see entry)
+	unlink(prev, &e.next)
+	return e.val.Swap(nil)
+}
+
+// free returns node i, deleted under stripe s (st), for reuse. The caller
+// holds st's lock.
+func (t *Table[T]) free(st *stripe, i uint32) {
+	if b, ok := t.home.isHome(i); ok {
+		t.home.release(st, b)
+		return
+	}
+	t.nodes.put(&st.cache, i)
 }
 
 // Delete removes tup and returns its value.
@@ -321,17 +459,15 @@ func (t *Table[T]) Delete(tup Tuple) (*T, bool) {
 
 func (t *Table[T]) delete(k *key) (*T, bool) {
 	st := t.b.stripe(uint32(k.meta >> 32))
+	t.touch(t.b.bucket(uint32(k.meta >> 32)))
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	prev, l := t.findLocked(k)
 	if l.isNulls() {
 		return nil, false
 	}
-	e := t.nodes.at(l.index())
-	unlink(prev, &e.next)
-	e.seq.Add(1) // free: N.B. before the value is cleared (see entry)
-	v := e.val.Swap(nil)
-	t.nodes.put(&st.cache, l.index())
+	v := t.unlinkLocked(prev, l)
+	t.free(st, l.index())
 	st.count.Add(-1)
 	return v, true
 }
@@ -398,7 +534,11 @@ type Stats struct {
 	// met an entry deleted or recycled under them, or ended on the nulls
 	// marker of another chain.
 	LookupRestarts uint64
-	// Nodes counts the entry nodes ever allocated, live or free.
+	// HomeEntries counts the entries found in their bucket's home slot,
+	// which a lookup reaches without walking the chain.
+	HomeEntries int
+	// Nodes counts the entry nodes ever allocated, live or free,
+	// including the one reserved per bucket.
 	Nodes int
 }
 
@@ -412,6 +552,9 @@ func (t *Table[T]) Stats() Stats {
 		n := 0
 		for l := t.b.heads[b].load(); !l.isNulls(); l = t.nodes.at(l.index()).next.load() {
 			n++
+			if l.index() == homeSlot(uint32(b)) {
+				s.HomeEntries++
+			}
 		}
 		st.mu.Unlock()
 		for len(s.ChainLengths) <= n {

@@ -343,7 +343,8 @@ func TestTableOptions(t *testing.T) {
 			require.Equal(t, c.buckets, st.ChainLengths[0])
 			require.Zero(t, st.Entries)
 			require.Zero(t, st.LongestChain)
-			require.Zero(t, st.Nodes)
+			require.Equal(t, c.buckets, st.Nodes, "one reserved node per bucket")
+			require.Zero(t, st.HomeEntries)
 			require.Zero(t, st.LookupRestarts)
 		})
 	}
@@ -726,10 +727,12 @@ func FuzzTable(f *testing.F) {
 					require.Equal(t, len(model), tab.Len(), msg)
 					st := tab.Stats()
 					require.Equal(t, len(model), st.Entries, msg)
-					// A stripe carves a new batch only when all it has
-					// carved is live: at most 32 keys are live, so the
-					// nodes stay within that plus a batch per stripe.
-					require.LessOrEqual(t, st.Nodes, 32+st.LockStripes*slabBatch, msg)
+					// Beyond the home slots, a stripe carves a new batch
+					// only when all it has carved is live: at most 32
+					// keys are live, so the nodes stay within that plus a
+					// batch per stripe.
+					require.LessOrEqual(t, st.Nodes, st.Buckets+32+st.LockStripes*slabBatch, msg)
+					tblCheckHome(t, tab, msg)
 				case 7: // bad input leaves the table unchanged
 					bad := tblFuzzInvalid[arg%len(tblFuzzInvalid)]
 					require.ErrorIs(t, tab.Insert(bad, new(-1)), ErrInvalidTuple, msg)
@@ -754,15 +757,52 @@ func FuzzTable(f *testing.F) {
 	})
 }
 
+// tblCheckHome checks a quiescent table's home slot bookkeeping against its
+// chains: every linked node is in one chain only; a home slot's free bit is
+// set exactly when no chain links it; an entry of another bucket in a home
+// slot belongs to the same stripe; each stripe's free count matches its
+// bits; and every node in a chain is live.
+func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
+	t.Helper()
+	in := map[uint32]uint32{} // node -> bucket of the chain linking it
+	for b := range tab.b.heads {
+		for l := tab.b.heads[b].load(); !l.isNulls(); l = tab.nodes.at(l.index()).next.load() {
+			_, dup := in[l.index()]
+			require.False(t, dup, "%s: node %d in two chains", msg, l.index())
+			in[l.index()] = uint32(b)
+			require.EqualValues(t, 1, tab.nodes.at(l.index()).seq.Load()&1, "%s: node %d linked but free", msg, l.index())
+		}
+	}
+	free := make([]uint32, len(tab.b.stripes))
+	for b := range uint32(len(tab.b.heads)) {
+		w, m := tab.home.bit(b)
+		owner, used := in[homeSlot(b)]
+		require.Equal(t, !used, *w&m != 0, "%s: free bit of bucket %d", msg, b)
+		if used {
+			require.Equal(t, b&tab.b.stripeMask, owner&tab.b.stripeMask, "%s: home slot of %d used by bucket %d of another stripe", msg, b, owner)
+		} else {
+			free[b&tab.b.stripeMask]++
+		}
+	}
+	for s := range tab.b.stripes {
+		require.Equal(t, free[s], tab.b.stripes[s].homeFree, "%s: free home slots of stripe %d", msg, s)
+	}
+}
+
 // tblNulls is the fixture of the deterministic nulls tests: a 16-bucket,
-// one-stripe table with a fixed secret (so a freed entry is the next one
-// inserted), and keys grouped by bucket.
+// one-stripe table with a fixed secret, and keys grouped by bucket. Every
+// home slot holds a filler entry (the last key of its bucket), so that the
+// entries a test inserts are linked in chains only, lookups walk those
+// chains, and a freed entry is the next one inserted.
 type tblNulls struct {
 	tab     *Table[string]
 	byBkt   map[uint32][]Tuple
 	a, b    uint32 // two buckets
 	restart func() uint64
 }
+
+// filler returns the filler key of bucket b.
+func (f *tblNulls) filler(b uint32) Tuple { return f.byBkt[b][len(f.byBkt[b])-1] }
 
 func newTblNulls(t *testing.T) *tblNulls {
 	tab := New[string](WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
@@ -780,6 +820,10 @@ func newTblNulls(t *testing.T) *tblNulls {
 		var k key
 		tab.tupleKey(&k, tup)
 		require.Equal(t, f.a, tab.b.bucket(uint32(k.meta>>32)))
+	}
+	for b := range uint32(16) {
+		require.NoError(t, tab.Insert(f.filler(b), new("filler")))
+		require.Equal(t, homeSlot(b), f.headIndex(t, b))
 	}
 	return f
 }
@@ -848,12 +892,14 @@ func TestTableNullsRecycledEntry(t *testing.T) {
 	cases := []struct {
 		name         string
 		zBucketB     bool // Z in bucket B, else in A
-		preB         int  // entries already in B
+		preB         int  // entries already in B, besides its filler
+		steal        bool // X is in B's home slot, and B empty
 		wantRestarts uint64
 	}{
-		{"into empty bucket B", true, 0, 1},
-		{"into non-empty bucket B", true, 2, 1},
-		{"into the same bucket A", false, 0, 0},
+		{"into bucket B", true, 0, false, 1},
+		{"into bucket B with entries", true, 2, false, 1},
+		{"into the same bucket A", false, 0, false, 0},
+		{"into empty bucket B, whose home slot X held", true, 0, true, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -870,8 +916,18 @@ func TestTableNullsRecycledEntry(t *testing.T) {
 			}
 			vy, vx, vz := new("Y"), new("X"), new("Z")
 			require.NoError(t, tab.Insert(y, vy))
+			if c.steal {
+				// Free B's home slot and nothing else: X's insert,
+				// whose own home slot is taken, steals it.
+				_, ok := tab.Delete(f.filler(f.b))
+				require.True(t, ok)
+				tab.b.stripes[0].cache.free = nil
+			}
 			require.NoError(t, tab.Insert(x, vx))
 			xIdx := f.headIndex(t, f.a) // X is at the head of A
+			if c.steal {
+				require.Equal(t, homeSlot(f.b), xIdx)
+			}
 
 			arrived, release := f.blockAt(xIdx)
 			res := f.lookupAsync(y)
@@ -902,9 +958,54 @@ func TestTableNullsRecycledEntry(t *testing.T) {
 			}
 			_, ok = tab.Lookup(x)
 			require.False(t, ok)
-			require.Equal(t, 2+c.preB, tab.Len())
+			fillers := 16
+			if c.steal {
+				fillers--
+			}
+			require.Equal(t, 2+c.preB+fillers, tab.Len())
 		})
 	}
+}
+
+// TestTableNullsStealerEvicted stops a reader on entry X of chain A, held in
+// bucket B's home slot (stolen), looking for Y behind it; an insert into B
+// takes the slot back, moving X to another node: the reader walks into B's
+// chain, restarts on its marker and finds Y, and X is found at its new node.
+func TestTableNullsStealerEvicted(t *testing.T) {
+	f := newTblNulls(t)
+	tab := f.tab
+	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+	x, y, z := ka[0], ka[1], kb[0]
+	vx, vy, vz := new("X"), new("Y"), new("Z")
+	require.NoError(t, tab.Insert(y, vy))
+	_, ok := tab.Delete(f.filler(f.b))
+	require.True(t, ok)
+	tab.b.stripes[0].cache.free = nil // X steals B's home slot, the only free node
+	require.NoError(t, tab.Insert(x, vx))
+	xIdx := f.headIndex(t, f.a)
+	require.Equal(t, homeSlot(f.b), xIdx)
+	before := tab.Stats()
+
+	arrived, release := f.blockAt(xIdx)
+	res := f.lookupAsync(y)
+	tblWait(t, arrived)
+	restarts := f.restart()
+	require.NoError(t, tab.Insert(z, vz))
+	require.Equal(t, xIdx, f.headIndex(t, f.b), "Z did not take B's home slot back")
+	close(release)
+	r := tblWaitResult(t, res)
+	require.True(t, r.ok, "Lookup(Y) missed Y")
+	require.Same(t, vy, r.v)
+	require.EqualValues(t, 1, f.restart()-restarts)
+
+	got, ok := tab.Lookup(x)
+	require.True(t, ok, "X lost in the move")
+	require.Same(t, vx, got)
+	require.NotEqual(t, xIdx, f.headIndex(t, f.a), "X not moved")
+	after := tab.Stats()
+	require.Equal(t, before.Entries+1, after.Entries)
+	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home, X was not")
+	tblCheckHome(t, tab, "after the move")
 }
 
 // TestTableNullsReadersKeyRecycled stops a reader looking for X on the
@@ -1051,42 +1152,64 @@ func TestTableChurnNoLeak(t *testing.T) {
 					Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i >> 16), byte(i >> 8), byte(i)}), 40000),
 				}
 			}
+			// live[s] counts the entries of stripe s, and excess[s] the
+			// most it has held beyond its buckets' home slots.
+			homes := len(tab.b.heads) / len(tab.b.stripes)
+			live, excess := make([]int, len(tab.b.stripes)), make([]int, len(tab.b.stripes))
+			stripeOf := func(tup Tuple) int {
+				return int(HashTuple(tup, tab.hasher, tab.secret) & tab.b.stripeMask)
+			}
+			// A stripe carves nodes only when its cache, the depot and
+			// its free home slots are exhausted; its cache holds fewer
+			// than slabCacheMax, and it carves slabBatch at a time.
+			bound := func() int {
+				b := len(tab.b.heads)
+				for s := range live {
+					b += excess[s] + slabCacheMax + slabBatch
+				}
+				return b
+			}
+			add := func(i, d int) {
+				s := stripeOf(key(i))
+				live[s] += d
+				excess[s] = max(excess[s], live[s]-homes)
+			}
 			bad := 0
 			for i := range n {
 				if tab.Insert(key(i), v) != nil {
 					bad++
 				}
+				add(i, 1)
 			}
 			require.Zero(t, bad)
 			st := tab.Stats()
 			require.Equal(t, n, st.Entries)
-			peak := n
-			// A stripe carves nodes only when its cache and the depot are
-			// empty; every other cache holds fewer than slabCacheMax.
-			bound := peak + st.LockStripes*slabCacheMax
-			require.LessOrEqual(t, st.Nodes, bound)
+			require.LessOrEqual(t, st.Nodes, bound())
 			r := rand.New(rand.NewPCG(3, 4))
 			next := n
-			live := make([]int, n)
-			for i := range live {
-				live[i] = i
+			ids := make([]int, n)
+			for i := range ids {
+				ids[i] = i
 			}
-			for range n {
-				j := r.IntN(len(live))
-				if _, ok := tab.Delete(key(live[j])); !ok {
+			for range 2 * n {
+				j := r.IntN(len(ids))
+				if _, ok := tab.Delete(key(ids[j])); !ok {
 					bad++
 				}
-				live[j] = next
+				add(ids[j], -1)
+				ids[j] = next
 				if tab.Insert(key(next), v) != nil {
 					bad++
 				}
+				add(next, 1)
 				next++
 			}
 			require.Zero(t, bad)
 			st = tab.Stats()
 			require.Equal(t, n, st.Entries)
 			require.Equal(t, n, tab.Len())
-			require.LessOrEqual(t, st.Nodes, bound, "nodes leak: %d nodes for %d live", st.Nodes, n)
+			require.LessOrEqual(t, st.Nodes, bound(), "nodes leak: %d nodes for %d live", st.Nodes, n)
+			tblCheckHome(t, tab, "after churn")
 		})
 	}
 }

@@ -139,8 +139,8 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T) (release func(), err er
 	e.local[0].Store(k.local[0])
 	e.local[1].Store(k.local[1])
 	e.val.Store(v)
-	e.seq.Add(1) // live
 	addHead(t.lb.head(h), nodeLink(i), &e.next)
+	e.seq.Add(1) // live: N.B. after linking (see entry)
 	st.count.Add(1)
 	var once sync.Once
 	return func() { once.Do(func() { t.unlisten(h, i) }) }, nil
@@ -156,8 +156,8 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 	for l := prev.load(); !l.isNulls(); l = prev.load() {
 		e := t.est.nodes.at(l.index())
 		if l.index() == i {
+			e.seq.Add(1) // free: N.B. before unlinking and clearing the value (see entry)
 			unlink(prev, &e.next)
-			e.seq.Add(1) // free: N.B. before the value is cleared (see entry)
 			e.val.Store(nil)
 			t.est.nodes.put(&st.cache, i)
 			st.count.Add(-1)

@@ -190,7 +190,10 @@ func TestTCPStrayEstablishedIntoListener(t *testing.T) {
 	tbl := s.tbl
 	const b = 5
 	x, y := s.flowIn(b, 0), s.flowIn(b, 1)
-	vx, vy := "X", "Y"
+	vx, vy, vf := "X", "Y", "filler"
+	// A filler in bucket b's home slot: the lookup of X finds it there,
+	// not X, and walks the chain.
+	require.NoError(t, tbl.est.Insert(s.flowIn(b, 2), &vf))
 	require.NoError(t, tbl.est.Insert(x, &vx))
 	require.NoError(t, tbl.est.Insert(y, &vy)) // chain b: Y -> X
 	iy := tbl.est.b.heads[b].load().index()
@@ -245,6 +248,9 @@ func TestTCPStrayListenerIntoEstablished(t *testing.T) {
 	}()
 	<-paused
 	rel2()
+	// Bucket b's home slot taken, the new flow goes to the node released.
+	vf := "filler"
+	require.NoError(t, tbl.est.Insert(s.flowIn(b, 1), &vf))
 	e := s.flowIn(b, 0)
 	moveFree(t, tbl.lb.stripe(h2), &tbl.est.b.stripes[b&tbl.est.b.stripeMask], i2)
 	ve := "E"

@@ -460,8 +460,8 @@ func (t *UDPTable[T]) hash4(s *UDPSocket[T], raddr netip.Addr, rport uint16) {
 	t.slots[s.h2&t.mask].hash4Cnt.Add(1)
 	st := t.h4.stripe(h)
 	st.mu.Lock()
-	e.seq.Add(1) // live, with its new key
 	addHead(t.h4.head(h), nodeLink(s.node), &e.next)
+	e.seq.Add(1) // live, with its new key: N.B. after linking (see entry)
 	st.count.Add(1)
 	st.mu.Unlock()
 	s.h4, s.hashed4 = h, true
@@ -477,11 +477,12 @@ func (t *UDPTable[T]) unhash4(s *UDPSocket[T]) {
 	for l := prev.load(); !l.isNulls(); l = prev.load() {
 		e := t.nodes.at(l.index())
 		if l == target {
-			unlink(prev, &e.next)
-			// N.B. e.next is left as it is, so a reader standing on
-			// the node walks on; seq turns even before the key may be
-			// rewritten, so such a reader stops trusting the key.
+			// N.B. seq turns even before the node is unlinked (see
+			// entry) and before its key may be rewritten, so a reader
+			// standing on it stops trusting the key; e.next is left
+			// as it is, so such a reader walks on.
 			e.seq.Add(1)
+			unlink(prev, &e.next)
 			st.count.Add(-1)
 			break
 		}

@@ -1,0 +1,113 @@
+package hash4
+
+import "math/bits"
+
+// This file holds home slots, the one place where Table departs from the
+// kernel's inet_ehash layout.
+//
+// Every bucket b owns one entry slot of the node store, its home slot
+// (index b+1), reserved when the table is made. An entry goes to its
+// bucket's home slot when that is free, so a lookup can fetch the home slot
+// at the same time as the chain head, from the hash alone, and a key held
+// there is found with one memory access instead of two dependent ones (head,
+// then entry). The chains are unchanged: an entry in a home slot is linked
+// in its bucket's chain like any other, and a lookup that does not find its
+// key in the home slot walks the chain.
+//
+// A home slot whose bucket has no entry there may hold an entry of another
+// bucket of the same lock stripe (it is stolen), so that a table holding
+// one entry per bucket needs no slots beyond the reserved ones; an insert
+// into the owner's bucket takes the slot back, moving the stealer to
+// another slot first. Both buckets are covered by the lock the insert holds.
+//
+// N.B. the direct read relies on the order in which writers change an
+// entry's seq (see entry): an entry turns live only once it is linked and
+// turns free before it is unlinked, so an entry that is live while a reader
+// reads it is in its chain, and a key the home slot shows is present.
+
+// homeSlot returns the index of bucket b's home slot.
+func homeSlot(b uint32) uint32 { return b + 1 }
+
+// homeSlots records which home slots are free: one bit per bucket, set
+// while its home slot holds no entry. The bits of one stripe's buckets are
+// a run of words of their own, whole cache lines so that writers under
+// different stripes do not share lines; bucket b is bit b>>stripeShift of
+// the run of stripe b&stripeMask. The run of a stripe is accessed only under
+// that stripe's lock.
+type homeSlots struct {
+	free        []uint64
+	words       uint32 // words per stripe run
+	stripeShift uint8
+	stripeMask  uint32
+	buckets     uint32
+}
+
+// init marks every home slot of a table with the given (power-of-two)
+// bucket and stripe counts free.
+func (h *homeSlots) init(buckets, stripes int, ss []stripe) {
+	perStripe := buckets / stripes
+	h.words = uint32((perStripe+511)/512) * 8 // whole cache lines
+	h.stripeShift = uint8(bits.TrailingZeros(uint(stripes)))
+	h.stripeMask = uint32(stripes - 1)
+	h.buckets = uint32(buckets)
+	h.free = make([]uint64, int(h.words)*stripes)
+	for s := range stripes {
+		run := h.free[uint32(s)*h.words:]
+		for j := range perStripe {
+			run[j/64] |= 1 << (j % 64)
+		}
+		ss[s].homeFree = uint32(perStripe)
+	}
+}
+
+// isHome reports whether node i is a home slot, and of which bucket.
+func (h *homeSlots) isHome(i uint32) (bucket uint32, ok bool) {
+	return i - 1, i-1 < h.buckets
+}
+
+// bit returns the word and mask of bucket b's bit.
+func (h *homeSlots) bit(b uint32) (*uint64, uint64) {
+	j := b >> h.stripeShift
+	return &h.free[(b&h.stripeMask)*h.words+j/64], 1 << (j % 64)
+}
+
+// take marks bucket b's home slot used and reports whether it was free.
+// The caller holds the lock of b's stripe st.
+func (h *homeSlots) take(st *stripe, b uint32) bool {
+	w, m := h.bit(b)
+	if *w&m == 0 {
+		return false
+	}
+	*w &^= m
+	st.homeFree--
+	return true
+}
+
+// release marks bucket b's home slot free. The caller holds the lock of b's
+// stripe st.
+func (h *homeSlots) release(st *stripe, b uint32) {
+	w, m := h.bit(b)
+	*w |= m
+	st.homeFree++
+}
+
+// steal takes a free home slot of a bucket of stripe s (st) and returns that
+// bucket. The caller holds st's lock. The search resumes where the last one
+// ended, so it costs a few words on average.
+func (h *homeSlots) steal(st *stripe, s uint32) (uint32, bool) {
+	if st.homeFree == 0 {
+		return 0, false
+	}
+	run := h.free[s*h.words : (s+1)*h.words]
+	for n := range h.words {
+		wi := (st.homeCursor + n) % h.words
+		if w := run[wi]; w != 0 {
+			j := wi*64 + uint32(bits.TrailingZeros64(w))
+			run[wi] = w &^ (1 << (j % 64))
+			st.homeFree--
+			st.homeCursor = wi
+			return j<<h.stripeShift | s, true
+		}
+	}
+	panic("hash4: home slot count out of step with its bitmap")
+}
