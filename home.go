@@ -19,6 +19,9 @@ import "math/bits"
 // one entry per bucket needs no slots beyond the reserved ones; an insert
 // into the owner's bucket takes the slot back, moving the stealer to
 // another slot first. Both buckets are covered by the lock the insert holds.
+// Deleting the entry at home moves another entry of its chain, if any, into
+// the slot. So, between writes, every non-empty bucket holds one of its
+// own entries in its home slot.
 //
 // N.B. the direct read relies on the order in which writers change an
 // entry's seq (see entry): an entry turns live only once it is linked and
@@ -53,8 +56,11 @@ func (h *homeSlots) init(buckets, stripes int, ss []stripe) {
 	h.free = make([]uint64, int(h.words)*stripes)
 	for s := range stripes {
 		run := h.free[uint32(s)*h.words:]
-		for j := range perStripe {
-			run[j/64] |= 1 << (j % 64)
+		for j := range perStripe / 64 {
+			run[j] = ^uint64(0)
+		}
+		if r := perStripe % 64; r != 0 {
+			run[perStripe/64] = 1<<r - 1
 		}
 		ss[s].homeFree = uint32(perStripe)
 	}

@@ -382,10 +382,7 @@ func (t *Table[T]) place(st *stripe, s, b uint32, homeOwn bool) (uint32, bool) {
 	// The home slot holds an entry of another chain of stripe s: a
 	// stealer. Move it to its own home slot if that is free, else to a
 	// spare node, and take the slot back.
-	e := t.nodes.at(home)
-	var k key
-	k.meta = e.meta.Load()
-	d := t.b.bucket(uint32(k.meta >> 32))
+	d := t.b.bucket(uint32(t.nodes.at(home).meta.Load() >> 32))
 	to := homeSlot(d)
 	if !t.home.take(st, d) {
 		var ok bool
@@ -393,15 +390,26 @@ func (t *Table[T]) place(st *stripe, s, b uint32, homeOwn bool) (uint32, bool) {
 			return 0, false
 		}
 	}
-	k.remote = [2]uint64{e.remote[0].Load(), e.remote[1].Load()}
-	k.local = [2]uint64{e.local[0].Load(), e.local[1].Load()}
+	t.move(d, home, to)
+	return home, true
+}
+
+// move moves the entry in node from, of bucket d's chain, to free node to,
+// and leaves from free; the caller reuses or frees it. The caller holds the
+// chain's stripe lock.
+func (t *Table[T]) move(d, from, to uint32) {
+	e := t.nodes.at(from)
+	k := key{
+		meta:   e.meta.Load(),
+		remote: [2]uint64{e.remote[0].Load(), e.remote[1].Load()},
+		local:  [2]uint64{e.local[0].Load(), e.local[1].Load()},
+	}
 	// N.B. the key is in two live entries for a moment, with one value:
 	// a lookup may find either. The copy is linked first, so a reader
 	// that walks the chain meanwhile finds at least one of them.
 	t.fill(to, &k, e.val.Load())
-	prev, l := t.findIndexLocked(d, home)
+	prev, l := t.findIndexLocked(d, from)
 	t.unlinkLocked(prev, l)
-	return home, true
 }
 
 // spare returns a free node for an entry that cannot have its home slot:
@@ -467,7 +475,18 @@ func (t *Table[T]) delete(k *key) (*T, bool) {
 		return nil, false
 	}
 	v := t.unlinkLocked(prev, l)
-	t.free(st, l.index())
+	i := l.index()
+	if b := t.b.bucket(uint32(k.meta >> 32)); i == homeSlot(b) {
+		// The bucket's home slot is free: move another entry of the
+		// chain there, if there is one, so that it keeps an entry at
+		// home, as it would after inserts only.
+		if head := t.b.heads[b].load(); !head.isNulls() {
+			j := head.index()
+			t.move(b, j, i)
+			i = j
+		}
+	}
+	t.free(st, i)
 	st.count.Add(-1)
 	return v, true
 }

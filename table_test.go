@@ -3,6 +3,7 @@ package hash4
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
@@ -758,10 +759,11 @@ func FuzzTable(f *testing.F) {
 }
 
 // tblCheckHome checks a quiescent table's home slot bookkeeping against its
-// chains: every linked node is in one chain only; a home slot's free bit is
-// set exactly when no chain links it; an entry of another bucket in a home
-// slot belongs to the same stripe; each stripe's free count matches its
-// bits; and every node in a chain is live.
+// chains: every linked node is in one chain only; every non-empty bucket
+// holds one of its entries in its home slot; a home slot's free bit is set
+// exactly when no chain links it; an entry of another bucket in a home slot
+// belongs to the same stripe; each stripe's free count matches its bits;
+// and every node in a chain is live.
 func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
 	t.Helper()
 	in := map[uint32]uint32{} // node -> bucket of the chain linking it
@@ -777,6 +779,9 @@ func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
 	for b := range uint32(len(tab.b.heads)) {
 		w, m := tab.home.bit(b)
 		owner, used := in[homeSlot(b)]
+		if !tab.b.heads[b].load().isNulls() {
+			require.True(t, used && owner == b, "%s: bucket %d not empty, its home slot holds none of its entries", msg, b)
+		}
 		require.Equal(t, !used, *w&m != 0, "%s: free bit of bucket %d", msg, b)
 		if used {
 			require.Equal(t, b&tab.b.stripeMask, owner&tab.b.stripeMask, "%s: home slot of %d used by bucket %d of another stripe", msg, b, owner)
@@ -786,6 +791,11 @@ func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
 	}
 	for s := range tab.b.stripes {
 		require.Equal(t, free[s], tab.b.stripes[s].homeFree, "%s: free home slots of stripe %d", msg, s)
+		bitsSet := 0
+		for _, w := range tab.home.free[uint32(s)*tab.home.words : uint32(s+1)*tab.home.words] {
+			bitsSet += bits.OnesCount64(w)
+		}
+		require.EqualValues(t, free[s], bitsSet, "%s: bits set in the run of stripe %d", msg, s)
 	}
 }
 
@@ -964,6 +974,32 @@ func TestTableNullsRecycledEntry(t *testing.T) {
 			}
 			require.Equal(t, 2+c.preB+fillers, tab.Len())
 		})
+	}
+}
+
+// TestTableHomeAfterInserts checks placement: after inserts only, every
+// non-empty bucket holds one of its own entries in its home slot, however
+// many buckets share a stripe (and so steal from each other).
+func TestTableHomeAfterInserts(t *testing.T) {
+	for _, stripes := range []int{1, 4, 64} {
+		tab := New[int](WithCapacity(256), WithLockStripes(stripes), WithSecret(tblSecret))
+		v := new(0)
+		for i := range 256 {
+			require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), v))
+			if i%16 == 15 {
+				st := tab.Stats()
+				require.Equal(t, st.Buckets-st.ChainLengths[0], st.HomeEntries, "stripes %d, %d entries", stripes, i+1)
+				tblCheckHome(t, tab, fmt.Sprintf("stripes %d", stripes))
+			}
+		}
+		st := tab.Stats()
+		t.Logf("stripes %d: %d of %d entries home", stripes, st.HomeEntries, st.Entries)
+		for b := range uint32(st.Buckets) {
+			if l := tab.b.heads[b].load(); !l.isNulls() {
+				e := tab.nodes.at(homeSlot(b))
+				require.Equal(t, b, tab.b.bucket(uint32(e.meta.Load()>>32)), "bucket %d: home slot holds another bucket's entry", b)
+			}
+		}
 	}
 }
 
@@ -1210,6 +1246,7 @@ func TestTableChurnNoLeak(t *testing.T) {
 			require.Equal(t, n, tab.Len())
 			require.LessOrEqual(t, st.Nodes, bound(), "nodes leak: %d nodes for %d live", st.Nodes, n)
 			tblCheckHome(t, tab, "after churn")
+			t.Logf("after churn: %d of %d entries in their home slots", st.HomeEntries, st.Entries)
 		})
 	}
 }
