@@ -12,9 +12,9 @@ import "sync/atomic"
 //     per-table offset where chains of several kinds coexist).
 //  2. Readers walk chains without locks, with atomic loads only. Writers
 //     change a chain only under the lock that covers it.
-//  3. A node is published at the head: its next link is set before the head
-//     points to it, so a reader that reaches the node finds a well-formed
-//     rest of chain.
+//  3. A node is published at the head, or behind a node: its next link is
+//     set before the link that leads to it, so a reader that reaches the
+//     node finds a well-formed rest of chain.
 //  4. Unlinking a node leaves the node's own next link intact, so a reader
 //     standing on it keeps walking. The node may be reused at once (entries
 //     are recycled without waiting for readers, like SLAB_TYPESAFE_BY_RCU)
@@ -57,13 +57,15 @@ func (f *linkField) store(l link) { f.v.Store(uint32(l)) }
 // (INIT_HLIST_NULLS_HEAD).
 func (f *linkField) initNulls(v uint32) { f.store(nullsLink(v)) }
 
-// addHead links node, whose next field is nodeNext, at the head of the chain
-// (hlist_nulls_add_head_rcu). The caller holds the chain's lock and has
-// finished writing the node: N.B. nodeNext is set before head publishes the
-// node, so readers never see a node without its rest of chain.
-func addHead(head *linkField, node link, nodeNext *linkField) {
-	nodeNext.store(head.load())
-	head.store(node)
+// linkAt links node, whose next field is nodeNext, at field at: at the head
+// of the chain when at is its head (hlist_nulls_add_head_rcu), or behind a
+// node when at is that node's next field (hlist_add_behind_rcu). The caller
+// holds the chain's lock and has finished writing the node: N.B. nodeNext is
+// set before at publishes the node, so readers never see a node without its
+// rest of chain.
+func linkAt(at *linkField, node link, nodeNext *linkField) {
+	nodeNext.store(at.load())
+	at.store(node)
 }
 
 // unlink removes the node whose next field is nodeNext from its chain, given

@@ -337,14 +337,15 @@ func (t *Table[T]) insert(k *key, v *T) insertResult {
 	if !ok {
 		return insertFull
 	}
-	t.fill(i, k, v)
+	t.fill(i, k, v, &t.b.heads[b])
 	st.count.Add(1)
 	return inserted
 }
 
-// fill writes key k and value v into free node i and links it in k's
-// chain. The caller holds the chain's stripe lock.
-func (t *Table[T]) fill(i uint32, k *key, v *T) {
+// fill writes key k and value v into free node i and links it at field at
+// of k's chain (its head, or a node's next field). The caller holds the
+// chain's stripe lock.
+func (t *Table[T]) fill(i uint32, k *key, v *T, at *linkField) {
 	e := t.nodes.at(i)
 	// N.B. the entry is free (seq even): readers that still stand on it
 	// ignore its key, so it can be written field by field.
@@ -354,7 +355,7 @@ func (t *Table[T]) fill(i uint32, k *key, v *T) {
 	e.local[0].Store(k.local[0])
 	e.local[1].Store(k.local[1])
 	e.val.Store(v)
-	addHead(t.b.head(uint32(k.meta>>32)), nodeLink(i), &e.next)
+	linkAt(at, nodeLink(i), &e.next)
 	e.seq.Add(1) // live: N.B. after linking (see entry)
 }
 
@@ -405,9 +406,12 @@ func (t *Table[T]) move(d, from, to uint32) {
 		local:  [2]uint64{e.local[0].Load(), e.local[1].Load()},
 	}
 	// N.B. the key is in two live entries for a moment, with one value:
-	// a lookup may find either. The copy is linked first, so a reader
-	// that walks the chain meanwhile finds at least one of them.
-	t.fill(to, &k, e.val.Load())
+	// a lookup may find either. The copy is linked right behind the
+	// original and made live before the original is freed and unlinked,
+	// so that a walker that would have reached the original reaches one
+	// of them: linked at the head, the copy would be missed by a walker
+	// already past it.
+	t.fill(to, &k, e.val.Load(), &e.next)
 	prev, l := t.findIndexLocked(d, from)
 	t.unlinkLocked(prev, l)
 }

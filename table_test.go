@@ -814,6 +814,18 @@ type tblNulls struct {
 // filler returns the filler key of bucket b.
 func (f *tblNulls) filler(b uint32) Tuple { return f.byBkt[b][len(f.byBkt[b])-1] }
 
+// insertStealing inserts x, a key of bucket A, into B's home slot: it frees
+// that slot and nothing else (B's filler deleted, the free cache emptied),
+// so that x's insert, whose own home slot is taken, steals it.
+func (f *tblNulls) insertStealing(t *testing.T, x Tuple, v *string) {
+	t.Helper()
+	_, ok := f.tab.Delete(f.filler(f.b))
+	require.True(t, ok)
+	f.tab.b.stripes[0].cache.free = nil
+	require.NoError(t, f.tab.Insert(x, v))
+	require.Equal(t, homeSlot(f.b), f.headIndex(t, f.a))
+}
+
 func newTblNulls(t *testing.T) *tblNulls {
 	tab := New[string](WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
 	f := &tblNulls{tab: tab, byBkt: map[uint32][]Tuple{}}
@@ -927,17 +939,11 @@ func TestTableNullsRecycledEntry(t *testing.T) {
 			vy, vx, vz := new("Y"), new("X"), new("Z")
 			require.NoError(t, tab.Insert(y, vy))
 			if c.steal {
-				// Free B's home slot and nothing else: X's insert,
-				// whose own home slot is taken, steals it.
-				_, ok := tab.Delete(f.filler(f.b))
-				require.True(t, ok)
-				tab.b.stripes[0].cache.free = nil
+				f.insertStealing(t, x, vx)
+			} else {
+				require.NoError(t, tab.Insert(x, vx))
 			}
-			require.NoError(t, tab.Insert(x, vx))
 			xIdx := f.headIndex(t, f.a) // X is at the head of A
-			if c.steal {
-				require.Equal(t, homeSlot(f.b), xIdx)
-			}
 
 			arrived, release := f.blockAt(xIdx)
 			res := f.lookupAsync(y)
@@ -1014,12 +1020,8 @@ func TestTableNullsStealerEvicted(t *testing.T) {
 	x, y, z := ka[0], ka[1], kb[0]
 	vx, vy, vz := new("X"), new("Y"), new("Z")
 	require.NoError(t, tab.Insert(y, vy))
-	_, ok := tab.Delete(f.filler(f.b))
-	require.True(t, ok)
-	tab.b.stripes[0].cache.free = nil // X steals B's home slot, the only free node
-	require.NoError(t, tab.Insert(x, vx))
+	f.insertStealing(t, x, vx)
 	xIdx := f.headIndex(t, f.a)
-	require.Equal(t, homeSlot(f.b), xIdx)
 	before := tab.Stats()
 
 	arrived, release := f.blockAt(xIdx)
@@ -1041,6 +1043,32 @@ func TestTableNullsStealerEvicted(t *testing.T) {
 	after := tab.Stats()
 	require.Equal(t, before.Entries+1, after.Entries)
 	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home, X was not")
+	tblCheckHome(t, tab, "after the move")
+}
+
+// TestTableNullsSoughtStealerEvicted stops a reader looking for X on the
+// entry W before it in chain A, where X holds bucket B's home slot; an
+// insert into B moves X away: the reader must still find X, whose copy is
+// linked where the reader goes next.
+func TestTableNullsSoughtStealerEvicted(t *testing.T) {
+	f := newTblNulls(t)
+	tab := f.tab
+	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+	x, w, z := ka[0], ka[1], kb[0]
+	vx, vw, vz := new("X"), new("W"), new("Z")
+	f.insertStealing(t, x, vx)
+	require.NoError(t, tab.Insert(w, vw))
+	wIdx := f.headIndex(t, f.a) // A: W -> X -> A's filler
+
+	arrived, release := f.blockAt(wIdx)
+	res := f.lookupAsync(x)
+	tblWait(t, arrived)
+	require.NoError(t, tab.Insert(z, vz)) // moves X
+	require.Equal(t, homeSlot(f.b), f.headIndex(t, f.b))
+	close(release)
+	r := tblWaitResult(t, res)
+	require.True(t, r.ok, "Lookup(X) missed X while it moved")
+	require.Same(t, vx, r.v)
 	tblCheckHome(t, tab, "after the move")
 }
 
@@ -1164,6 +1192,40 @@ func TestTableMemoryLayout(t *testing.T) {
 	require.Equal(t, uintptr(64), unsafe.Sizeof(stripe{}))
 	require.Equal(t, uintptr(cacheLineSize), unsafe.Sizeof(stripe{}))
 	require.Equal(t, uintptr(4), unsafe.Sizeof(linkField{}))
+}
+
+// TestTableMemoryPerEntry measures the heap a table of random flows at one
+// entry per bucket takes, beyond the values: at most 64 bytes per entry.
+func TestTableMemoryPerEntry(t *testing.T) {
+	const n = 1 << 16
+	keys := make([]Tuple, n)
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range keys {
+		keys[i] = Tuple{
+			Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 443),
+			Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i >> 16), byte(i >> 8), byte(i)}), uint16(1024+r.IntN(60000))),
+		}
+	}
+	v := new(0)
+	heap := func() int64 {
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.GC() // and what the first cycle's cleanups freed
+		runtime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	before := heap()
+	tab := New[int](WithCapacity(n))
+	for _, k := range keys {
+		require.NoError(t, tab.Insert(k, v))
+	}
+	perEntry := float64(heap()-before) / n
+	runtime.KeepAlive(keys)
+	st := tab.Stats()
+	runtime.KeepAlive(tab)
+	t.Logf("%.1f bytes per entry; %d nodes for %d entries in %d buckets", perEntry, st.Nodes, st.Entries, st.Buckets)
+	require.Equal(t, n, st.Entries)
+	require.LessOrEqual(t, perEntry, 64.0)
 }
 
 // TestTableChurnNoLeak fills a table, churns it, and checks that entries

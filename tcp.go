@@ -139,7 +139,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T) (release func(), err er
 	e.local[0].Store(k.local[0])
 	e.local[1].Store(k.local[1])
 	e.val.Store(v)
-	addHead(t.lb.head(h), nodeLink(i), &e.next)
+	linkAt(t.lb.head(h), nodeLink(i), &e.next)
 	e.seq.Add(1) // live: N.B. after linking (see entry)
 	st.count.Add(1)
 	var once sync.Once

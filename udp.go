@@ -460,7 +460,7 @@ func (t *UDPTable[T]) hash4(s *UDPSocket[T], raddr netip.Addr, rport uint16) {
 	t.slots[s.h2&t.mask].hash4Cnt.Add(1)
 	st := t.h4.stripe(h)
 	st.mu.Lock()
-	addHead(t.h4.head(h), nodeLink(s.node), &e.next)
+	linkAt(t.h4.head(h), nodeLink(s.node), &e.next)
 	e.seq.Add(1) // live, with its new key: N.B. after linking (see entry)
 	st.count.Add(1)
 	st.mu.Unlock()
