@@ -381,15 +381,12 @@ func (t *Table[T]) place(st *stripe, s, b uint32, homeOwn bool) (uint32, bool) {
 		return t.spare(st, s)
 	}
 	// The home slot holds an entry of another chain of stripe s: a
-	// stealer. Move it to its own home slot if that is free, else to a
-	// spare node, and take the slot back.
+	// stealer. Move it to a spare node and take the slot back. (Its own
+	// home slot is taken: see home.go.)
 	d := t.b.bucket(uint32(t.nodes.at(home).meta.Load() >> 32))
-	to := homeSlot(d)
-	if !t.home.take(st, d) {
-		var ok bool
-		if to, ok = t.spare(st, s); !ok {
-			return 0, false
-		}
+	to, ok := t.spare(st, s)
+	if !ok {
+		return 0, false
 	}
 	t.move(d, home, to)
 	return home, true
