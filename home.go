@@ -14,14 +14,13 @@ import "math/bits"
 // in its bucket's chain like any other, and a lookup that does not find its
 // key in the home slot walks the chain.
 //
-// A home slot whose bucket has no entry there may hold an entry of another
+// A home slot whose bucket is empty may be taken by an entry of another
 // bucket of the same lock stripe (it is stolen), so that a table holding
-// one entry per bucket needs no slots beyond the reserved ones; an insert
-// into the owner's bucket takes the slot back, moving the stealer to
-// another slot first. Both buckets are covered by the lock the insert holds.
-// Deleting the entry at home moves another entry of its chain, if any, into
-// the slot. So, between writes, every non-empty bucket holds one of its
-// own entries in its home slot.
+// one entry per bucket needs few nodes beyond the reserved ones. A stealer
+// stays where it is until it is deleted. When a home slot is freed while its
+// bucket has entries, the entry at the head of that bucket's chain moves
+// into it (Table.free, Table.move), all under the one stripe lock. So a home
+// slot is free only while its bucket is empty.
 //
 // N.B. the direct read relies on the order in which writers change an
 // entry's seq (see entry): an entry turns live only once it is linked and

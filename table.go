@@ -322,18 +322,10 @@ func (t *Table[T]) insert(k *key, v *T) insertResult {
 	t.touch(b)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	// Look for k, and note whether the home slot holds an entry of this
-	// chain, which place would otherwise have to read.
-	home, homeOwn := homeSlot(b), false
-	for l := t.b.heads[b].load(); !l.isNulls(); {
-		e := t.nodes.at(l.index())
-		if e.matches(k) {
-			return insertExists
-		}
-		homeOwn = homeOwn || l.index() == home
-		l = e.next.load()
+	if _, l := t.findLocked(k); !l.isNulls() {
+		return insertExists
 	}
-	i, ok := t.place(st, s, b, homeOwn)
+	i, ok := t.place(st, s, b)
 	if !ok {
 		return insertFull
 	}
@@ -369,32 +361,25 @@ func (t *Table[T]) touch(b uint32) {
 }
 
 // place returns a free node for a new entry of bucket b, of stripe s (st),
-// whose lock the caller holds: b's home slot, taken back from an entry of
-// another bucket if one holds it, else a spare node. homeOwn tells whether
-// b's chain links the home slot.
-func (t *Table[T]) place(st *stripe, s, b uint32, homeOwn bool) (uint32, bool) {
-	home := homeSlot(b)
+// whose lock the caller holds: b's home slot if it is free, else a spare
+// node.
+func (t *Table[T]) place(st *stripe, s, b uint32) (uint32, bool) {
 	if t.home.take(st, b) {
-		return home, true
+		return homeSlot(b), true
 	}
-	if homeOwn {
-		return t.spare(st, s)
-	}
-	// The home slot holds an entry of another chain of stripe s: a
-	// stealer. Move it to a spare node and take the slot back. (Its own
-	// home slot is taken: see home.go.)
-	d := t.b.bucket(uint32(t.nodes.at(home).meta.Load() >> 32))
-	to, ok := t.spare(st, s)
-	if !ok {
-		return 0, false
-	}
-	t.move(d, home, to)
-	return home, true
+	return t.spare(st, s)
 }
 
-// move moves the entry in node from, of bucket d's chain, to free node to,
-// and leaves from free; the caller reuses or frees it. The caller holds the
+// move moves the entry at the head of bucket d's chain, in node from, to
+// free node to, and leaves from free and unlinked. The caller holds the
 // chain's stripe lock.
+//
+// N.B. a reader may stand on node to, recycled from the chain it walks.
+// Linked right behind the head, to leads such a reader back into d's chain
+// at its second entry, which it re-walks (or, from another chain, to d's
+// marker, where it restarts): never past an entry it has not seen. Linked
+// deeper, it could skip entries; linked at the head, it would be missed by
+// readers already past the head.
 func (t *Table[T]) move(d, from, to uint32) {
 	e := t.nodes.at(from)
 	k := key{
@@ -405,12 +390,10 @@ func (t *Table[T]) move(d, from, to uint32) {
 	// N.B. the key is in two live entries for a moment, with one value:
 	// a lookup may find either. The copy is linked right behind the
 	// original and made live before the original is freed and unlinked,
-	// so that a walker that would have reached the original reaches one
-	// of them: linked at the head, the copy would be missed by a walker
-	// already past it.
+	// so that a reader that would have reached the original reaches one
+	// of them.
 	t.fill(to, &k, e.val.Load(), &e.next)
-	prev, l := t.findIndexLocked(d, from)
-	t.unlinkLocked(prev, l)
+	t.unlinkLocked(&t.b.heads[d], nodeLink(from))
 }
 
 // spare returns a free node for an entry that cannot have its home slot:
@@ -427,18 +410,6 @@ func (t *Table[T]) spare(st *stripe, s uint32) (uint32, bool) {
 	return t.nodes.get(&st.cache)
 }
 
-// findIndexLocked returns the field that links node i in bucket b's chain,
-// and i's link. The caller holds the chain's stripe lock, and i is in it.
-func (t *Table[T]) findIndexLocked(b, i uint32) (*linkField, link) {
-	prev := &t.b.heads[b]
-	l := prev.load()
-	for l.index() != i {
-		prev = &t.nodes.at(l.index()).next
-		l = prev.load()
-	}
-	return prev, l
-}
-
 // unlinkLocked deletes the entry of link l, linked by prev, and returns its
 // value; the caller frees its node. The caller holds the chain's stripe
 // lock.
@@ -449,14 +420,27 @@ func (t *Table[T]) unlinkLocked(prev *linkField, l link) *T {
 	return e.val.Swap(nil)
 }
 
-// free returns node i, deleted under stripe s (st), for reuse. The caller
-// holds st's lock.
+// free returns node i, deleted under stripe st, for reuse. The caller holds
+// st's lock. A home slot whose bucket still has entries is not freed but
+// refilled at once with the entry at the head of that bucket's chain, and
+// the node that entry leaves is freed in turn: so a home slot is free only
+// while its bucket is empty.
 func (t *Table[T]) free(st *stripe, i uint32) {
-	if b, ok := t.home.isHome(i); ok {
-		t.home.release(st, b)
-		return
+	for {
+		c, ok := t.home.isHome(i)
+		if !ok {
+			t.nodes.put(&st.cache, i)
+			return
+		}
+		head := t.b.heads[c].load()
+		if head.isNulls() {
+			t.home.release(st, c)
+			return
+		}
+		j := head.index()
+		t.move(c, j, i)
+		i = j
 	}
-	t.nodes.put(&st.cache, i)
 }
 
 // Delete removes tup and returns its value.
@@ -476,18 +460,7 @@ func (t *Table[T]) delete(k *key) (*T, bool) {
 		return nil, false
 	}
 	v := t.unlinkLocked(prev, l)
-	i := l.index()
-	if b := t.b.bucket(uint32(k.meta >> 32)); i == homeSlot(b) {
-		// The bucket's home slot is free: move another entry of the
-		// chain there, if there is one, so that it keeps an entry at
-		// home, as it would after inserts only.
-		if head := t.b.heads[b].load(); !head.isNulls() {
-			j := head.index()
-			t.move(b, j, i)
-			i = j
-		}
-	}
-	t.free(st, i)
+	t.free(st, l.index())
 	st.count.Add(-1)
 	return v, true
 }
