@@ -33,9 +33,10 @@ func homeSlot(b uint32) uint32 { return b + 1 }
 // homeSlots records which home slots are free: one bit per bucket, set
 // while its home slot holds no entry. The bits of one stripe's buckets are
 // a run of words of their own, whole cache lines so that writers under
-// different stripes do not share lines; bucket b is bit b>>stripeShift of
-// the run of stripe b&stripeMask. The run of a stripe is accessed only under
-// that stripe's lock.
+// different stripes do not share lines (the bitmap's size is a power of two
+// times 64 bytes, which Go's allocator places on a 64-byte boundary); bucket
+// b is bit b>>stripeShift of the run of stripe b&stripeMask. The run of a
+// stripe is accessed only under that stripe's lock.
 type homeSlots struct {
 	free        []uint64
 	words       uint32 // words per stripe run
