@@ -1004,6 +1004,19 @@ func TestTableHomeAfterInserts(t *testing.T) {
 	}
 }
 
+// TestTableHomeBitmapLines checks that each stripe's run of the home
+// bitmap starts a cache line of its own, for small and large tables.
+func TestTableHomeBitmapLines(t *testing.T) {
+	for _, c := range []struct{ capacity, stripes int }{{16, 1}, {16, 16}, {1024, 64}, {1 << 16, 4}, {1 << 16, 64}, {1 << 20, 64}} {
+		tab := New[int](WithCapacity(c.capacity), WithLockStripes(c.stripes))
+		require.Zero(t, tab.home.words%8, "%+v", c)
+		for s := range uint32(len(tab.b.stripes)) {
+			p := uintptr(unsafe.Pointer(&tab.home.free[s*tab.home.words]))
+			require.Zero(t, p%cacheLineSize, "%+v: run of stripe %d at %#x", c, s, p)
+		}
+	}
+}
+
 // TestTableNullsStolenHomeReclaimed stops a reader on entry X of chain A,
 // held in bucket B's home slot (stolen), looking for Y behind it. Z goes
 // into B (to a spare node, X keeps the slot); deleting X frees B's home
