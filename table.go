@@ -379,7 +379,8 @@ func (t *Table[T]) place(st *stripe, s, b uint32) (uint32, bool) {
 // at its second entry, which it re-walks (or, from another chain, to d's
 // marker, where it restarts): never past an entry it has not seen. Linked
 // deeper, it could skip entries; linked at the head, it would be missed by
-// readers already past the head.
+// a reader that loaded the head before and reaches the original after it is
+// freed.
 func (t *Table[T]) move(d, from, to uint32) {
 	e := t.nodes.at(from)
 	k := key{
