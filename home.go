@@ -16,11 +16,14 @@ import "math/bits"
 //
 // A home slot whose bucket is empty may be taken by an entry of another
 // bucket of the same lock stripe (it is stolen), so that a table holding
-// one entry per bucket needs few nodes beyond the reserved ones. A stealer
-// stays where it is until it is deleted. When a home slot is freed while its
-// bucket has entries, the entry at the head of that bucket's chain moves
-// into it (Table.free, Table.move), all under the one stripe lock. So a home
-// slot is free only while its bucket is empty.
+// one entry per bucket needs few nodes beyond the reserved ones. An insert
+// into the owner's bucket takes the slot back if the stealer is the head of
+// its chain, moving it to a spare node; a stealer deeper in its chain stays
+// until it is deleted, since only a head can move without a reader missing
+// it (Table.move). When a home slot is freed while its bucket has entries,
+// the entry at the head of that bucket's chain moves into it (Table.free).
+// All of it happens under the one stripe lock, and a home slot is free only
+// while its bucket is empty.
 //
 // N.B. the direct read relies on the order in which writers change an
 // entry's seq (see entry): an entry turns live only once it is linked and

@@ -57,6 +57,7 @@ type Table[T any] struct {
 	b        buckets
 	nodes    slab[entry[T]]
 	home     homeSlots
+	moves    []moveCount // per stripe (see move)
 	secret   Secret
 	hasher   Hasher
 	restarts atomic.Uint64
@@ -149,7 +150,16 @@ func New[T any](opts ...Option) *Table[T] {
 	t.b.init(cfg.capacity, cfg.stripes, 0)
 	t.nodes.reserve(uint32(len(t.b.heads)))
 	t.home.init(len(t.b.heads), len(t.b.stripes), t.b.stripes)
+	t.moves = make([]moveCount, len(t.b.stripes))
 	return t
+}
+
+// moveCount counts the moves (see Table.move) in the chains of one stripe.
+// It fills a cache line of its own: readers load it on every lookup, and
+// only moves write it.
+type moveCount struct {
+	n atomic.Uint32
+	_ [cacheLineSize - 4]byte
 }
 
 // setKey sets *k to the key of the flow (local:localPort, remote), hashed
@@ -230,8 +240,11 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 	b := t.b.bucket(h)
 	head := &t.b.heads[b]
 	nodes := t.nodes.view()
-	// N.B. the head is loaded before the home slot is read, so that the
-	// two loads, which do not depend on each other, overlap their misses.
+	// N.B. moves is loaded before the head, and the head before the home
+	// slot is read, so that the two loads, which do not depend on each
+	// other, overlap their misses.
+	moves := &t.moves[b&t.b.stripeMask].n
+	m := moves.Load()
 	l := head.load()
 	home := nodes.at(homeSlot(b))
 	if seq := home.seq.Load(); seq&1 == 1 && home.matches(k) {
@@ -260,7 +273,13 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 			l = e.next.load()
 		}
 		if l.nullsValue() == t.b.nullsBase+b {
-			return nil, false
+			// A miss is trusted only if no move in the stripe
+			// overlapped the walk (see move).
+			now := moves.Load()
+			if now == m {
+				return nil, false
+			}
+			m = now
 		}
 		t.restarts.Add(1)
 		l = head.load()
@@ -361,27 +380,44 @@ func (t *Table[T]) touch(b uint32) {
 }
 
 // place returns a free node for a new entry of bucket b, of stripe s (st),
-// whose lock the caller holds: b's home slot if it is free, else a spare
-// node.
+// whose lock the caller holds: b's home slot if it is free, or if it holds
+// the head of another bucket's chain, which moves to a spare node; else a
+// spare node.
+//
+// N.B. only a head is moved (see move): a stealer deeper in its chain stays
+// until it is deleted.
 func (t *Table[T]) place(st *stripe, s, b uint32) (uint32, bool) {
+	home := homeSlot(b)
 	if t.home.take(st, b) {
-		return homeSlot(b), true
+		return home, true
 	}
-	return t.spare(st, s)
+	// The home slot holds a live entry of a chain of stripe s.
+	d := t.b.bucket(uint32(t.nodes.at(home).meta.Load() >> 32))
+	if d == b || t.b.heads[d].load() != nodeLink(home) {
+		return t.spare(st, s)
+	}
+	to, ok := t.spare(st, s)
+	if !ok {
+		return 0, false
+	}
+	t.move(d, home, to)
+	return home, true
 }
 
 // move moves the entry at the head of bucket d's chain, in node from, to
 // free node to, and leaves from free and unlinked. The caller holds the
 // chain's stripe lock.
 //
-// N.B. a reader may stand on node to, recycled from the chain it walks.
-// Linked right behind the head, to leads such a reader back into d's chain
-// at its second entry, which it re-walks (or, from another chain, to d's
-// marker, where it restarts): never past an entry it has not seen. Linked
-// deeper, it could skip entries; linked at the head, it would be missed by
-// a reader that loaded the head before and reaches the original after it is
-// freed.
+// N.B. a move can hide the moved key from a walk that overlaps it: node to
+// may be recycled from the chain a reader walks, and a reader standing on it
+// has read its old key and goes on past its new one. So move first counts
+// itself in the stripe's moves, and a lookup that ends in a miss restarts
+// if the count changed since it began. Any other key stays in place, and
+// the copy, linked right behind the head, leads a reader standing on node
+// to back into d's chain at its second entry, which it re-walks (or, from
+// another chain, to d's marker, where it restarts): never past another key.
 func (t *Table[T]) move(d, from, to uint32) {
+	t.moves[d&t.b.stripeMask].n.Add(1)
 	e := t.nodes.at(from)
 	k := key{
 		meta:   e.meta.Load(),

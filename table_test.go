@@ -1019,18 +1019,20 @@ func TestTableHomeBitmapLines(t *testing.T) {
 
 // TestTableNullsStolenHomeReclaimed stops a reader on entry X of chain A,
 // held in bucket B's home slot (stolen), looking for Y behind it. Z goes
-// into B (to a spare node, X keeps the slot); deleting X frees B's home
-// slot while B has an entry, so Z moves into it: the reader, still on the
-// node, walks into B's chain, restarts on its marker and finds Y.
+// into B (to a spare node: X is not the head of A, and keeps the slot);
+// deleting X frees B's home slot while B has an entry, so Z moves into it:
+// the reader, still on the node, walks into B's chain, restarts on its
+// marker and finds Y.
 func TestTableNullsStolenHomeReclaimed(t *testing.T) {
 	f := newTblNulls(t)
 	tab := f.tab
 	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
-	x, y, z := ka[0], ka[1], kb[0]
+	x, y, z, w := ka[0], ka[1], kb[0], ka[2]
 	vx, vy, vz := new("X"), new("Y"), new("Z")
 	require.NoError(t, tab.Insert(y, vy))
 	f.insertStealing(t, x, vx)
 	xIdx := f.headIndex(t, f.a)
+	require.NoError(t, tab.Insert(w, new("W"))) // A: W -> X -> Y -> filler
 	require.NoError(t, tab.Insert(z, vz))
 	require.NotEqual(t, homeSlot(f.b), f.headIndex(t, f.b), "Z took the stolen slot")
 	before := tab.Stats()
@@ -1056,6 +1058,124 @@ func TestTableNullsStolenHomeReclaimed(t *testing.T) {
 	require.Equal(t, before.Entries-1, after.Entries)
 	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home now")
 	tblCheckHome(t, tab, "after the move")
+}
+
+// TestTableNullsStealerEvicted stops a reader on entry X, the head of
+// chain A, held in bucket B's home slot (stolen), looking for Y behind it;
+// an insert into B takes the slot back, moving X right behind itself to a
+// spare node: the reader, still on the node, walks into B's chain, restarts
+// on its marker and finds Y, and X is found at its new node.
+func TestTableNullsStealerEvicted(t *testing.T) {
+	f := newTblNulls(t)
+	tab := f.tab
+	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+	x, y, z := ka[0], ka[1], kb[0]
+	vx, vy, vz := new("X"), new("Y"), new("Z")
+	require.NoError(t, tab.Insert(y, vy))
+	f.insertStealing(t, x, vx) // A: X -> Y -> filler
+	xIdx := f.headIndex(t, f.a)
+	before := tab.Stats()
+
+	arrived, release := f.blockAt(xIdx)
+	res := f.lookupAsync(y)
+	tblWait(t, arrived)
+	restarts := f.restart()
+	require.NoError(t, tab.Insert(z, vz))
+	require.Equal(t, xIdx, f.headIndex(t, f.b), "Z did not take B's home slot back")
+	close(release)
+	r := tblWaitResult(t, res)
+	require.True(t, r.ok, "Lookup(Y) missed Y")
+	require.Same(t, vy, r.v)
+	require.EqualValues(t, 1, f.restart()-restarts)
+
+	got, ok := tab.Lookup(x)
+	require.True(t, ok, "X lost in the move")
+	require.Same(t, vx, got)
+	require.NotEqual(t, xIdx, f.headIndex(t, f.a), "X not moved")
+	after := tab.Stats()
+	require.Equal(t, before.Entries+1, after.Entries)
+	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home, X was not")
+	tblCheckHome(t, tab, "after the move")
+}
+
+// TestTableNullsMoveIntoVisitedNode makes a move put the key a reader looks
+// for into the node the reader stands on, whose old key it has read: the
+// reader would go on past the key, and must restart because a move
+// overlapped its walk. The node comes from the free cache (a, b), from a
+// stolen home slot released (c), or is the home slot the move refills (d).
+func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
+	cases := []struct {
+		name string
+		// setup fills the table and returns the key sought, the node
+		// the reader stops on, and the write that moves the key.
+		setup func(t *testing.T, f *tblNulls) (sought Tuple, stop uint32, write func())
+	}{
+		{"stealer X evicted into W's freed node", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+			x, w, z := ka[0], ka[1], kb[0]
+			f.insertStealing(t, x, new("X"))
+			require.NoError(t, f.tab.Insert(w, new("W"))) // A: W -> X -> filler
+			wIdx := f.headIndex(t, f.a)
+			return x, wIdx, func() {
+				_, ok := f.tab.Delete(w) // W's node tops the free cache, X heads A
+				require.True(t, ok)
+				require.NoError(t, f.tab.Insert(z, new("Z"))) // moves X into W's node
+				require.Equal(t, wIdx, f.headIndex(t, f.a))
+			}
+		}},
+		{"stealer X evicted into the home slot W released", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+			const c = 7
+			x, w, z := ka[0], ka[1], kb[0]
+			f.insertStealing(t, x, new("X"))
+			_, ok := f.tab.Delete(f.filler(c))
+			require.True(t, ok)
+			f.tab.b.stripes[0].cache.free = nil
+			require.NoError(t, f.tab.Insert(w, new("W"))) // steals C's home slot
+			wIdx := f.headIndex(t, f.a)
+			require.Equal(t, homeSlot(c), wIdx)
+			return x, wIdx, func() {
+				_, ok := f.tab.Delete(w)
+				require.True(t, ok)
+				require.NoError(t, f.tab.Insert(z, new("Z"))) // moves X into C's home slot
+				require.Equal(t, wIdx, f.headIndex(t, f.a))
+			}
+		}},
+		{"Y moved into the home slot of J, deleted", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+			ka := f.byBkt[f.a]
+			y, j := ka[0], ka[1]
+			require.NoError(t, f.tab.Insert(y, new("Y")))
+			require.NoError(t, f.tab.Insert(j, new("J"))) // A: J -> Y -> filler
+			_, ok := f.tab.Delete(f.filler(f.a))          // J moves home: A: J -> Y
+			require.True(t, ok)
+			home := homeSlot(f.a)
+			require.Equal(t, home, f.headIndex(t, f.a))
+			return y, home, func() {
+				_, ok := f.tab.Delete(j) // Y moves into J's node, the home slot
+				require.True(t, ok)
+				require.Equal(t, home, f.headIndex(t, f.a))
+			}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newTblNulls(t)
+			sought, stop, write := c.setup(t, f)
+			want, ok := f.tab.Lookup(sought)
+			require.True(t, ok)
+			arrived, release := f.blockAt(stop)
+			res := f.lookupAsync(sought)
+			tblWait(t, arrived)
+			restarts := f.restart()
+			write()
+			close(release)
+			r := tblWaitResult(t, res)
+			require.True(t, r.ok, "Lookup missed a key present throughout")
+			require.Same(t, want, r.v)
+			require.EqualValues(t, 1, f.restart()-restarts)
+			tblCheckHome(t, f.tab, c.name)
+		})
+	}
 }
 
 // TestTableNullsMovedHead stops a reader looking for Y on J, the head of
