@@ -234,7 +234,8 @@ func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
 // unchanged across the read (see entry); walk the chain without locks, and
 // trust a miss only if the walk ended on this chain's own nulls marker,
 // since an entry recycled into another chain while we stood on it leads
-// into that chain.
+// into that chain, and if no move in the stripe overlapped the walk (see
+// move).
 func (t *Table[T]) lookup(k *key) (*T, bool) {
 	h := uint32(k.meta >> 32)
 	b := t.b.bucket(h)
