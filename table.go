@@ -241,9 +241,12 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 	b := t.b.bucket(h)
 	head := &t.b.heads[b]
 	nodes := t.nodes.view()
-	// N.B. moves is loaded before the head, and the head before the home
-	// slot is read, so that the two loads, which do not depend on each
-	// other, overlap their misses.
+	// N.B. moves is loaded before the head, for correctness: a move that
+	// counts itself after this load is seen by the check at a miss, and
+	// one counted before it finished its writes before the walk began
+	// (see move). The head is loaded before the home slot is read so that
+	// the two loads, which do not depend on each other, overlap their
+	// misses.
 	moves := &t.moves[b&t.b.stripeMask].n
 	m := moves.Load()
 	l := head.load()
@@ -413,10 +416,13 @@ func (t *Table[T]) place(st *stripe, s, b uint32) (uint32, bool) {
 // may be recycled from the chain a reader walks, and a reader standing on it
 // has read its old key and goes on past its new one. So move first counts
 // itself in the stripe's moves, and a lookup that ends in a miss restarts
-// if the count changed since it began. Any other key stays in place, and
-// the copy, linked right behind the head, leads a reader standing on node
-// to back into d's chain at its second entry, which it re-walks (or, from
-// another chain, to d's marker, where it restarts): never past another key.
+// if the count changed since it began. The count goes up before any write
+// of the move, and lookups load it before the head: incremented at the end,
+// or loaded after the head, it would miss a move that recycles a node under
+// a reader. Any other key stays in place, and the copy, linked right behind
+// the head, leads a reader standing on node to back into d's chain at its
+// second entry, which it re-walks (or, from another chain, to d's marker,
+// where it restarts): never past another key.
 func (t *Table[T]) move(d, from, to uint32) {
 	t.moves[d&t.b.stripeMask].n.Add(1)
 	e := t.nodes.at(from)
