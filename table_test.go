@@ -886,6 +886,21 @@ func (f *tblNulls) lookupAsync(k Tuple) chan tblResult {
 	return res
 }
 
+// lookupAcross runs Lookup(k) in a reader stopped on node stop, runs write
+// meanwhile, then lets the reader go, and returns what it found and how many
+// restarts it counted.
+func (f *tblNulls) lookupAcross(t *testing.T, k Tuple, stop uint32, write func()) (tblResult, uint64) {
+	t.Helper()
+	arrived, release := f.blockAt(stop)
+	res := f.lookupAsync(k)
+	tblWait(t, arrived)
+	before := f.restart()
+	write()
+	close(release)
+	r := tblWaitResult(t, res)
+	return r, f.restart() - before
+}
+
 func tblWait(t *testing.T, c chan struct{}) {
 	t.Helper()
 	select {
@@ -1037,21 +1052,17 @@ func TestTableNullsStolenHomeReclaimed(t *testing.T) {
 	require.NotEqual(t, homeSlot(f.b), f.headIndex(t, f.b), "Z took the stolen slot")
 	before := tab.Stats()
 
-	arrived, release := f.blockAt(xIdx)
-	res := f.lookupAsync(y)
-	tblWait(t, arrived)
-	restarts := f.restart()
-	got, ok := tab.Delete(x)
-	require.True(t, ok)
-	require.Same(t, vx, got)
-	require.Equal(t, xIdx, f.headIndex(t, f.b), "Z did not move into B's home slot")
-	close(release)
-	r := tblWaitResult(t, res)
+	r, restarts := f.lookupAcross(t, y, xIdx, func() {
+		got, ok := tab.Delete(x)
+		require.True(t, ok)
+		require.Same(t, vx, got)
+		require.Equal(t, xIdx, f.headIndex(t, f.b), "Z did not move into B's home slot")
+	})
 	require.True(t, r.ok, "Lookup(Y) missed Y")
 	require.Same(t, vy, r.v)
-	require.EqualValues(t, 1, f.restart()-restarts)
+	require.EqualValues(t, 1, restarts)
 
-	got, ok = tab.Lookup(z)
+	got, ok := tab.Lookup(z)
 	require.True(t, ok, "Z lost in the move")
 	require.Same(t, vz, got)
 	after := tab.Stats()
@@ -1076,17 +1087,13 @@ func TestTableNullsStealerEvicted(t *testing.T) {
 	xIdx := f.headIndex(t, f.a)
 	before := tab.Stats()
 
-	arrived, release := f.blockAt(xIdx)
-	res := f.lookupAsync(y)
-	tblWait(t, arrived)
-	restarts := f.restart()
-	require.NoError(t, tab.Insert(z, vz))
-	require.Equal(t, xIdx, f.headIndex(t, f.b), "Z did not take B's home slot back")
-	close(release)
-	r := tblWaitResult(t, res)
+	r, restarts := f.lookupAcross(t, y, xIdx, func() {
+		require.NoError(t, tab.Insert(z, vz))
+		require.Equal(t, xIdx, f.headIndex(t, f.b), "Z did not take B's home slot back")
+	})
 	require.True(t, r.ok, "Lookup(Y) missed Y")
 	require.Same(t, vy, r.v)
-	require.EqualValues(t, 1, f.restart()-restarts)
+	require.EqualValues(t, 1, restarts)
 
 	got, ok := tab.Lookup(x)
 	require.True(t, ok, "X lost in the move")
@@ -1163,16 +1170,10 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 			sought, stop, write := c.setup(t, f)
 			want, ok := f.tab.Lookup(sought)
 			require.True(t, ok)
-			arrived, release := f.blockAt(stop)
-			res := f.lookupAsync(sought)
-			tblWait(t, arrived)
-			restarts := f.restart()
-			write()
-			close(release)
-			r := tblWaitResult(t, res)
+			r, restarts := f.lookupAcross(t, sought, stop, write)
 			require.True(t, r.ok, "Lookup missed a key present throughout")
 			require.Same(t, want, r.v)
-			require.EqualValues(t, 1, f.restart()-restarts)
+			require.EqualValues(t, 1, restarts)
 			tblCheckHome(t, f.tab, c.name)
 		})
 	}
@@ -1192,18 +1193,14 @@ func TestTableNullsMovedHead(t *testing.T) {
 	require.NoError(t, tab.Insert(j, vj))
 	jIdx := f.headIndex(t, f.a) // A: J -> Y -> A's filler, at home
 
-	arrived, release := f.blockAt(jIdx)
-	res := f.lookupAsync(y)
-	tblWait(t, arrived)
-	restarts := f.restart()
-	_, ok := tab.Delete(f.filler(f.a))
-	require.True(t, ok)
-	require.Equal(t, homeSlot(f.a), f.headIndex(t, f.a), "J did not move into A's home slot")
-	close(release)
-	r := tblWaitResult(t, res)
+	r, restarts := f.lookupAcross(t, y, jIdx, func() {
+		_, ok := tab.Delete(f.filler(f.a))
+		require.True(t, ok)
+		require.Equal(t, homeSlot(f.a), f.headIndex(t, f.a), "J did not move into A's home slot")
+	})
 	require.True(t, r.ok, "Lookup(Y) missed Y")
 	require.Same(t, vy, r.v)
-	require.Zero(t, f.restart()-restarts)
+	require.Zero(t, restarts)
 
 	got, ok := tab.Lookup(j)
 	require.True(t, ok)
