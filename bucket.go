@@ -4,7 +4,6 @@ import (
 	"math/bits"
 	"runtime"
 	"sync"
-	"sync/atomic"
 )
 
 // This file holds the bucket array of a hash table and its writer locks, as
@@ -33,9 +32,9 @@ const (
 type stripe struct {
 	mu         sync.Mutex
 	cache      slabCache
-	count      atomic.Int64 // written under mu, read without it
-	homeFree   uint32       // free home slots of its buckets
-	homeCursor uint32       // word of its home bitmap run where steal resumes
+	count      relUint64 // written under mu, read without it
+	homeFree   uint32    // free home slots of its buckets
+	homeCursor uint32    // word of its home bitmap run where steal resumes
 	_          [cacheLineSize - 8 - 24 - 8 - 4 - 4]byte
 }
 

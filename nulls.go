@@ -1,7 +1,5 @@
 package hash4
 
-import "sync/atomic"
-
 // This file holds the hlist_nulls primitives (include/linux/list_nulls.h,
 // include/linux/rculist_nulls.h), over index links instead of pointers.
 //
@@ -11,7 +9,8 @@ import "sync/atomic"
 //     a table gives each chain its own value (its bucket index, plus a
 //     per-table offset where chains of several kinds coexist).
 //  2. Readers walk chains without locks, with atomic loads only. Writers
-//     change a chain only under the lock that covers it.
+//     change a chain only under the lock that covers it, with release
+//     stores (release.go).
 //  3. A node is published at the head, or behind a node: its next link is
 //     set before the link that leads to it, so a reader that reaches the
 //     node finds a well-formed rest of chain.
@@ -48,7 +47,7 @@ func (l link) index() uint32 { return uint32(l >> 1) }
 
 // linkField is a link read by lock-free readers: a chain head or a node's
 // next field.
-type linkField struct{ v atomic.Uint32 }
+type linkField struct{ v relUint32 }
 
 func (f *linkField) load() link   { return link(f.v.Load()) }
 func (f *linkField) store(l link) { f.v.Store(uint32(l)) }

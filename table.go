@@ -68,8 +68,8 @@ type Table[T any] struct {
 }
 
 // entry is one flow. Its fields are shared by lock-free readers and by
-// writers under the stripe lock of the chain it is in, and each is accessed
-// atomically.
+// writers under the stripe lock of the chain it is in: readers load them
+// atomically, writers store them with release stores (release.go).
 //
 // N.B. seq is odd while the entry is live (in the table with its key and
 // value) and even while it is free. A writer fills a free entry, links it
@@ -82,12 +82,10 @@ type Table[T any] struct {
 // Chain walkers skip entries whose seq is even. Recycling never waits for
 // readers.
 type entry[T any] struct {
-	seq    atomic.Uint32
-	next   linkField
-	meta   atomic.Uint64 // hash<<32 | local port<<16 | remote port
-	remote [2]atomic.Uint64
-	local  [2]atomic.Uint64
-	val    atomic.Pointer[T]
+	seq  relUint32
+	next linkField
+	key  entryKey
+	val  relPointer[T]
 }
 
 // key is a tuple in the form entries store: the full hash and ports in one
@@ -158,7 +156,7 @@ func New[T any](opts ...Option) *Table[T] {
 // It fills a cache line of its own: readers load it on every lookup, and
 // only moves write it.
 type moveCount struct {
-	n atomic.Uint32
+	n relUint32
 	_ [cacheLineSize - 4]byte
 }
 
@@ -210,9 +208,9 @@ func validate(tup Tuple) error {
 
 // matches reports whether e holds key k. The caller checks e.seq around it.
 func (e *entry[T]) matches(k *key) bool {
-	return e.meta.Load() == k.meta &&
-		e.remote[1].Load() == k.remote[1] && e.remote[0].Load() == k.remote[0] &&
-		e.local[1].Load() == k.local[1] && e.local[0].Load() == k.local[0]
+	return e.key.meta.Load() == k.meta &&
+		e.key.remote[1].Load() == k.remote[1] && e.key.remote[0].Load() == k.remote[0] &&
+		e.key.local[1].Load() == k.local[1] && e.key.local[0].Load() == k.local[0]
 }
 
 // Lookup returns the value stored for tup. It takes no lock and does not
@@ -353,7 +351,7 @@ func (t *Table[T]) insert(k *key, v *T) insertResult {
 		return insertFull
 	}
 	t.fill(i, k, v, &t.b.heads[b])
-	st.count.Add(1)
+	st.count.Store(st.count.Load() + 1)
 	return inserted
 }
 
@@ -364,14 +362,10 @@ func (t *Table[T]) fill(i uint32, k *key, v *T, at *linkField) {
 	e := t.nodes.at(i)
 	// N.B. the entry is free (seq even): readers that still stand on it
 	// ignore its key, so it can be written field by field.
-	e.meta.Store(k.meta)
-	e.remote[0].Store(k.remote[0])
-	e.remote[1].Store(k.remote[1])
-	e.local[0].Store(k.local[0])
-	e.local[1].Store(k.local[1])
+	e.key.store(k)
 	e.val.Store(v)
 	linkAt(at, nodeLink(i), &e.next)
-	e.seq.Add(1) // live: N.B. after linking (see entry)
+	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
 }
 
 // touch loads bucket b's chain head and home slot before the caller takes
@@ -396,7 +390,7 @@ func (t *Table[T]) place(st *stripe, s, b uint32) (uint32, bool) {
 		return home, true
 	}
 	// The home slot holds a live entry of a chain of stripe s.
-	d := t.b.bucket(uint32(t.nodes.at(home).meta.Load() >> 32))
+	d := t.b.bucket(uint32(t.nodes.at(home).key.meta.Load() >> 32))
 	if d == b || t.b.heads[d].load() != nodeLink(home) {
 		return t.spare(st, s)
 	}
@@ -424,13 +418,10 @@ func (t *Table[T]) place(st *stripe, s, b uint32) (uint32, bool) {
 // second entry, which it re-walks (or, from another chain, to d's marker,
 // where it restarts): never past another key.
 func (t *Table[T]) move(d, from, to uint32) {
-	t.moves[d&t.b.stripeMask].n.Add(1)
+	mc := &t.moves[d&t.b.stripeMask].n
+	mc.Store(mc.Load() + 1)
 	e := t.nodes.at(from)
-	k := key{
-		meta:   e.meta.Load(),
-		remote: [2]uint64{e.remote[0].Load(), e.remote[1].Load()},
-		local:  [2]uint64{e.local[0].Load(), e.local[1].Load()},
-	}
+	k := e.key.load()
 	// N.B. the key is in two live entries for a moment, with one value:
 	// a lookup may find either. The copy is linked right behind the
 	// original and made live before the original is freed and unlinked,
@@ -459,9 +450,11 @@ func (t *Table[T]) spare(st *stripe, s uint32) (uint32, bool) {
 // lock.
 func (t *Table[T]) unlinkLocked(prev *linkField, l link) *T {
 	e := t.nodes.at(l.index())
-	e.seq.Add(1) // free: N.B. before unlinking, and before the value is cleared (see entry)
+	e.seq.Store(e.seq.Load() + 1) // free: N.B. before unlinking, and before the value is cleared (see entry)
 	unlink(prev, &e.next)
-	return e.val.Swap(nil)
+	v := e.val.Load()
+	e.val.Store(nil)
+	return v
 }
 
 // free returns node i, deleted under stripe st, for reuse. The caller holds
@@ -505,7 +498,7 @@ func (t *Table[T]) delete(k *key) (*T, bool) {
 	}
 	v := t.unlinkLocked(prev, l)
 	t.free(st, l.index())
-	st.count.Add(-1)
+	st.count.Store(st.count.Load() - 1)
 	return v, true
 }
 
@@ -514,7 +507,7 @@ func (t *Table[T]) delete(k *key) (*T, bool) {
 func (t *Table[T]) Len() int {
 	var n int64
 	for i := range t.b.stripes {
-		n += t.b.stripes[i].count.Load()
+		n += int64(t.b.stripes[i].count.Load())
 	}
 	return int(n)
 }
@@ -538,11 +531,11 @@ func (t *Table[T]) All() iter.Seq2[Tuple, *T] {
 			st.mu.Lock()
 			for l := t.b.heads[b].load(); !l.isNulls(); {
 				e := t.nodes.at(l.index())
-				meta := e.meta.Load()
+				k := e.key.load()
 				chain = append(chain, pair{
 					tup: Tuple{
-						Local:  netip.AddrPortFrom(wordsAddr([2]uint64{e.local[0].Load(), e.local[1].Load()}), uint16(meta>>16)),
-						Remote: netip.AddrPortFrom(wordsAddr([2]uint64{e.remote[0].Load(), e.remote[1].Load()}), uint16(meta)),
+						Local:  netip.AddrPortFrom(wordsAddr(k.local), uint16(k.meta>>16)),
+						Remote: netip.AddrPortFrom(wordsAddr(k.remote), uint16(k.meta)),
 					},
 					v: e.val.Load(),
 				})

@@ -133,15 +133,11 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T) (release func(), err er
 	// chain a moment ago: readers that stand on it ignore its key while it
 	// is rewritten, and those that follow its next link into this chain
 	// end on a listener marker and restart.
-	e.meta.Store(k.meta)
-	e.remote[0].Store(0)
-	e.remote[1].Store(0)
-	e.local[0].Store(k.local[0])
-	e.local[1].Store(k.local[1])
+	e.key.store(&k) // a listener key: remote left zero
 	e.val.Store(v)
 	linkAt(t.lb.head(h), nodeLink(i), &e.next)
-	e.seq.Add(1) // live: N.B. after linking (see entry)
-	st.count.Add(1)
+	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
+	st.count.Store(st.count.Load() + 1)
 	var once sync.Once
 	return func() { once.Do(func() { t.unlisten(h, i) }) }, nil
 }
@@ -156,11 +152,11 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 	for l := prev.load(); !l.isNulls(); l = prev.load() {
 		e := t.est.nodes.at(l.index())
 		if l.index() == i {
-			e.seq.Add(1) // free: N.B. before unlinking and clearing the value (see entry)
+			e.seq.Store(e.seq.Load() + 1) // free: N.B. before unlinking and clearing the value (see entry)
 			unlink(prev, &e.next)
 			e.val.Store(nil)
 			t.est.nodes.put(&st.cache, i)
-			st.count.Add(-1)
+			st.count.Store(st.count.Load() - 1)
 			return
 		}
 		prev = &e.next

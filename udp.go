@@ -451,18 +451,14 @@ func (t *UDPTable[T]) hash4(s *UDPSocket[T], raddr netip.Addr, rport uint16) {
 	e := t.nodes.at(s.node)
 	// N.B. the node's seq is even (it is in no chain, see unhash4): readers
 	// that still stand on it ignore its key while it is rewritten.
-	e.meta.Store(k.meta)
-	e.remote[0].Store(k.remote[0])
-	e.remote[1].Store(k.remote[1])
-	e.local[0].Store(k.local[0])
-	e.local[1].Store(k.local[1])
+	e.key.store(&k)
 	// N.B. counted before it can be found (see udpSlot.hash4Cnt).
 	t.slots[s.h2&t.mask].hash4Cnt.Add(1)
 	st := t.h4.stripe(h)
 	st.mu.Lock()
 	linkAt(t.h4.head(h), nodeLink(s.node), &e.next)
-	e.seq.Add(1) // live, with its new key: N.B. after linking (see entry)
-	st.count.Add(1)
+	e.seq.Store(e.seq.Load() + 1) // live, with its new key: N.B. after linking (see entry)
+	st.count.Store(st.count.Load() + 1)
 	st.mu.Unlock()
 	s.h4, s.hashed4 = h, true
 }
@@ -481,9 +477,9 @@ func (t *UDPTable[T]) unhash4(s *UDPSocket[T]) {
 			// entry) and before its key may be rewritten, so a reader
 			// standing on it stops trusting the key; e.next is left
 			// as it is, so such a reader walks on.
-			e.seq.Add(1)
+			e.seq.Store(e.seq.Load() + 1)
 			unlink(prev, &e.next)
-			st.count.Add(-1)
+			st.count.Store(st.count.Load() - 1)
 			break
 		}
 		prev = &e.next

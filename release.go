@@ -1,0 +1,81 @@
+package hash4
+
+import (
+	"sync/atomic"
+	"unsafe"
+)
+
+// This file holds the fields that lock-free readers load while writers, one
+// at a time under the lock that covers them, store them: chain links, the
+// fields of entries, and the counts kept beside them. Readers load them with
+// sync/atomic loads. Writers store them with release stores: a store that
+// no processor sees before the stores that precede it in program order,
+// which is all that the sequence protocol (see entry) and chain publication
+// (nulls.go) ask of a store.
+//
+// On amd64 every store is a release store (x86-TSO), so outside race builds
+// a release store is a plain MOV behind a call the compiler does not see
+// into (release_amd64.go): a compiler barrier and a plain store, as the
+// kernel's smp_store_release on x86. sync/atomic's Store is an XCHG there, a
+// full fence: 7 ns against 1.5 ns for the call (BenchmarkStore), and a
+// delete+insert makes fourteen stores or more. On other architectures, and
+// under the race detector, which must see every shared access as atomic to
+// stay silent and to see the order readers rely on, a release store is a
+// sync/atomic store (release_atomic.go).
+//
+// N.B. a release store is not a full fence: a later load of another field
+// may be satisfied before the store is visible to other processors. Nothing
+// relies on that order: lock-free readers never store to these fields, and
+// writers order themselves with their locks, whose atomic instructions are
+// full fences.
+
+// relUint32 is a uint32 loaded atomically and stored with release stores,
+// by one writer at a time. The zero value is 0.
+type relUint32 struct{ v uint32 }
+
+// Load atomically loads x.
+func (x *relUint32) Load() uint32 { return atomic.LoadUint32(&x.v) }
+
+// Store stores v into x with a release store. The caller is x's only
+// writer for the moment (it holds the lock that covers x).
+func (x *relUint32) Store(v uint32) { storeRel32(&x.v, v) }
+
+// relUint64 is relUint32 for uint64.
+type relUint64 struct{ v uint64 }
+
+// Load atomically loads x.
+func (x *relUint64) Load() uint64 { return atomic.LoadUint64(&x.v) }
+
+// Store stores v into x with a release store, as relUint32.Store.
+func (x *relUint64) Store(v uint64) { storeRel64(&x.v, v) }
+
+// relPointer is relUint32 for *T.
+type relPointer[T any] struct {
+	_ [0]*T // keeps relPointer[A] and relPointer[B] apart
+	v unsafe.Pointer
+}
+
+// Load atomically loads x.
+func (x *relPointer[T]) Load() *T { return (*T)(atomic.LoadPointer(&x.v)) }
+
+// Store stores v into x with a release store, as relUint32.Store.
+func (x *relPointer[T]) Store(v *T) { storeRelPointer(&x.v, unsafe.Pointer(v)) }
+
+// entryKey is a key as an entry holds it (see key): words that readers
+// load one at a time and writers replace together, only while the entry is
+// free (see entry), so that the order of the words' stores does not matter.
+type entryKey struct {
+	meta          relUint64
+	remote, local [2]relUint64
+}
+
+// load returns the words of x, loaded one at a time: a consistent key only
+// if x does not change meanwhile (the caller holds the lock that covers x,
+// or checks the entry's seq around the load).
+func (x *entryKey) load() key {
+	return key{
+		meta:   x.meta.Load(),
+		remote: [2]uint64{x.remote[0].Load(), x.remote[1].Load()},
+		local:  [2]uint64{x.local[0].Load(), x.local[1].Load()},
+	}
+}
