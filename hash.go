@@ -145,28 +145,6 @@ func JHash1Word(a, initval uint32) uint32 {
 	return jhashFinal(a+v, v, v)
 }
 
-// addrWords returns the 16-byte form of a (netip.Addr.As16: IPv4 as
-// IPv4-mapped, zone dropped) as two little-endian words, the form in which
-// tables store, compare and hash addresses, so that an address is converted
-// once per operation. The kernel's raw word s6_addr32[i] is raw32(&w, i).
-func addrWords(a netip.Addr) (w [2]uint64) {
-	setWords(&w, a)
-	return w
-}
-
-// setWords sets *w to addrWords(a), word by word. N.B. hot paths fill words
-// in place through this rather than copying a returned array: a 16-byte copy
-// of words just written in 8-byte stores defeats store-to-load forwarding.
-func setWords(w *[2]uint64, a netip.Addr) {
-	if a.Is4() {
-		b := a.As4()
-		w[0], w[1] = 0, 0xffff0000|uint64(binary.LittleEndian.Uint32(b[:]))<<32
-		return
-	}
-	b := a.As16()
-	w[0], w[1] = binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])
-}
-
 // raw32 returns the kernel's s6_addr32[i] of address words w; raw32(w, 3) is
 // the raw word of an IPv4 address.
 func raw32(w *[2]uint64, i int) uint32 { return uint32(w[i>>1] >> (32 * (i & 1))) }

@@ -1,7 +1,6 @@
 package hash4
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"iter"
@@ -166,23 +165,19 @@ type moveCount struct {
 // 40-byte key just written field by field costs a copy that stalls on
 // store-to-load forwarding.
 func (t *Table[T]) setKey(k *key, local netip.Addr, localPort uint16, remote netip.AddrPort) {
-	setWords(&k.remote, remote.Addr())
-	setWords(&k.local, local)
+	if addrReprKnown { // setWords, in line: every operation comes here
+		setWordsRepr(&k.remote, remote.Addr())
+		setWordsRepr(&k.local, local)
+	} else {
+		setWordsAs16(&k.remote, remote.Addr())
+		setWordsAs16(&k.local, local)
+	}
 	k.setPort(hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port()), localPort, remote.Port())
 }
 
 // setPort sets the local port of k, given the hash of k with local port 0.
 func (k *key) setPort(hash0 uint32, localPort, remotePort uint16) {
 	k.meta = uint64(hash0+uint32(localPort))<<32 | uint64(localPort)<<16 | uint64(remotePort)
-}
-
-// wordsAddr is the inverse of addrWords, with IPv4-mapped addresses
-// returned in their IPv4 form.
-func wordsAddr(w [2]uint64) netip.Addr {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], w[0])
-	binary.LittleEndian.PutUint64(b[8:], w[1])
-	return netip.AddrFrom16(b).Unmap()
 }
 
 // tupleKey sets *k to the key of tup, hashed.
