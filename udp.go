@@ -188,7 +188,7 @@ type udpPeer struct {
 // addresses, and Secret.Seed, folded to 32 bits, stands for net_hash_mix in
 // the port+address hash of hash2. WithHasher does not apply.
 func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
-	cfg := tableConfig{capacity: 1024, stripes: defaultStripes()}
+	cfg := tableConfig{capacity: 1024}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -202,7 +202,7 @@ func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	}
 	t.mix = portaddrMix(&t.secret)
 	t.anyMix = JHash1Word(0, t.mix)
-	t.h4.init(cfg.capacity, cfg.stripes, 0)
+	t.h4.init(cfg.capacity, cfg.stripeCount(), 0)
 	t.slots = make([]udpSlot[T], len(t.h4.heads))
 	t.mask = t.h4.mask
 	return t
