@@ -388,3 +388,47 @@ func BenchmarkHashTuple(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkChurnSharing measures what sharing a table between goroutines
+// costs in churn: every goroutine churns either one table (tables=shared)
+// or a table of its own that holds the same keys (tables=own). Both do the
+// same work per op; the difference is cache lines that move between the
+// cores writing them.
+func BenchmarkChurnSharing(b *testing.B) {
+	const n = 1 << 10
+	ks := benchKeys(n)
+	for _, impl := range benchImpls {
+		if impl.name != "hash4" && impl.name != "xsync" {
+			continue
+		}
+		for _, shared := range []bool{true, false} {
+			name := map[bool]string{true: "shared", false: "own"}[shared]
+			b.Run(fmt.Sprintf("n=1K/impl=%s/tables=%s", impl.name, name), func(b *testing.B) {
+				maps := make([]benchMap, runtime.GOMAXPROCS(0))
+				for g := range maps {
+					if g > 0 && shared {
+						maps[g] = maps[0]
+						continue
+					}
+					maps[g] = impl.new(n)
+					for _, i := range ks.fill {
+						maps[g].Insert(ks.keys[i], &ks.vals[i])
+					}
+				}
+				runtime.GC()
+				b.ResetTimer()
+				var gid atomic.Uint64
+				b.RunParallel(func(pb *testing.PB) {
+					w := newBenchWalk(&gid, ks)
+					m := maps[(gid.Load()-1)%uint64(len(maps))]
+					for pb.Next() {
+						k := w.next()
+						if v, ok := m.Delete(*k); ok {
+							m.Insert(*k, v)
+						}
+					}
+				})
+			})
+		}
+	}
+}
