@@ -69,6 +69,16 @@ type entryKey struct {
 	remote, local [2]relUint64
 }
 
+// matches reports whether x holds key k, comparing the word that holds the
+// hash first. The caller checks the entry's seq around it. N.B. it is a
+// method of entryKey, not of the generic entry, so that it inlines into the
+// lookup loops: a generic method's shape body costs the inliner more.
+func (x *entryKey) matches(k *key) bool {
+	return x.meta.Load() == k.meta &&
+		x.remote[1].Load() == k.remote[1] && x.remote[0].Load() == k.remote[0] &&
+		x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
+}
+
 // load returns the words of x, loaded one at a time: a consistent key only
 // if x does not change meanwhile (the caller holds the lock that covers x,
 // or checks the entry's seq around the load).

@@ -1,6 +1,8 @@
 package hash4
 
 import (
+	"os/exec"
+	"strings"
 	"sync/atomic"
 	"testing"
 )
@@ -54,4 +56,29 @@ func BenchmarkStore(b *testing.B) {
 			x.Store(i)
 		}
 	})
+}
+
+// TestInlining pins the inlining that the lookup loops rely on: a call left
+// in them costs as much as the loads it wraps. A change that makes one of
+// these too costly for the inliner fails here rather than in a benchmark.
+func TestInlining(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command, which runs these tests, is not on PATH: %v", err)
+	}
+	out, err := exec.Command(goTool, "build", "-gcflags=-m", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build -gcflags=-m: %v\n%s", err, out)
+	}
+	for _, fn := range []string{
+		"(*entryKey).matches",
+		"(*relUint32).Load",
+		"(*relUint64).Load",
+		"(*linkField).load",
+		"setWordsRepr",
+	} {
+		if !strings.Contains(string(out)+"\n", "can inline "+fn+"\n") {
+			t.Errorf("%s no longer inlines", fn)
+		}
+	}
 }

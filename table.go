@@ -213,13 +213,6 @@ func validate(tup Tuple) error {
 	return nil
 }
 
-// matches reports whether e holds key k. The caller checks e.seq around it.
-func (e *entry[T]) matches(k *key) bool {
-	return e.key.meta.Load() == k.meta &&
-		e.key.remote[1].Load() == k.remote[1] && e.key.remote[0].Load() == k.remote[0] &&
-		e.key.local[1].Load() == k.local[1] && e.key.local[0].Load() == k.local[0]
-}
-
 // Lookup returns the value stored for tup. It takes no lock and does not
 // allocate. A tuple that Insert would reject is never found.
 func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
@@ -256,7 +249,7 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 	m := moves.Load()
 	l := head.load()
 	home := nodes.at(homeSlot(b))
-	if seq := home.seq.Load(); seq&1 == 1 && home.matches(k) {
+	if seq := home.seq.Load(); seq&1 == 1 && home.key.matches(k) {
 		v := home.val.Load()
 		if home.seq.Load() == seq {
 			return v, true
@@ -267,7 +260,7 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 	walk:
 		for !l.isNulls() {
 			e := nodes.at(l.index())
-			if seq := e.seq.Load(); seq&1 == 1 && e.matches(k) {
+			if seq := e.seq.Load(); seq&1 == 1 && e.key.matches(k) {
 				v := e.val.Load()
 				if e.seq.Load() != seq {
 					t.restarts.Add(1) // the slow path's only write
@@ -304,7 +297,7 @@ func (t *Table[T]) findLocked(k *key) (*linkField, link) {
 	l := prev.load()
 	for !l.isNulls() {
 		e := t.nodes.at(l.index())
-		if e.matches(k) {
+		if e.key.matches(k) {
 			return prev, l
 		}
 		prev = &e.next

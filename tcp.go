@@ -119,7 +119,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T) (release func(), err er
 	defer st.mu.Unlock()
 	for l := t.lb.head(h).load(); !l.isNulls(); {
 		e := t.est.nodes.at(l.index())
-		if e.matches(&k) {
+		if e.key.matches(&k) {
 			return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, netip.AddrPortFrom(addr, port))
 		}
 		l = e.next.load()
@@ -232,8 +232,8 @@ begin:
 	for !l.isNulls() {
 		e := t.est.nodes.at(l.index())
 		if seq := e.seq.Load(); seq&1 == 1 {
-			m1 := e.matches(k1)
-			if m1 || (k2 != nil && second == nil && e.matches(k2)) {
+			m1 := e.key.matches(k1)
+			if m1 || (k2 != nil && second == nil && e.key.matches(k2)) {
 				v := e.val.Load()
 				if e.seq.Load() != seq {
 					t.restarts.Add(1)

@@ -564,7 +564,7 @@ begin:
 	l := head.load()
 	for !l.isNulls() {
 		e := t.nodes.at(l.index())
-		if seq := e.seq.Load(); seq&1 == 1 && e.matches(k) {
+		if seq := e.seq.Load(); seq&1 == 1 && e.key.matches(k) {
 			x := e.val.Load()
 			if e.seq.Load() != seq {
 				t.restarts.Add(1)
