@@ -75,7 +75,7 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 			k.setPort(hash0, port, remote.Port())
 		}
 		if strategy != connectLocked {
-			if _, taken := t.lookup(&k); taken {
+			if t.present(&k) {
 				return false
 			}
 		}

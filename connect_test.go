@@ -959,3 +959,32 @@ func TestConnectZeroAllocator(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidPortRange)
 	require.Zero(t, tab.Len())
 }
+
+// TestTablePresent checks Connect's lock-free pre-check against Lookup, on
+// keys at home and deep in chains (a 16-bucket table holding 200 keys),
+// present and absent, before and after deletes.
+func TestTablePresent(t *testing.T) {
+	tab := New[int](WithCapacity(16), WithLockStripes(2))
+	check := func(i int, want bool) {
+		t.Helper()
+		var k key
+		tab.tupleKey(&k, tblKey(i, i%2 == 0))
+		_, found := tab.Lookup(tblKey(i, i%2 == 0))
+		require.Equal(t, want, found, "Lookup of key %d", i)
+		require.Equal(t, want, tab.present(&k), "present of key %d", i)
+	}
+	for i := range 200 {
+		require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), new(i)))
+	}
+	require.Greater(t, tab.Stats().LongestChain, 10)
+	for i := range 400 {
+		check(i, i < 200)
+	}
+	for i := 0; i < 200; i += 3 {
+		_, ok := tab.Delete(tblKey(i, i%2 == 0))
+		require.True(t, ok)
+	}
+	for i := range 400 {
+		check(i, i < 200 && i%3 != 0)
+	}
+}

@@ -33,6 +33,13 @@ import "math/bits"
 // homeSlot returns the index of bucket b's home slot.
 func homeSlot(b uint32) uint32 { return b + 1 }
 
+// homeAt returns bucket b's home slot, t.nodes.at(homeSlot(b)), with no
+// test of the index: home slots are reserved nodes (see slab.reserve).
+func (t *Table[T]) homeAt(b uint32) *entry[T] {
+	i := homeSlot(b)
+	return &t.nodes.reserved[i>>slabChunkShift][i&(slabChunkSize-1)]
+}
+
 // homeSlots records which home slots are free: one bit per bucket, set
 // while its home slot holds no entry. The bits of one stripe's buckets are
 // a run of words of their own, whole cache lines so that writers under

@@ -37,6 +37,10 @@ const (
 // slab is a store of nodes of type N. The zero value is empty and ready.
 type slab[N any] struct {
 	dir atomic.Pointer[[]*[slabChunkSize]N]
+	// reserved is the chunks that reserve made, one array: set before the
+	// store is shared and never changed after, so it is read without
+	// synchronization, and at reaches the nodes in it without loading dir.
+	reserved [][slabChunkSize]N
 
 	mu     sync.Mutex // guards what follows, and growth of dir
 	carved uint32     // nodes handed out at least once; index 0 is never used
@@ -51,6 +55,9 @@ type slabCache struct {
 // at returns node i. Any index ever handed out by get is valid for the life
 // of the store.
 func (s *slab[N]) at(i uint32) *N {
+	if c := i >> slabChunkShift; int(c) < len(s.reserved) {
+		return &s.reserved[c][i&(slabChunkSize-1)]
+	}
 	dir := *s.dir.Load()
 	return &dir[i>>slabChunkShift][i&(slabChunkSize-1)]
 }
@@ -103,7 +110,8 @@ func (c *slabCache) pop() uint32 {
 
 // reserve carves nodes 1 to n, in one allocation, for the caller to manage
 // outside the caches: they are never handed out by get. It must be called
-// on an empty store, before any other method.
+// on an empty store, before the store is shared and before any other
+// method.
 func (s *slab[N]) reserve(n uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -113,6 +121,7 @@ func (s *slab[N]) reserve(n uint32) {
 		dir[i] = &chunks[i]
 	}
 	s.dir.Store(&dir)
+	s.reserved = chunks
 	s.carved = n + 1
 }
 

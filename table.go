@@ -248,7 +248,7 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 	moves := &t.moves[b&t.b.stripeMask].n
 	m := moves.Load()
 	l := head.load()
-	home := nodes.at(homeSlot(b))
+	home := t.homeAt(b)
 	if seq := home.seq.Load(); seq&1 == 1 && home.key.matches(k) {
 		v := home.val.Load()
 		if home.seq.Load() == seq {
@@ -286,6 +286,34 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 		t.restarts.Add(1)
 		l = head.load()
 	}
+}
+
+// present reports whether k is in the table, without a lock: the
+// lock-free pre-check of each Connect candidate, whose insert under the
+// stripe lock decides every candidate it lets through. N.B. only a true
+// answer must be exact, and is: a live entry held k unchanged across the
+// read. A false one may be wrong when the walk met an entry recycled or
+// moved under it, and the insert's own check corrects that, so present
+// neither counts moves nor restarts, and saves lookup's loads for them.
+func (t *Table[T]) present(k *key) bool {
+	b := t.b.bucket(uint32(k.meta >> 32))
+	nodes := t.nodes.view()
+	l := t.b.heads[b].load()
+	home := t.homeAt(b)
+	if seq := home.seq.Load(); seq&1 == 1 && home.key.matches(k) && home.seq.Load() == seq {
+		return true
+	}
+	for !l.isNulls() {
+		e := nodes.at(l.index())
+		if seq := e.seq.Load(); seq&1 == 1 && e.key.matches(k) && e.seq.Load() == seq {
+			return true
+		}
+		if t.visit != nil {
+			t.visit(l.index())
+		}
+		l = e.next.load()
+	}
+	return false
 }
 
 // findLocked returns the field that links the entry holding k in its chain
@@ -374,7 +402,7 @@ func (t *Table[T]) fill(i uint32, k *key, v *T, at *linkField) {
 // other under the lock.
 func (t *Table[T]) touch(b uint32) {
 	t.b.heads[b].load()
-	t.nodes.at(homeSlot(b)).seq.Load()
+	t.homeAt(b).seq.Load()
 }
 
 // place returns a free node for a new entry of bucket b, of stripe s (st),
