@@ -40,8 +40,12 @@ func (x *relUint32) Load() uint32 { return atomic.LoadUint32(&x.v) }
 // writer for the moment (it holds the lock that covers x).
 func (x *relUint32) Store(v uint32) { storeRel32(&x.v, v) }
 
-// relUint64 is relUint32 for uint64.
-type relUint64 struct{ v uint64 }
+// relUint64 is relUint32 for uint64. Like atomic.Uint64, it is 8-byte
+// aligned on every platform, as 64-bit atomic loads need on 32-bit ones.
+type relUint64 struct {
+	_ [0]atomic.Uint64 // its alignment
+	v uint64
+}
 
 // Load atomically loads x.
 func (x *relUint64) Load() uint64 { return atomic.LoadUint64(&x.v) }
@@ -89,3 +93,7 @@ func (x *entryKey) load() key {
 		local:  [2]uint64{x.local[0].Load(), x.local[1].Load()},
 	}
 }
+
+// relUint64 is 8-byte aligned wherever it is built: this does not compile
+// otherwise. CI builds it for 386, where a uint64 alone is 4-byte aligned.
+var _ [unsafe.Alignof(relUint64{}) - 8]struct{}
