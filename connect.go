@@ -67,34 +67,36 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	setWords(&k.local, local)
 	hash0 := hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port())
 	full := false
-	try := func(port uint16) bool {
-		if strategy == connectRehash {
-			// Hash the whole tuple anew, as before the port identity.
-			t.setKey(&k, local, port, remote)
-		} else {
-			k.setPort(hash0, port, remote.Port())
+	scan := a.startScan(local, remote, &cc)
+	for {
+		first, n := scan.next()
+		if n == 0 {
+			break
 		}
-		if strategy != connectLocked {
-			if t.present(&k) {
-				return false
+		for j := range n {
+			port := uint16(first + j*scan.step)
+			if strategy == connectRehash {
+				// Hash the whole tuple anew, as before the port identity.
+				t.setKey(&k, local, port, remote)
+			} else {
+				k.setPort(hash0, port, remote.Port())
+			}
+			if strategy != connectLocked && t.present(&k) {
+				continue
+			}
+			switch t.insert(&k, v) {
+			case inserted:
+				scan.taken(j)
+				return Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}, nil
+			case insertFull:
+				full = true
 			}
 		}
-		switch t.insert(&k, v) {
-		case inserted:
-			return true
-		case insertFull:
-			full = true
-		}
-		return false
 	}
-	port, ok := a.selectPort(local, remote, &cc, try)
-	if !ok && full {
+	if full {
 		return Tuple{}, ErrTableFull
 	}
-	if !ok {
-		return Tuple{}, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
-	}
-	return Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}, nil
+	return Tuple{}, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
 }
 
 // connectOptions returns the config that opts make. N.B. it fills a config

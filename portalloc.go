@@ -21,7 +21,7 @@ import (
 // the kernel's __inet_hash_connect (RFC 6056 algorithm 5, "double hash", with
 // the odd/even policy and the random perturb increment), the scan of bind(0),
 // reserved ports, and ports held by Bind. The table's Connect drives
-// selectPort; the allocator itself does not know which 4-tuples are in use.
+// a portScan; the allocator itself does not know which 4-tuples are in use.
 //
 // Addresses. As everywhere in hash4, an address is read through its 16-byte
 // form: an IPv4 address and its IPv4-mapped IPv6 form are the same address,
@@ -249,15 +249,16 @@ const perturbSize = 1 << 16
 // explicit binds, like the kernel's port tables for one network namespace.
 // Create it with NewPortAllocator. Its methods are safe for concurrent use.
 type PortAllocator struct {
-	rng       PortRange
-	policy    Policy
-	k0, k1    uint64 // SipHash key of port_offset
-	inc0      uint64 // SipHash key of the random perturb increment
-	inc1      uint64
-	reserved  [65536 / 64]uint64        // read-only after NewPortAllocator
-	perturb   [perturbSize]uint32       // through sync/atomic once constructed
-	nheld     atomic.Int64              // number of ports held by Bind
-	heldPorts [65536 / 64]atomic.Uint64 // bit p: port p is held for some address; written under mu
+	rng         PortRange
+	policy      Policy
+	k0, k1      uint64 // SipHash key of port_offset
+	inc0        uint64 // SipHash key of the random perturb increment
+	inc1        uint64
+	reserved    [65536 / 64]uint64        // read-only after NewPortAllocator
+	anyReserved bool                      // some bit of reserved is set
+	perturb     [perturbSize]uint32       // through sync/atomic once constructed
+	nheld       atomic.Int64              // number of ports held by Bind
+	heldPorts   [65536 / 64]atomic.Uint64 // bit p: port p is held for some address; written under mu
 
 	mu     sync.Mutex
 	held   map[heldKey]struct{}
@@ -326,6 +327,7 @@ func NewPortAllocator(opts ...PortOption) (*PortAllocator, error) {
 	a.rand = mrand.New(src)
 	for _, p := range c.reserved {
 		a.reserved[p/64] |= 1 << (p % 64)
+		a.anyReserved = true
 	}
 	return a, nil
 }
@@ -404,17 +406,65 @@ func (a *PortAllocator) random8(index, v uint32) uint32 {
 }
 
 // selectPort runs the candidate scan of __inet_hash_connect for the flow
-// (local, remote) and returns the first port for which try returns true.
-// try is called at most once per candidate, never for reserved ports or
-// ports held by Bind for this local address. On success it advances the
-// perturb slot by max(i, random(8)*step) + step as in section 5.
+// (local, remote) and returns the first port for which try returns true,
+// and records it (portScan.taken). try is called at most once per
+// candidate, never for reserved ports or ports held by Bind for this local
+// address. Table.connect drives a portScan itself; selectPort is the same
+// scan for callers that check candidates through a function.
+func (a *PortAllocator) selectPort(local netip.Addr, remote netip.AddrPort, cc *connectConfig, try func(port uint16) bool) (uint16, bool) {
+	s := a.startScan(local, remote, cc)
+	for {
+		first, n := s.next()
+		if n == 0 {
+			return 0, false
+		}
+		for j := range n {
+			if p := uint16(first + j*s.step); try(p) {
+				s.taken(j)
+				return p, true
+			}
+		}
+	}
+}
+
+// portScanRun is the most candidates portScan.next returns at once while a
+// port is held by Bind, so that a Bind during a long scan is soon seen.
+const portScanRun = 64
+
+// portScan is one run of the candidate scan of __inet_hash_connect for a
+// flow: next returns the candidates in order, a run at a time, and taken
+// records the one the caller took.
 //
 // The scan starts at a per-destination offset, the keyed port offset plus
 // the destination's perturb slot, and walks the range with step 2 (ports of
 // low's parity, then the others) or step 1 (one pass) for the Flat policy
 // or a per-call range. With step 2 and a range of odd size, one port of
 // low's parity is not a candidate in a given call, as in the kernel.
-func (a *PortAllocator) selectPort(local netip.Addr, remote netip.AddrPort, cc *connectConfig, try func(port uint16) bool) (uint16, bool) {
+//
+// N.B. candidates come in runs of ports step apart, which the caller checks
+// in a loop of its own: a Connect scan spends a few nanoseconds per
+// candidate, and a function call per candidate was a fifth of it. Where no
+// port is reserved or held, a run is computed, not scanned.
+type portScan struct {
+	a     *PortAllocator
+	local netip.Addr
+	// port is the next port to consider, already wrapped into the range,
+	// and i its index in the pass.
+	port, i   uint32
+	high      uint32 // one past the last port of the range
+	remaining uint32 // candidates per pass, all passes together
+	step      uint32
+	offset    uint32  // of the pass's first port from low
+	low       uint32  //
+	runAt     uint32  // the index in its pass of the run next returned last
+	slot      *uint32 // the destination's perturb slot
+	index     uint32  // of slot
+	perturb   uint32  // slot's value when the scan began
+}
+
+// startScan returns the scan of candidate ports for the flow (local,
+// remote) under cc's options.
+func (a *PortAllocator) startScan(local netip.Addr, remote netip.AddrPort, cc *connectConfig) portScan {
 	low, high, step := a.scanRange(cc)
 	remaining := high - low
 	if step == 2 && remaining > 1 {
@@ -428,37 +478,75 @@ func (a *PortAllocator) selectPort(local netip.Addr, remote netip.AddrPort, cc *
 	if step == 2 {
 		offset &^= 1 // first pass: ports of low's parity
 	}
+	return portScan{
+		a: a, local: local,
+		port: low + offset, high: high, remaining: remaining, step: step,
+		offset: offset, low: low,
+		slot: slot, index: index, perturb: perturb,
+	}
+}
+
+// next returns the next run of candidates, n ports step apart from first,
+// in scan order: ports that are not reserved and not held by Bind for the
+// scan's local address. It returns n == 0 when the scan is over.
+func (s *portScan) next() (first uint32, n uint32) {
+	// N.B. whether any port is held is read once per run: a Bind that
+	// races with a Connect may or may not be seen by it either way.
+	held := s.a.nheld.Load() != 0
 	for {
-		port := low + offset
-		for i := uint32(0); i < remaining; i, port = i+step, port+step {
-			if port >= high {
-				port -= remaining
-			}
-			p := uint16(port)
-			if a.Reserved(p) || a.mayBeHeld(p) && a.heldFor(local, p) {
-				continue
-			}
-			if !try(p) {
-				continue
-			}
-			// Advance the slot past the port taken, plus a random amount
-			// when the scan was short, so that an observer cannot count a
-			// slot's connects.
-			if r := a.random8(index, perturb) * step; r > i {
-				i = r
-			}
-			atomic.AddUint32(slot, i+step)
-			return p, true
+		if s.i >= s.remaining && !s.nextPass() {
+			return 0, 0
 		}
-		if step != 2 {
-			break
+		// The run ends at the end of the pass or where it wraps.
+		// N.B. step is 1 or 2: a division by it is a shift by step/2.
+		limit := min((s.remaining-s.i+s.step-1)>>(s.step/2), (s.high-s.port+s.step-1)>>(s.step/2))
+		first, s.runAt = s.port, s.i
+		if !s.a.anyReserved && !held {
+			n = limit
+		} else {
+			limit = min(limit, portScanRun)
+			for n < limit && !s.a.Reserved(uint16(s.port+n*s.step)) &&
+				!(held && s.a.heldFor(s.local, uint16(s.port+n*s.step))) {
+				n++
+			}
 		}
-		offset++
-		if offset&1 == 0 || remaining <= 1 {
-			break
+		// Skip the run and, if it ended early, the port that ended it.
+		skip := n
+		if n < limit {
+			skip++
+		}
+		s.i += skip * s.step
+		if s.port += skip * s.step; s.port >= s.high {
+			s.port -= s.remaining
+		}
+		if n > 0 {
+			return first, n
 		}
 	}
-	return 0, false
+}
+
+// nextPass starts the second pass, of the other parity, under step 2, and
+// reports whether there was one to start.
+func (s *portScan) nextPass() bool {
+	if s.step != 2 || s.offset&1 == 1 || s.remaining <= 1 {
+		return false
+	}
+	s.offset++
+	s.port, s.i = s.low+s.offset, 0
+	return true
+}
+
+// taken records that the caller took port j of the run next returned
+// last: it advances the perturb slot by max(i, random(8)*step) + step, as
+// in RFC 6056 section 5 and the kernel, where i is the port's index in its
+// pass. The random amount, when the scan was short, keeps an observer from
+// counting a slot's connects.
+func (s *portScan) taken(j uint32) {
+	i := s.runAt + j*s.step
+	if r := s.a.random8(s.index, s.perturb) * s.step; r > i {
+		i = r
+	}
+	atomic.AddUint32(s.slot, i+s.step)
 }
 
 // isWildcard reports whether addr is 0.0.0.0, ::ffff:0.0.0.0 or ::.

@@ -921,3 +921,102 @@ func TestPortAllocatorBindConcurrent(t *testing.T) {
 	require.Empty(t, a.held)
 	require.Empty(t, a.byPort)
 }
+
+// selectPortReference is the candidate scan of __inet_hash_connect written
+// as one plain loop, port by port, as RFC 6056 algorithm 5 states it, from
+// the start that startScan computes: the reference that portScan's runs
+// are checked against.
+func (a *PortAllocator) selectPortReference(local netip.Addr, remote netip.AddrPort, cc *connectConfig, try func(port uint16) bool) (uint16, bool) {
+	s := a.startScan(local, remote, cc)
+	low, high, step, remaining, offset := s.low, s.high, s.step, s.remaining, s.offset
+	for {
+		port := low + offset
+		for i := uint32(0); i < remaining; i, port = i+step, port+step {
+			if port >= high {
+				port -= remaining
+			}
+			p := uint16(port)
+			if a.Reserved(p) || a.mayBeHeld(p) && a.heldFor(local, p) {
+				continue
+			}
+			if !try(p) {
+				continue
+			}
+			if r := a.random8(s.index, s.perturb) * step; r > i {
+				i = r
+			}
+			atomic.AddUint32(s.slot, i+step)
+			return p, true
+		}
+		if step != 2 {
+			break
+		}
+		offset++
+		if offset&1 == 0 || remaining <= 1 {
+			break
+		}
+	}
+	return 0, false
+}
+
+// TestPortScanMatchesReference checks that selectPort, which walks a
+// portScan run by run, tries the same ports in the same order as the
+// port-by-port reference, picks the same port and advances the perturb slot
+// by the same amount: over random ranges of both parities, reserved and
+// held ports, per-call ranges, policies and ports in use.
+func TestPortScanMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(42, 0))
+	for iter := range 500 {
+		low := 1 + r.IntN(65535)
+		if r.IntN(4) == 0 {
+			low = 65535 - r.IntN(200)
+		}
+		high := min(65535, low+r.IntN([]int{8, 40, 400}[r.IntN(3)]))
+		var reserved []uint16
+		for range r.IntN(3) * r.IntN(30) {
+			reserved = append(reserved, uint16(max(1, min(65535, low-3+r.IntN(high-low+7)))))
+		}
+		newAlloc := func() *PortAllocator {
+			a, err := NewPortAllocator(WithPortRange(PortRange{uint16(low), uint16(high)}),
+				WithReservedPorts(reserved...), WithPolicy(Policy(iter%2)),
+				WithPortSecret(uint64(iter), 7), WithPerturbSeed(uint64(iter)))
+			require.NoError(t, err)
+			return a
+		}
+		a, ref := newAlloc(), newAlloc()
+		for range r.IntN(3) * r.IntN(10) {
+			p := uint16(max(1, min(65535, low+r.IntN(high-low+1))))
+			_, err1 := a.Bind(netip.AddrPortFrom(paLocal, p))
+			_, err2 := ref.Bind(netip.AddrPortFrom(paLocal, p))
+			require.Equal(t, err1 == nil, err2 == nil)
+		}
+		var cc *connectConfig
+		if r.IntN(3) == 0 {
+			cc = &connectConfig{}
+			WithConnectRange(PortRange{uint16(low + r.IntN(high-low+1)), uint16(low + r.IntN(high-low+1))})(cc)
+		}
+		inUse := map[uint16]bool{}
+		for range r.IntN(high - low + 2) {
+			inUse[uint16(low+r.IntN(high-low+1))] = true
+		}
+		for pick := range 5 {
+			var got, want []uint16
+			p1, ok1 := a.selectPort(paLocal, paDstA, cc, func(p uint16) bool {
+				got = append(got, p)
+				return !inUse[p]
+			})
+			p2, ok2 := ref.selectPortReference(paLocal, paDstA, cc, func(p uint16) bool {
+				want = append(want, p)
+				return !inUse[p]
+			})
+			require.Equal(t, want, got, "iteration %d, pick %d: ports tried", iter, pick)
+			require.Equal(t, ok2, ok1)
+			require.Equal(t, p2, p1)
+			slot := a.portOffset(paLocal, paDstA) & (perturbSize - 1)
+			require.Equal(t, ref.perturb[slot], a.perturb[slot], "iteration %d, pick %d: perturb slot", iter, pick)
+			if ok1 {
+				inUse[p1] = true
+			}
+		}
+	}
+}

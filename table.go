@@ -297,12 +297,20 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 // neither counts moves nor restarts, and saves lookup's loads for them.
 func (t *Table[T]) present(k *key) bool {
 	b := t.b.bucket(uint32(k.meta >> 32))
-	nodes := t.nodes.view()
 	l := t.b.heads[b].load()
 	home := t.homeAt(b)
 	if seq := home.seq.Load(); seq&1 == 1 && home.key.matches(k) && home.seq.Load() == seq {
 		return true
 	}
+	return !l.isNulls() && t.presentInChain(k, l)
+}
+
+// presentInChain is present past the home slot: a walk of the chain from
+// its first link l. N.B. it is a function of its own so that the checks
+// where a Connect scan ends most candidates, the home slot and an empty
+// chain, have a small frame.
+func (t *Table[T]) presentInChain(k *key, l link) bool {
+	nodes := t.nodes.view()
 	for !l.isNulls() {
 		e := nodes.at(l.index())
 		if seq := e.seq.Load(); seq&1 == 1 && e.key.matches(k) && e.seq.Load() == seq {
