@@ -427,8 +427,9 @@ func (a *PortAllocator) selectPort(local netip.Addr, remote netip.AddrPort, cc *
 	}
 }
 
-// portScanRun is the most candidates portScan.next returns at once while a
-// port is held by Bind, so that a Bind during a long scan is soon seen.
+// portScanRun is the most candidates portScan.next returns at once: runs
+// are short enough that a scan soon sees a Bind made during it, and long
+// enough that computing them costs little per candidate.
 const portScanRun = 64
 
 // portScan is one run of the candidate scan of __inet_hash_connect for a
@@ -454,8 +455,8 @@ type portScan struct {
 	high      uint32 // one past the last port of the range
 	remaining uint32 // candidates per pass, all passes together
 	step      uint32
-	offset    uint32  // of the pass's first port from low
-	low       uint32  //
+	offset    uint32 // of the pass's first port from low
+	low       uint32
 	runAt     uint32  // the index in its pass of the run next returned last
 	slot      *uint32 // the destination's perturb slot
 	index     uint32  // of slot
@@ -497,14 +498,14 @@ func (s *portScan) next() (first uint32, n uint32) {
 		if s.i >= s.remaining && !s.nextPass() {
 			return 0, 0
 		}
-		// The run ends at the end of the pass or where it wraps.
-		// N.B. step is 1 or 2: a division by it is a shift by step/2.
-		limit := min((s.remaining-s.i+s.step-1)>>(s.step/2), (s.high-s.port+s.step-1)>>(s.step/2))
+		// The run ends at the end of the pass, where it wraps, or after
+		// portScanRun ports. N.B. step is 1 or 2: a division by it is a
+		// shift by step/2.
+		limit := min((s.remaining-s.i+s.step-1)>>(s.step/2), (s.high-s.port+s.step-1)>>(s.step/2), portScanRun)
 		first, s.runAt = s.port, s.i
 		if !s.a.anyReserved && !held {
 			n = limit
 		} else {
-			limit = min(limit, portScanRun)
 			for n < limit && !s.a.Reserved(uint16(s.port+n*s.step)) &&
 				!(held && s.a.heldFor(s.local, uint16(s.port+n*s.step))) {
 				n++
