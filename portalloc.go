@@ -386,10 +386,17 @@ func (a *PortAllocator) scanRange(cc *connectConfig) (low, high, step uint32) {
 // secure_ipv6_port_ephemeral: SipHash-2-4 of the local address, the remote
 // address and the remote port.
 func (a *PortAllocator) portOffset(local netip.Addr, remote netip.AddrPort) uint64 {
+	// The message is the 16-byte forms of the addresses and the port in
+	// network order. N.B. it is written in the words setWords reads, not
+	// copied from As16, whose copies stall on store-to-load forwarding.
+	var l, r [2]uint64
+	setWords(&l, local)
+	setWords(&r, remote.Addr())
 	var b [34]byte
-	l, r := local.As16(), remote.Addr().As16()
-	copy(b[0:16], l[:])
-	copy(b[16:32], r[:])
+	binary.LittleEndian.PutUint64(b[0:8], l[0])
+	binary.LittleEndian.PutUint64(b[8:16], l[1])
+	binary.LittleEndian.PutUint64(b[16:24], r[0])
+	binary.LittleEndian.PutUint64(b[24:32], r[1])
 	binary.BigEndian.PutUint16(b[32:34], remote.Port())
 	return siphash.Hash(a.k0, a.k1, b[:])
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"testing/quick"
 
+	"github.com/dchest/siphash"
 	"github.com/stretchr/testify/require"
 )
 
@@ -196,6 +197,36 @@ func TestPolicyString(t *testing.T) {
 	require.Equal(t, "odd-even", OddEven.String())
 	require.Equal(t, "flat", Flat.String())
 	require.Equal(t, "Policy(7)", Policy(7).String())
+}
+
+// TestPortOffsetMessage checks portOffset against SipHash-2-4 of its
+// message built byte by byte: the 16-byte forms of the local and remote
+// addresses, then the remote port in network order.
+func TestPortOffsetMessage(t *testing.T) {
+	a := newTestAllocator(t)
+	r := rand.New(rand.NewPCG(5, 6))
+	addr := func() netip.Addr {
+		var b [16]byte
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		switch r.IntN(3) {
+		case 0:
+			return netip.AddrFrom4([4]byte(b[:4]))
+		case 1:
+			return netip.AddrFrom16(b).WithZone("eth0")
+		}
+		return netip.AddrFrom16(b)
+	}
+	for range 1000 {
+		local, remote := addr(), netip.AddrPortFrom(addr(), uint16(r.Uint32()))
+		var msg []byte
+		l, rem := local.As16(), remote.Addr().As16()
+		msg = append(msg, l[:]...)
+		msg = append(msg, rem[:]...)
+		msg = append(msg, byte(remote.Port()>>8), byte(remote.Port()))
+		require.Equal(t, siphash.Hash(a.k0, a.k1, msg), a.portOffset(local, remote), "%v %v", local, remote)
+	}
 }
 
 func TestPortOffsetIPv4Mapped(t *testing.T) {
