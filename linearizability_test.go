@@ -76,10 +76,11 @@ var linModel = porcupine.Model{
 }
 
 // linRun records a history of nClients goroutines doing opsPerClient random
-// operations each on nKeys keys of a tiny table.
-func linRun(t *testing.T, seed uint64, stripes, nClients, opsPerClient, nKeys int) []porcupine.Operation {
+// operations each on nKeys keys of a tiny table, with or without home
+// groups.
+func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsPerClient, nKeys int) []porcupine.Operation {
 	t.Helper()
-	tab := New[int](WithCapacity(16), WithLockStripes(stripes), WithSecret(tblSecret))
+	tab := New[int](WithCapacity(16), WithLockStripes(stripes), WithSecret(tblSecret), withHomeGroups(grouped))
 	// The keys: half in one bucket (a long chain), half anywhere, and each
 	// spelled two ways.
 	var keys []Tuple
@@ -193,12 +194,12 @@ func TestLinearizability(t *testing.T) {
 	// On a loaded machine the clients may happen to run one at a time; keep
 	// going (bounded) until some history is really concurrent.
 	for run := 0; run < runs || (overlapping == 0 && run < 10*runs); run++ {
-		stripes := 1 + run%2
-		hist := linRun(t, uint64(run+1), stripes, 4, ops, 4)
+		stripes, grouped := 1+run%2, run%4 >= 2
+		hist := linRun(t, uint64(run+1), stripes, grouped, 4, ops, 4)
 		require.Len(t, hist, 4*ops)
 		overlapping += linOverlapping(hist)
 		res := porcupine.CheckOperationsTimeout(linModel, hist, 30*time.Second)
-		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes): history not linearizable", run, stripes)
+		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v): history not linearizable", run, stripes, grouped)
 		if run%5 == 0 {
 			require.Equal(t, porcupine.Ok, porcupine.CheckEventsTimeout(linModel, linEvents(hist), 30*time.Second), "run %d as events", run)
 		}
@@ -276,7 +277,7 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 
 	// A real history made wrong by one edit: the last lookup that found a
 	// value is changed to return a value never inserted.
-	hist := linRun(t, 99, 1, 3, 60, 2)
+	hist := linRun(t, 99, 1, false, 3, 60, 2)
 	require.True(t, porcupine.CheckOperations(linModel, hist))
 	edited := false
 	for i := len(hist) - 1; i >= 0 && !edited; i-- {

@@ -52,8 +52,15 @@ func stressSpell(k Tuple, r *rand.Rand) Tuple {
 
 // TestStress churns a small table (long chains, constant recycling) from
 // several writers while readers check that keys that are never deleted are
-// always found and that every value returned belongs to the key asked for.
+// always found and that every value returned belongs to the key asked for;
+// with and without home groups.
 func TestStress(t *testing.T) {
+	for _, grouped := range []bool{false, true} {
+		t.Run(fmt.Sprint("groups=", grouped), func(t *testing.T) { stress(t, grouped) })
+	}
+}
+
+func stress(t *testing.T, grouped bool) {
 	const (
 		nPerm     = 128
 		nWriters  = 2
@@ -64,7 +71,8 @@ func TestStress(t *testing.T) {
 	if testing.Short() {
 		dur = 500 * time.Millisecond
 	}
-	tab := New[stressVal](WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret))
+	tab := New[stressVal](WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret), withHomeGroups(grouped))
+	require.Equal(t, grouped, tab.home.grouped())
 
 	perm := make([]Tuple, nPerm)
 	permVal := make([]*stressVal, nPerm)

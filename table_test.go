@@ -636,7 +636,7 @@ var tblFuzzInvalid = []Tuple{
 }
 
 // FuzzTable runs a sequence of operations decoded from the input against
-// two tables (one per hasher) and a map model.
+// three tables (one per hasher, and one with home groups) and a map model.
 func FuzzTable(f *testing.F) {
 	f.Add([]byte{})
 	var all []byte
@@ -667,11 +667,12 @@ func FuzzTable(f *testing.F) {
 		tabs := []*Table[int]{
 			New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret)),
 			New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(XXH3Hasher)),
+			New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), withHomeGroups(true)),
 		}
 		// models[i] is what tabs[i] must hold: key index -> the very
 		// pointer inserted (each table gets its own pointer; both point to
 		// the same content).
-		models := []map[int]*int{{}, {}}
+		models := []map[int]*int{{}, {}, {}}
 		serial := 0
 		if len(data) > 1024 {
 			data = data[:1024]
@@ -761,9 +762,10 @@ func FuzzTable(f *testing.F) {
 
 // tblCheckHome checks a quiescent table's home slot bookkeeping against its
 // chains: every linked node is in one chain only; a home slot's free bit is
-// set exactly when no chain links it, and only while its bucket is empty; an
-// entry of another bucket in a home slot belongs to the same stripe; each
-// stripe's free count matches its bits; and every node in a chain is live.
+// set exactly when no chain links it, and only while its bucket is empty;
+// an entry of another bucket in a home slot belongs to the same stripe;
+// each stripe's free count matches its bits; and every node in a chain is
+// live.
 func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
 	t.Helper()
 	in := map[uint32]uint32{} // node -> bucket of the chain linking it
@@ -826,8 +828,8 @@ func (f *tblNulls) insertStealing(t *testing.T, x Tuple, v *string) {
 	require.Equal(t, homeSlot(f.b), f.headIndex(t, f.a))
 }
 
-func newTblNulls(t *testing.T) *tblNulls {
-	tab := New[string](WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
+func newTblNulls(t *testing.T, opts ...Option) *tblNulls {
+	tab := New[string](append([]Option{WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret)}, opts...)...)
 	f := &tblNulls{tab: tab, byBkt: map[uint32][]Tuple{}}
 	f.restart = func() uint64 { return tab.Stats().LookupRestarts }
 	for i := 0; i < 4096; i++ {
