@@ -37,13 +37,13 @@ import "math/bits"
 // bucket, at most 63% of a table at one entry per bucket can be at home
 // (the share of non-empty buckets); with groups, 77 to 78% of the entries
 // of such a table are in a home slot of their group, after inserts and
-// after long churn, of a ceiling of 80.5% (a group holds four entries on average, and
-// Poisson(4) entries fill 3.22 of its four slots). Evicting stealers from
-// outside the group, and refilling a freed slot from the other buckets of
-// its group, would take the share to the ceiling, and churn at 1M entries
-// would pay 20% more for the moves. Small tables, whose chain walks hit the
-// caches, read only their own home slot: there the three more reads cost
-// 9% of a lookup at 1K entries.
+// after long churn, of a ceiling of 80.5% (a group holds four entries on
+// average, and Poisson(4) entries fill 3.22 of its four slots). Evicting
+// stealers from outside the group, and refilling a freed slot from the
+// other buckets of its group, would take the share to the ceiling, and
+// churn at 1M entries would pay 20% more for the moves. Small tables, whose
+// chain walks hit the caches, read only their own home slot: there the
+// three more reads cost 9% of a lookup at 1K entries.
 //
 // N.B. the direct read relies on the order in which writers change an
 // entry's seq (see entry): an entry turns live only once it is linked and

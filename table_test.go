@@ -762,10 +762,9 @@ func FuzzTable(f *testing.F) {
 
 // tblCheckHome checks a quiescent table's home slot bookkeeping against its
 // chains: every linked node is in one chain only; a home slot's free bit is
-// set exactly when no chain links it, and only while its bucket is empty;
-// an entry of another bucket in a home slot belongs to the same stripe;
-// each stripe's free count matches its bits; and every node in a chain is
-// live.
+// set exactly when no chain links it, and only while its bucket is empty; an
+// entry of another bucket in a home slot belongs to the same stripe; each
+// stripe's free count matches its bits; and every node in a chain is live.
 func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
 	t.Helper()
 	in := map[uint32]uint32{} // node -> bucket of the chain linking it
