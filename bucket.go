@@ -35,7 +35,8 @@ type stripe struct {
 	count      relUint64 // written under mu, read without it
 	homeFree   uint32    // free home slots of its buckets
 	homeCursor uint32    // word of its home bitmap run where steal resumes
-	_          [cacheLineSize - 8 - 24 - 8 - 4 - 4]byte
+	homeBits   uint64    // its home bitmap run, in small tables (home.go)
+	_          [cacheLineSize - 8 - 24 - 8 - 4 - 4 - 8]byte
 }
 
 // buckets is a bucket array with its lock stripes. Chain b ends in the nulls

@@ -67,9 +67,16 @@ func (t *Table[T]) homeAt(b uint32) *entry[T] {
 // times 64 bytes, which Go's allocator places on a 64-byte boundary); bucket
 // b is bit b>>stripeShift of the run of stripe b&stripeMask. The run of a
 // stripe is accessed only under that stripe's lock.
+//
+// Where a stripe covers 64 buckets or fewer (tables of up to 4096 buckets
+// by default), its run is one word, the stripe's own homeBits, in the line
+// its lock is in: insert and delete take and free home slots under the lock
+// anyway, so the bits cost them no line of their own. In a churn of a 1K
+// table shared by two cores, where each line a writer touches may have to
+// come from the other core, that made churn 6% faster.
 type homeSlots struct {
-	free        []uint64
-	words       uint32 // words per stripe run
+	free        []uint64 // the runs, or nil where they are stripes' homeBits
+	words       uint32   // words per stripe run; 0 where runs are homeBits
 	stripeShift uint8
 	stripeMask  uint32
 	buckets     uint32
@@ -95,10 +102,18 @@ func (h *homeSlots) init(buckets, stripes int, ss []stripe, grouped bool) {
 		h.group = [...]uint32{uint32(buckets / 2), uint32(buckets / 4), uint32(buckets/2 + buckets/4)}
 	}
 	perStripe := buckets / stripes
-	h.words = uint32((perStripe+511)/512) * 8 // whole cache lines
+	h.words, h.free = 0, nil
 	h.stripeShift = uint8(bits.TrailingZeros(uint(stripes)))
 	h.stripeMask = uint32(stripes - 1)
 	h.buckets = uint32(buckets)
+	if perStripe <= 64 {
+		for s := range stripes {
+			ss[s].homeBits = ^uint64(0) >> (64 - perStripe)
+			ss[s].homeFree = uint32(perStripe)
+		}
+		return
+	}
+	h.words = uint32((perStripe+511)/512) * 8 // whole cache lines
 	h.free = make([]uint64, int(h.words)*stripes)
 	for s := range stripes {
 		run := h.free[uint32(s)*h.words:]
@@ -123,16 +138,19 @@ func (h *homeSlots) isHome(i uint32) (bucket uint32, ok bool) {
 	return i - 1, i-1 < h.buckets
 }
 
-// bit returns the word and mask of bucket b's bit.
-func (h *homeSlots) bit(b uint32) (*uint64, uint64) {
+// bit returns the word and mask of bucket b's bit; st is b's stripe.
+func (h *homeSlots) bit(st *stripe, b uint32) (*uint64, uint64) {
 	j := b >> h.stripeShift
+	if h.words == 0 {
+		return &st.homeBits, 1 << j
+	}
 	return &h.free[(b&h.stripeMask)*h.words+j/64], 1 << (j % 64)
 }
 
 // take marks bucket b's home slot used and reports whether it was free.
 // The caller holds the lock of b's stripe st.
 func (h *homeSlots) take(st *stripe, b uint32) bool {
-	w, m := h.bit(b)
+	w, m := h.bit(st, b)
 	if *w&m == 0 {
 		return false
 	}
@@ -144,7 +162,7 @@ func (h *homeSlots) take(st *stripe, b uint32) bool {
 // release marks bucket b's home slot free. The caller holds the lock of b's
 // stripe st.
 func (h *homeSlots) release(st *stripe, b uint32) {
-	w, m := h.bit(b)
+	w, m := h.bit(st, b)
 	*w |= m
 	st.homeFree++
 }
@@ -155,6 +173,12 @@ func (h *homeSlots) release(st *stripe, b uint32) {
 func (h *homeSlots) steal(st *stripe, s uint32) (uint32, bool) {
 	if st.homeFree == 0 {
 		return 0, false
+	}
+	if h.words == 0 {
+		j := uint32(bits.TrailingZeros64(st.homeBits))
+		st.homeBits &^= 1 << j
+		st.homeFree--
+		return j<<h.stripeShift | s, true
 	}
 	run := h.free[s*h.words : (s+1)*h.words]
 	for n := range h.words {

@@ -668,11 +668,14 @@ func FuzzTable(f *testing.F) {
 			New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret)),
 			New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(XXH3Hasher)),
 			New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), withHomeGroups(true)),
+			// 128 buckets under one lock: the home bitmap is a run of
+			// words rather than the stripe's own word (home.go).
+			New[int](WithCapacity(128), WithLockStripes(1), WithSecret(tblSecret)),
 		}
 		// models[i] is what tabs[i] must hold: key index -> the very
 		// pointer inserted (each table gets its own pointer; both point to
 		// the same content).
-		models := []map[int]*int{{}, {}, {}}
+		models := []map[int]*int{{}, {}, {}, {}}
 		serial := 0
 		if len(data) > 1024 {
 			data = data[:1024]
@@ -778,7 +781,7 @@ func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
 	}
 	free := make([]uint32, len(tab.b.stripes))
 	for b := range uint32(len(tab.b.heads)) {
-		w, m := tab.home.bit(b)
+		w, m := tab.home.bit(&tab.b.stripes[b&tab.b.stripeMask], b)
 		owner, used := in[homeSlot(b)]
 		if !tab.b.heads[b].load().isNulls() {
 			require.True(t, used, "%s: bucket %d not empty, its home slot free", msg, b)
@@ -792,7 +795,7 @@ func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
 	}
 	for s := range tab.b.stripes {
 		require.Equal(t, free[s], tab.b.stripes[s].homeFree, "%s: free home slots of stripe %d", msg, s)
-		bitsSet := 0
+		bitsSet := bits.OnesCount64(tab.b.stripes[s].homeBits)
 		for _, w := range tab.home.free[uint32(s)*tab.home.words : uint32(s+1)*tab.home.words] {
 			bitsSet += bits.OnesCount64(w)
 		}
@@ -1021,13 +1024,32 @@ func TestTableHomeAfterInserts(t *testing.T) {
 	}
 }
 
-// TestTableHomeBitmapLines checks that each stripe's run of the home
-// bitmap starts a cache line of its own, for small and large tables.
+// TestTableHomeBitmapLines checks where each stripe's run of the home
+// bitmap lives: in the stripe itself where the stripe covers 64 buckets or
+// fewer, else in words that start a cache line of their own, for small and
+// large tables.
 func TestTableHomeBitmapLines(t *testing.T) {
-	for _, c := range []struct{ capacity, stripes int }{{16, 1}, {16, 16}, {1024, 64}, {1 << 16, 4}, {1 << 16, 64}, {1 << 20, 64}} {
+	for _, c := range []struct{ capacity, stripes int }{
+		{16, 1}, {16, 16}, {1024, 16}, {1024, 64}, {4096, 64}, {8192, 64},
+		{1 << 16, 4}, {1 << 16, 64}, {1 << 20, 64},
+	} {
 		tab := New[int](WithCapacity(c.capacity), WithLockStripes(c.stripes))
+		perStripe := c.capacity / c.stripes
+		for s := range tab.b.stripes {
+			require.EqualValues(t, perStripe, tab.b.stripes[s].homeFree, "%+v", c)
+		}
+		if perStripe <= 64 {
+			require.Zero(t, tab.home.words, "%+v", c)
+			require.Nil(t, tab.home.free, "%+v", c)
+			for s := range tab.b.stripes {
+				require.Equal(t, perStripe, bits.OnesCount64(tab.b.stripes[s].homeBits), "%+v: stripe %d", c, s)
+			}
+			continue
+		}
+		require.NotZero(t, tab.home.words, "%+v", c)
 		require.Zero(t, tab.home.words%8, "%+v", c)
 		for s := range uint32(len(tab.b.stripes)) {
+			require.Zero(t, tab.b.stripes[s].homeBits, "%+v", c)
 			p := uintptr(unsafe.Pointer(&tab.home.free[s*tab.home.words]))
 			require.Zero(t, p%cacheLineSize, "%+v: run of stripe %d at %#x", c, s, p)
 		}
