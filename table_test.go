@@ -65,9 +65,12 @@ func tblCollect[T any](t testing.TB, tab *Table[T]) map[Tuple]*T {
 	t.Helper()
 	got := map[Tuple]*T{}
 	for tup, v := range tab.All() {
-		_, dup := got[tup]
-		require.False(t, dup, "All yielded %v twice", tup)
-		require.NotNil(t, v, "All yielded nil for %v", tup)
+		// N.B. checked before asserting: testify's assertions walk the
+		// stack (Helper) even when they pass, and FuzzTable collects often.
+		if _, dup := got[tup]; dup || v == nil {
+			require.False(t, dup, "All yielded %v twice", tup)
+			require.NotNil(t, v, "All yielded nil for %v", tup)
+		}
 		got[tup] = v
 	}
 	return got
@@ -681,14 +684,18 @@ func FuzzTable(f *testing.F) {
 			data = data[:1024]
 		}
 		// check compares a returned value with the model's pointer.
-		check := func(want *int, wok bool, got *int, gok bool, msg string) {
-			t.Helper()
-			require.Equal(t, wok, gok, msg)
+		// N.B. the loop asserts through rt, whose failures go to t but
+		// which has no Helper method, and with a step message formatted
+		// only on failure: testify marks each assertion a helper, and that
+		// walk of the stack took most of an input's time.
+		rt := tblFailOnly{t}
+		check := func(want *int, wok bool, got *int, gok bool, msg tblStep) {
+			require.Equal(rt, wok, gok, msg)
 			if wok {
-				require.Same(t, want, got, msg)
-				require.Equal(t, *want, *got, msg)
+				require.Same(rt, want, got, msg)
+				require.Equal(rt, *want, *got, msg)
 			} else {
-				require.Nil(t, got, msg)
+				require.Nil(rt, got, msg)
 			}
 		}
 		for step := 0; step+1 < len(data); step += 2 {
@@ -698,17 +705,17 @@ func FuzzTable(f *testing.F) {
 			serial++
 			for ti, tab := range tabs {
 				model := models[ti]
-				msg := fmt.Sprintf("table %d step %d op %d %v", ti, step, op%8, tup)
+				msg := tblStep{ti, step, op % 8, tup}
 				switch op % 8 {
 				case 0, 1: // Insert
 					v := new(serial)
 					err := tab.Insert(tup, v)
 					if old, ok := model[ki]; ok {
-						require.ErrorIs(t, err, ErrExists, msg)
+						require.ErrorIs(rt, err, ErrExists, msg)
 						got, gok := tab.Lookup(keys[ki])
 						check(old, true, got, gok, msg)
 					} else {
-						require.NoError(t, err, msg)
+						require.NoError(rt, err, msg)
 						model[ki] = v
 					}
 				case 2: // Lookup
@@ -722,33 +729,33 @@ func FuzzTable(f *testing.F) {
 					delete(model, ki)
 				case 5: // All
 					got := tblCollect(t, tab)
-					require.Len(t, got, len(model), msg)
+					require.Len(rt, got, len(model), msg)
 					for tup, v := range got {
 						i, ok := canon[tup]
-						require.True(t, ok, "%s: All yielded %v, not a canonical key", msg, tup)
+						require.True(rt, ok, "%s: All yielded %v, not a canonical key", msg, tup)
 						want, ok := model[i]
 						check(want, ok, v, true, msg)
 					}
 				case 6: // Len, Stats
-					require.Equal(t, len(model), tab.Len(), msg)
+					require.Equal(rt, len(model), tab.Len(), msg)
 					st := tab.Stats()
-					require.Equal(t, len(model), st.Entries, msg)
+					require.Equal(rt, len(model), st.Entries, msg)
 					// Beyond the home slots, a stripe carves a new batch
 					// only when all it has carved is live: at most 32
 					// keys are live, so the nodes stay within that plus a
 					// batch per stripe.
-					require.LessOrEqual(t, st.Nodes, st.Buckets+32+st.LockStripes*slabBatch, msg)
-					tblCheckHome(t, tab, msg)
+					require.LessOrEqual(rt, st.Nodes, st.Buckets+32+st.LockStripes*slabBatch, msg)
+					tblCheckHome(rt, tab, msg)
 				case 7: // bad input leaves the table unchanged
 					bad := tblFuzzInvalid[arg%len(tblFuzzInvalid)]
-					require.ErrorIs(t, tab.Insert(bad, new(-1)), ErrInvalidTuple, msg)
-					require.ErrorIs(t, tab.Insert(tup, nil), ErrNilValue, msg)
+					require.ErrorIs(rt, tab.Insert(bad, new(-1)), ErrInvalidTuple, msg)
+					require.ErrorIs(rt, tab.Insert(tup, nil), ErrNilValue, msg)
 					_, ok := tab.Lookup(bad)
-					require.False(t, ok, msg)
+					require.False(rt, ok, msg)
 					want, wok := model[ki]
 					got, gok := tab.Lookup(tup)
 					check(want, wok, got, gok, msg)
-					require.Equal(t, len(model), tab.Len(), msg)
+					require.Equal(rt, len(model), tab.Len(), msg)
 				}
 			}
 		}
@@ -763,20 +770,40 @@ func FuzzTable(f *testing.F) {
 	})
 }
 
+// tblStep names a step of FuzzTable in failure messages.
+type tblStep struct {
+	table, step int
+	op          byte
+	tup         Tuple
+}
+
+func (s tblStep) String() string {
+	return fmt.Sprintf("table %d step %d op %d %v", s.table, s.step, s.op, s.tup)
+}
+
+// tblFailOnly passes failures to t and hides its Helper method (see
+// FuzzTable).
+type tblFailOnly struct{ t *testing.T }
+
+func (f tblFailOnly) Errorf(format string, args ...any) { f.t.Errorf(format, args...) }
+func (f tblFailOnly) FailNow()                          { f.t.FailNow() }
+
 // tblCheckHome checks a quiescent table's home slot bookkeeping against its
 // chains: every linked node is in one chain only; a home slot's free bit is
 // set exactly when no chain links it, and only while its bucket is empty; an
 // entry of another bucket in a home slot belongs to the same stripe; each
 // stripe's free count matches its bits; and every node in a chain is live.
-func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
-	t.Helper()
+func tblCheckHome[T any](t require.TestingT, tab *Table[T], msg any) {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
 	in := map[uint32]uint32{} // node -> bucket of the chain linking it
 	for b := range tab.b.heads {
 		for l := tab.b.heads[b].load(); !l.isNulls(); l = tab.nodes.at(l.index()).next.load() {
 			_, dup := in[l.index()]
-			require.False(t, dup, "%s: node %d in two chains", msg, l.index())
+			require.False(t, dup, "%v: node %d in two chains", msg, l.index())
 			in[l.index()] = uint32(b)
-			require.EqualValues(t, 1, tab.nodes.at(l.index()).seq.Load()&1, "%s: node %d linked but free", msg, l.index())
+			require.EqualValues(t, 1, tab.nodes.at(l.index()).seq.Load()&1, "%v: node %d linked but free", msg, l.index())
 		}
 	}
 	free := make([]uint32, len(tab.b.stripes))
@@ -784,22 +811,22 @@ func tblCheckHome[T any](t *testing.T, tab *Table[T], msg string) {
 		w, m := tab.home.bit(&tab.b.stripes[b&tab.b.stripeMask], b)
 		owner, used := in[homeSlot(b)]
 		if !tab.b.heads[b].load().isNulls() {
-			require.True(t, used, "%s: bucket %d not empty, its home slot free", msg, b)
+			require.True(t, used, "%v: bucket %d not empty, its home slot free", msg, b)
 		}
-		require.Equal(t, !used, *w&m != 0, "%s: free bit of bucket %d", msg, b)
+		require.Equal(t, !used, *w&m != 0, "%v: free bit of bucket %d", msg, b)
 		if used {
-			require.Equal(t, b&tab.b.stripeMask, owner&tab.b.stripeMask, "%s: home slot of %d used by bucket %d of another stripe", msg, b, owner)
+			require.Equal(t, b&tab.b.stripeMask, owner&tab.b.stripeMask, "%v: home slot of %d used by bucket %d of another stripe", msg, b, owner)
 		} else {
 			free[b&tab.b.stripeMask]++
 		}
 	}
 	for s := range tab.b.stripes {
-		require.Equal(t, free[s], tab.b.stripes[s].homeFree, "%s: free home slots of stripe %d", msg, s)
+		require.Equal(t, free[s], tab.b.stripes[s].homeFree, "%v: free home slots of stripe %d", msg, s)
 		bitsSet := bits.OnesCount64(tab.b.stripes[s].homeBits)
 		for _, w := range tab.home.free[uint32(s)*tab.home.words : uint32(s+1)*tab.home.words] {
 			bitsSet += bits.OnesCount64(w)
 		}
-		require.EqualValues(t, free[s], bitsSet, "%s: bits set in the run of stripe %d", msg, s)
+		require.EqualValues(t, free[s], bitsSet, "%v: bits set in the run of stripe %d", msg, s)
 	}
 }
 
