@@ -278,6 +278,7 @@ func benchEach(b *testing.B, allocs bool, body func(b *testing.B, m benchMap, ks
 // each view in turn from start to end (see benchKeySet), starting in a view
 // and at an offset of its own. No counter is shared between goroutines.
 type benchWalk struct {
+	g    uint64 // the goroutine's number, from 1
 	ks   *benchKeySet
 	view int
 	cur  []Tuple
@@ -288,7 +289,7 @@ type benchWalk struct {
 // numbers them.
 func newBenchWalk(gid *atomic.Uint64, ks *benchKeySet) *benchWalk {
 	g := gid.Add(1)
-	w := &benchWalk{ks: ks, view: int(g % benchViews)}
+	w := &benchWalk{g: g, ks: ks, view: int(g % benchViews)}
 	w.cur = ks.views[w.view]
 	w.i = rand.New(rand.NewPCG(g, 0x5eed)).IntN(len(w.cur))
 	return w
@@ -420,7 +421,10 @@ func BenchmarkChurnSharing(b *testing.B) {
 				var gid atomic.Uint64
 				b.RunParallel(func(pb *testing.PB) {
 					w := newBenchWalk(&gid, ks)
-					m := maps[(gid.Load()-1)%uint64(len(maps))]
+					// N.B. the walk's own number, not gid.Load(): both
+					// goroutines may load gid after both have added to it,
+					// and then churn one table of the own ones.
+					m := maps[(w.g-1)%uint64(len(maps))]
 					for pb.Next() {
 						k := w.next()
 						if v, ok := m.Delete(*k); ok {
