@@ -68,12 +68,13 @@ func (t *Table[T]) homeAt(b uint32) *entry[T] {
 // b is bit b>>stripeShift of the run of stripe b&stripeMask. The run of a
 // stripe is accessed only under that stripe's lock.
 //
-// Where a stripe covers 64 buckets or fewer (tables of up to 4096 buckets
-// by default), its run is one word, the stripe's own homeBits, in the line
-// its lock is in: insert and delete take and free home slots under the lock
-// anyway, so the bits cost them no line of their own. In a churn of a 1K
-// table shared by two cores, where each line a writer touches may have to
-// come from the other core, that made churn 6% faster.
+// Where a stripe covers 64 buckets or fewer (with the default stripes,
+// tables of 4096 buckets or fewer, more with GOMAXPROCS above 4), its run is
+// one word, the stripe's own homeBits, in the line its lock is in: insert
+// and delete take and free home slots under the lock anyway, so the bits
+// cost them no line of their own. In a churn of a 1K table shared by two
+// cores, where each line a writer touches may have to come from the other
+// core, that made churn 6% faster.
 type homeSlots struct {
 	free        []uint64 // the runs, or nil where they are stripes' homeBits
 	words       uint32   // words per stripe run; 0 where runs are homeBits
