@@ -211,8 +211,9 @@ func xKeyCharts(rep *report, gd *groupData) []chartFile {
 	return out
 }
 
-// barCharts charts a comparison without sizes or an x parameter (UDP) as
-// bars: a group per case, a bar per implementation, y = time per op.
+// barCharts charts a comparison without sizes or an x parameter (UDP,
+// sharing) as bars: a group per case, a bar per implementation, y = time per
+// op.
 func barCharts(rep *report, gd *groupData) []chartFile {
 	procs := 0
 	for _, r := range gd.rows {
@@ -227,9 +228,14 @@ func barCharts(rep *report, gd *groupData) []chartFile {
 		valueFmt: fmtNs,
 		allowLog: true,
 	}
-	if gd.spec.name == "udp" {
+	switch gd.spec.name {
+	case "udp":
 		bc.xLabel = "kind of packet"
 		bc.yLabel = "time per lookup"
+	case "sharing":
+		bc.subtitle = rep.subtitle(strconv.Itoa(procs) + " goroutines")
+		bc.xLabel = "entries, implementation"
+		bc.yLabel = "time per delete+insert"
 	}
 	var rows []*row
 	for _, r := range gd.rows {

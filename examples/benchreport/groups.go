@@ -4,7 +4,7 @@ package main
 // part of the sub-benchmark name names the implementations compared, and how
 // it is charted.
 type groupSpec struct {
-	name  string // flag name: lookup, mixed, churn, connect, udp
+	name  string // flag name: lookup, mixed, churn, sharing, connect, udp
 	bench string // benchmark function, e.g. BenchmarkLookup
 	title string // heading and chart title
 	// implKey is the sub-name key whose values are the implementations
@@ -64,6 +64,16 @@ var groupSpecs = []*groupSpec{
 		what: "Delete and reinsert of present keys only (two operations per op).",
 		meaning: "Short flows (DNS, HTTP/1.0, a SYN flood) are all setup and teardown: this bounds how many " +
 			"flows per second a proxy can create and expire, and allocations here become GC pauses under load.",
+	},
+	{
+		name: "sharing", bench: "BenchmarkChurnSharing", title: "Churn: one shared table or one per goroutine",
+		implKey: "tables", impls: []string{"tables=shared", "tables=own"},
+		perRow: 4,
+		what: "Delete and reinsert of 1K present keys by every goroutine, in one table they share or each in a " +
+			"table of its own that holds the same keys: the same work per op either way.",
+		meaning: "What sharing costs is the cache lines passed between the cores that write them. On a VM this " +
+			"also tells where the processors sat during the report: when tables of their own cost as much as a " +
+			"shared one, the goroutines ran on processors that share a core's caches, and churn above is cheaper than on two cores that do not.",
 	},
 	{
 		name: "connect", bench: "BenchmarkConnect", title: "Connect: pick a free source port",

@@ -25,12 +25,16 @@
 //     per implementation (lookup, mixed, churn);
 //   - connect-<policy>.svg: time per Connect against the occupancy of the port
 //     range, a line per strategy;
+//   - sharing.svg: time per delete+insert of 1K keys in one table shared by
+//     the goroutines and in a table per goroutine, which tells whether the
+//     processors shared caches while the report ran;
 //   - udp.svg: time per UDP socket lookup, hash4 on and off, per case;
 //   - benchmarks.txt: the raw output, for benchstat or -from.
 //
 // # Flags
 //
-//	-groups list     comparisons to run: lookup, mixed, churn, connect, udp (default all)
+//	-groups list     comparisons to run: lookup, mixed, churn, sharing, connect, udp
+//	                 (default all)
 //	-sizes list      table sizes of lookup, mixed and churn (default 1K,1M)
 //	-benchtime t     run time of each benchmark, a duration or Nx (default 1s)
 //	-count n         runs of each benchmark; the report shows the median (default 3)

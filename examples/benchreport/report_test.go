@@ -58,7 +58,7 @@ func TestParseRecorded(t *testing.T) {
 	for _, g := range rep.groups {
 		names = append(names, g.spec.name)
 	}
-	if got := strings.Join(names, ","); got != "lookup,mixed,churn,connect,udp" {
+	if got := strings.Join(names, ","); got != "lookup,mixed,churn,sharing,connect,udp" {
 		t.Fatalf("groups %s", got)
 	}
 	if len(rep.ignored) != 0 {
@@ -115,6 +115,17 @@ func TestParseRecorded(t *testing.T) {
 	}
 	findRow(t, connect, 2, "policy=odd-even", "occupancy=50%")
 
+	sharing := rep.group("sharing")
+	if got := strings.Join(sharing.impls, ","); got != "tables=shared,tables=own" {
+		t.Errorf("sharing impls %s", got)
+	}
+	// hash4 shared: 211.0, 211.6; own: 58.94, 58.53.
+	s := findRow(t, sharing, 2, "n=1K", "impl=hash4")
+	ratio, peer, ok = sharing.headline(s)
+	if !ok || peer != "tables=own" || !near(ratio, ((211.0+211.6)/2)/((58.94+58.53)/2)) {
+		t.Errorf("sharing headline %v %s %v", ratio, peer, ok)
+	}
+
 	udp := rep.group("udp")
 	if got := strings.Join(udp.impls, ","); got != "hash4=on,hash4=off" {
 		t.Errorf("udp impls %s", got)
@@ -158,6 +169,9 @@ func TestMarkdownRecorded(t *testing.T) {
 		"![Connect: pick a free source port (policy=flat)](connect-flat.svg)\n",
 		"![Lookup hits, 1M entries](throughput-lookup-1M.svg)\n",
 		"(1.32×, 1 alloc)",
+		// Sharing, hash4: 211.3 against 58.735 ns, 3.60x.
+		"| 1K | hash4 | 211 ns (3.60×, 0 allocs) | **58.7 ns** (1.00×, 0 allocs) | 3.60× slower than tables=own |\n",
+		"![Churn: one shared table or one per goroutine](sharing.svg)\n",
 	} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q", s)
