@@ -29,15 +29,23 @@ const (
 // a Table's bookkeeping of its buckets' home slots (home.go). It fills a
 // cache line of its own so that writers on neighbouring stripes do not share
 // lines.
+//
+// N.B. the fields are ordered so that none leaves a hole before the next on
+// 64- or 32-bit targets, and the padding counts the one field whose size
+// differs, the slice in cache; a test checks the size for amd64 and, through
+// vet, for 386.
 type stripe struct {
-	mu         sync.Mutex
-	cache      slabCache
 	count      relUint64 // written under mu, read without it
-	homeFree   uint32    // free home slots of its buckets
-	homeCursor uint32    // word of its home bitmap run where steal resumes
-	homeBits   uint64    // its home bitmap run, in small tables (home.go)
-	_          [cacheLineSize - 8 - 24 - 8 - 4 - 4 - 8]byte
+	mu         sync.Mutex
+	homeBits   uint64 // its home bitmap run, in small tables (home.go)
+	homeFree   uint32 // free home slots of its buckets
+	homeCursor uint32 // word of its home bitmap run where steal resumes
+	cache      slabCache
+	_          [cacheLineSize - 8 - 8 - 8 - 4 - 4 - 3*ptrSize]byte
 }
+
+// ptrSize is the size of a pointer (4 << 1 on 64-bit targets).
+const ptrSize = 4 << (^uintptr(0) >> 63)
 
 // buckets is a bucket array with its lock stripes. Chain b ends in the nulls
 // marker nullsBase + b.

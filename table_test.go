@@ -1379,6 +1379,14 @@ func TestTableAllocs(t *testing.T) {
 	}
 }
 
+// A stripe fills one cache line on every target: these fail to compile
+// where it does not, on 386 too (.ci/run vets the package for it, and vet
+// type-checks with the target's sizes).
+var (
+	_ [unsafe.Sizeof(stripe{}) - cacheLineSize]struct{}
+	_ [cacheLineSize - unsafe.Sizeof(stripe{})]struct{}
+)
+
 // TestTableMemoryLayout pins the entry and stripe sizes.
 func TestTableMemoryLayout(t *testing.T) {
 	require.LessOrEqual(t, unsafe.Sizeof(entry[int]{}), uintptr(60))
