@@ -37,14 +37,14 @@ const (
 type stripe struct {
 	count      relUint64 // written under mu, read without it
 	mu         sync.Mutex
-	homeBits   uint64 // its home bitmap run, in small tables (home.go)
-	homeFree   uint32 // free home slots of its buckets
-	homeCursor uint32 // word of its home bitmap run where steal resumes
+	homeBits   [1]uint64 // its home bitmap run, in small tables (home.go)
+	homeFree   uint32    // free home slots of its buckets
+	homeCursor uint32    // word of its home bitmap run where steal resumes
 	cache      slabCache
 	_          [cacheLineSize - 8 - 8 - 8 - 4 - 4 - 3*ptrSize]byte
 }
 
-// ptrSize is the size of a pointer (4 << 1 on 64-bit targets).
+// ptrSize is the size of a pointer: 8 on 64-bit targets, 4 on 32-bit ones.
 const ptrSize = 4 << (^uintptr(0) >> 63)
 
 // buckets is a bucket array with its lock stripes. Chain b ends in the nulls

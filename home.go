@@ -77,7 +77,7 @@ func (t *Table[T]) homeAt(b uint32) *entry[T] {
 // core, that made churn 6% faster.
 type homeSlots struct {
 	free        []uint64 // the runs, or nil where they are stripes' homeBits
-	words       uint32   // words per stripe run; 0 where runs are homeBits
+	words       uint32   // words per stripe run
 	stripeShift uint8
 	stripeMask  uint32
 	buckets     uint32
@@ -103,21 +103,16 @@ func (h *homeSlots) init(buckets, stripes int, ss []stripe, grouped bool) {
 		h.group = [...]uint32{uint32(buckets / 2), uint32(buckets / 4), uint32(buckets/2 + buckets/4)}
 	}
 	perStripe := buckets / stripes
-	h.words, h.free = 0, nil
 	h.stripeShift = uint8(bits.TrailingZeros(uint(stripes)))
 	h.stripeMask = uint32(stripes - 1)
 	h.buckets = uint32(buckets)
-	if perStripe <= 64 {
-		for s := range stripes {
-			ss[s].homeBits = ^uint64(0) >> (64 - perStripe)
-			ss[s].homeFree = uint32(perStripe)
-		}
-		return
+	h.words = uint32(len(stripe{}.homeBits))
+	if perStripe > 64*len(stripe{}.homeBits) {
+		h.words = uint32((perStripe+511)/512) * 8 // whole cache lines
+		h.free = make([]uint64, int(h.words)*stripes)
 	}
-	h.words = uint32((perStripe+511)/512) * 8 // whole cache lines
-	h.free = make([]uint64, int(h.words)*stripes)
 	for s := range stripes {
-		run := h.free[uint32(s)*h.words:]
+		run := h.run(&ss[s], uint32(s))
 		for j := range perStripe / 64 {
 			run[j] = ^uint64(0)
 		}
@@ -139,13 +134,18 @@ func (h *homeSlots) isHome(i uint32) (bucket uint32, ok bool) {
 	return i - 1, i-1 < h.buckets
 }
 
+// run returns the bitmap run of stripe s (st).
+func (h *homeSlots) run(st *stripe, s uint32) []uint64 {
+	if h.free == nil {
+		return st.homeBits[:]
+	}
+	return h.free[s*h.words : (s+1)*h.words]
+}
+
 // bit returns the word and mask of bucket b's bit; st is b's stripe.
 func (h *homeSlots) bit(st *stripe, b uint32) (*uint64, uint64) {
 	j := b >> h.stripeShift
-	if h.words == 0 {
-		return &st.homeBits, 1 << j
-	}
-	return &h.free[(b&h.stripeMask)*h.words+j/64], 1 << (j % 64)
+	return &h.run(st, b&h.stripeMask)[j/64], 1 << (j % 64)
 }
 
 // take marks bucket b's home slot used and reports whether it was free.
@@ -175,13 +175,7 @@ func (h *homeSlots) steal(st *stripe, s uint32) (uint32, bool) {
 	if st.homeFree == 0 {
 		return 0, false
 	}
-	if h.words == 0 {
-		j := uint32(bits.TrailingZeros64(st.homeBits))
-		st.homeBits &^= 1 << j
-		st.homeFree--
-		return j<<h.stripeShift | s, true
-	}
-	run := h.free[s*h.words : (s+1)*h.words]
+	run := h.run(st, s)
 	for n := range h.words {
 		wi := (st.homeCursor + n) % h.words
 		if w := run[wi]; w != 0 {
