@@ -84,7 +84,7 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 			if strategy != connectLocked && t.present(&k) {
 				continue
 			}
-			switch t.insert(&k, v) {
+			switch _, res := t.insert(&k, v); res {
 			case inserted:
 				scan.taken(j)
 				return Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}, nil

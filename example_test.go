@@ -99,3 +99,47 @@ func ExampleTable_All() {
 	// [2001:db8::1]:40000->[2001:db8::3]:443 = 1
 	// [2001:db8::1]:40000->[2001:db8::4]:80 = 2
 }
+
+func ExampleTable_LookupOrInsert() {
+	sessions := hash4.New[string]()
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:53"),
+		Remote: netip.MustParseAddrPort("192.0.2.7:40000"),
+	}
+	// Two packets of a new flow, handled on two goroutines, each offer a
+	// session: one creates the flow, the other gets the same session.
+	for _, offer := range []string{"session A", "session B"} {
+		s, found, err := sessions.LookupOrInsert(flow, new(offer))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println(*s, "found:", found)
+	}
+	// Output:
+	// session A found: false
+	// session A found: true
+}
+
+func ExampleTable_CompareAndDelete() {
+	flows := hash4.New[natMapping]()
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("192.168.1.20:51000"),
+		Remote: netip.MustParseAddrPort("93.184.216.34:443"),
+	}
+	old := &natMapping{Public: netip.MustParseAddrPort("203.0.113.1:40001")}
+	flows.Insert(flow, old)
+
+	// An idle-timeout reaper picked old to expire; meanwhile the flow
+	// closed and the client opened a new one on the same 4-tuple.
+	flows.Delete(flow)
+	flows.Insert(flow, &natMapping{Public: netip.MustParseAddrPort("203.0.113.1:40002")})
+
+	// Deleting with the old value leaves the new flow alone.
+	fmt.Println("expired:", flows.CompareAndDelete(flow, old))
+	cur, _ := flows.Lookup(flow)
+	fmt.Println("current:", cur.Public)
+	// Output:
+	// expired: false
+	// current: 203.0.113.1:40002
+}

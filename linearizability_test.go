@@ -20,11 +20,16 @@ const (
 	linInsert linOp = iota
 	linLookup
 	linDelete
+	linLookupOrInsert
+	linCompareAndDelete
 )
 
-func (o linOp) String() string { return [...]string{"insert", "lookup", "delete"}[o] }
+func (o linOp) String() string {
+	return [...]string{"insert", "lookup", "delete", "lookupOrInsert", "compareAndDelete"}[o]
+}
 
-// linInput is one call: val is the value's id for an insert.
+// linInput is one call: val is the value's id for an insert or
+// lookupOrInsert, and the id of the value compared for compareAndDelete.
 type linInput struct {
 	op  linOp
 	key int
@@ -32,7 +37,9 @@ type linInput struct {
 }
 
 // linOutput is one answer: for an insert, ok reports success (false:
-// ErrExists); for lookup and delete, ok and val (0 when absent) as returned.
+// ErrExists); for lookup and delete, ok and val (0 when absent) as returned;
+// for lookupOrInsert, found and the value returned; for compareAndDelete,
+// deleted.
 type linOutput struct {
 	ok  bool
 	val int
@@ -66,6 +73,16 @@ var linModel = porcupine.Model{
 			return out.ok == (s != 0) && out.val == s, s
 		case linDelete:
 			return out.ok == (s != 0) && out.val == s, 0
+		case linLookupOrInsert:
+			if s == 0 {
+				return !out.ok && out.val == in.val, in.val
+			}
+			return out.ok && out.val == s, s
+		case linCompareAndDelete:
+			if s != 0 && s == in.val {
+				return out.ok, 0
+			}
+			return !out.ok, s
 		}
 		return false, s
 	},
@@ -105,6 +122,7 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsP
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(seed, uint64(c)))
 			ops := make([]porcupine.Operation, 0, opsPerClient)
+			seen := make([]int, nKeys) // the last value id seen per key
 			start.Wait()
 			for i := range opsPerClient {
 				ki := r.IntN(nKeys)
@@ -115,13 +133,22 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsP
 				in := linInput{key: ki}
 				var out linOutput
 				var got *int
-				switch p := r.IntN(10); {
+				switch p := r.IntN(13); {
 				case p < 4:
 					in.op, in.val = linInsert, c*opsPerClient+i+1
 				case p < 7:
 					in.op = linDelete
-				default:
+				case p < 9:
 					in.op = linLookup
+				case p < 11:
+					in.op, in.val = linLookupOrInsert, c*opsPerClient+i+1
+				default:
+					// Mostly the value this client last saw, which may
+					// still be current; else any value.
+					in.op, in.val = linCompareAndDelete, 1+r.IntN(len(vals)-1)
+					if seen[ki] != 0 && r.IntN(4) != 0 {
+						in.val = seen[ki]
+					}
 				}
 				call := clock.Add(1)
 				switch in.op {
@@ -132,8 +159,22 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsP
 					got, out.ok = tab.Lookup(k)
 				case linDelete:
 					got, out.ok = tab.Delete(k)
+				case linLookupOrInsert:
+					var err error
+					got, out.ok, err = tab.LookupOrInsert(k, vals[in.val])
+					if err != nil {
+						bad.Store(fmt.Sprintf("lookupOrInsert %v: %v", k, err))
+					}
+				case linCompareAndDelete:
+					out.ok = tab.CompareAndDelete(k, vals[in.val])
 				}
 				ret := clock.Add(1)
+				switch {
+				case in.op == linInsert && out.ok:
+					seen[ki] = in.val
+				case got != nil:
+					seen[ki] = *got
+				}
 				if got != nil {
 					out.val = *got
 					if out.val <= 0 || out.val >= len(vals) || vals[out.val] != got {
@@ -274,6 +315,27 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 	}
 	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, foreign, 10*time.Second))
 	require.Equal(t, porcupine.Ok, porcupine.CheckOperationsTimeout(linModel, foreign[:3], 10*time.Second))
+
+	// lookupOrInsert reporting an insert over a present key, and
+	// compareAndDelete failing on the current value: both illegal alone,
+	// both legal concurrent with a delete.
+	loi := linInput{op: linLookupOrInsert, key: 1, val: 8}
+	cad := linInput{op: linCompareAndDelete, key: 1, val: 7}
+	for _, bad := range []porcupine.Operation{
+		linOpAt(1, loi, linOutput{ok: false, val: 8}, 2, 3),
+		linOpAt(1, cad, linOutput{ok: false}, 2, 3),
+	} {
+		alone := []porcupine.Operation{linOpAt(0, ins, linOutput{ok: true}, 0, 1), bad}
+		require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, alone, 10*time.Second), "%v", bad.Input)
+		withDelete := append(alone, linOpAt(0, del, found, 2, 3))
+		require.Equal(t, porcupine.Ok, porcupine.CheckOperationsTimeout(linModel, withDelete, 10*time.Second), "%v", bad.Input)
+	}
+	// compareAndDelete of a value the key never had succeeding.
+	wrong := []porcupine.Operation{
+		linOpAt(0, ins, linOutput{ok: true}, 0, 1),
+		linOpAt(1, linInput{op: linCompareAndDelete, key: 1, val: 9}, linOutput{ok: true}, 2, 3),
+	}
+	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, wrong, 10*time.Second))
 
 	// A real history made wrong by one edit: the last lookup that found a
 	// value is changed to return a value never inserted.

@@ -31,8 +31,9 @@ var (
 // Lookup takes no lock and never allocates; it reads shared memory with
 // atomic loads only, and writes it only to count a restart
 // (Stats.LookupRestarts) on the rare path where its walk met an entry
-// recycled under it. Insert and Delete lock one stripe. All methods are safe
-// for concurrent use. A Table must be created with New.
+// recycled under it. Insert, Delete and CompareAndDelete lock one stripe;
+// LookupOrInsert looks up first, and locks one only to insert. All methods
+// are safe for concurrent use. A Table must be created with New.
 //
 // Keys. An IPv4 address and its IPv4-mapped IPv6 form (::ffff:a.b.c.d) are
 // the same address, as for a dual-stack Linux socket talking to an IPv4
@@ -412,13 +413,41 @@ func (t *Table[T]) Insert(tup Tuple, v *T) error {
 	}
 	var k key
 	t.tupleKey(&k, tup)
-	switch t.insert(&k, v) {
+	switch _, res := t.insert(&k, v); res {
 	case insertExists:
 		return fmt.Errorf("%w: %v", ErrExists, tup)
 	case insertFull:
 		return ErrTableFull
 	}
 	return nil
+}
+
+// LookupOrInsert returns the value stored for tup and found = true if tup
+// is present; otherwise it inserts v and returns v and found = false. Like
+// sync.Map's LoadOrStore, it is one atomic step: of concurrent calls for an
+// absent tuple, one inserts and the others find its value. A tuple that is
+// present costs a lookup, without a lock. Bad input returns an error that
+// matches ErrInvalidTuple or ErrNilValue, whether or not tup is present,
+// and changes nothing; so does ErrTableFull.
+func (t *Table[T]) LookupOrInsert(tup Tuple, v *T) (actual *T, found bool, err error) {
+	if err := validate(tup); err != nil {
+		return nil, false, err
+	}
+	if v == nil {
+		return nil, false, fmt.Errorf("%w for %v", ErrNilValue, tup)
+	}
+	var k key
+	t.tupleKey(&k, tup)
+	if old, ok := t.lookup(&k); ok {
+		return old, true, nil
+	}
+	switch old, res := t.insert(&k, v); res {
+	case insertExists: // inserted since the lookup
+		return old, true, nil
+	case insertFull:
+		return nil, false, ErrTableFull
+	}
+	return v, false, nil
 }
 
 type insertResult uint8
@@ -429,8 +458,9 @@ const (
 	insertFull
 )
 
-// insert adds k with value v under the stripe lock, unless k is present.
-func (t *Table[T]) insert(k *key, v *T) insertResult {
+// insert adds k with value v under the stripe lock, unless k is present;
+// then it returns the value k has (insertExists).
+func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 	b := t.b.bucket(uint32(k.meta >> 32))
 	s := b & t.b.stripeMask
 	st := &t.b.stripes[s]
@@ -438,15 +468,15 @@ func (t *Table[T]) insert(k *key, v *T) insertResult {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if _, l := t.findLocked(k); !l.isNulls() {
-		return insertExists
+		return t.nodes.at(l.index()).val.Load(), insertExists
 	}
 	i, ok := t.place(st, s, b)
 	if !ok {
-		return insertFull
+		return nil, insertFull
 	}
 	t.fill(i, k, v, &t.b.heads[b])
 	st.count.Store(st.count.Load() + 1)
-	return inserted
+	return nil, inserted
 }
 
 // fill writes key k and value v into free node i and links it at field at
@@ -587,16 +617,32 @@ func (t *Table[T]) free(st *stripe, i uint32) {
 func (t *Table[T]) Delete(tup Tuple) (*T, bool) {
 	var k key
 	t.tupleKey(&k, tup)
-	return t.delete(&k)
+	return t.delete(&k, nil)
 }
 
-func (t *Table[T]) delete(k *key) (*T, bool) {
+// CompareAndDelete removes tup if its value is old, and reports whether it
+// did, as sync.Map's CompareAndDelete: a flow reaper that read old can
+// remove the flow without removing a newer one that took the same 4-tuple
+// since. A nil old deletes nothing.
+func (t *Table[T]) CompareAndDelete(tup Tuple, old *T) (deleted bool) {
+	if old == nil {
+		return false
+	}
+	var k key
+	t.tupleKey(&k, tup)
+	_, deleted = t.delete(&k, old)
+	return deleted
+}
+
+// delete removes k if its value is old, or whatever its value if old is
+// nil, and returns the value removed.
+func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
 	st := t.b.stripe(uint32(k.meta >> 32))
 	t.touch(t.b.bucket(uint32(k.meta >> 32)))
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	prev, l := t.findLocked(k)
-	if l.isNulls() {
+	if l.isNulls() || old != nil && t.nodes.at(l.index()).val.Load() != old {
 		return nil, false
 	}
 	v := t.unlinkLocked(prev, l)

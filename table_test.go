@@ -216,6 +216,12 @@ func TestTableBadInput(t *testing.T) {
 			require.False(t, ok, "Lookup found a rejected tuple")
 			_, ok = tab.Delete(c.tup)
 			require.False(t, ok, "Delete found a rejected tuple")
+			got, found, err := tab.LookupOrInsert(c.tup, v)
+			require.ErrorIs(t, err, c.want, "LookupOrInsert")
+			require.False(t, found)
+			require.Nil(t, got)
+			require.False(t, tab.CompareAndDelete(c.tup, v))
+			require.Equal(t, before, tblCollect(t, tab))
 			st := tab.Stats()
 			require.Equal(t, beforeStats.Entries, st.Entries)
 			require.Equal(t, beforeStats.Nodes, st.Nodes)
@@ -233,6 +239,152 @@ func TestTableBadInput(t *testing.T) {
 	}
 	require.Equal(t, before, tblCollect(t, tab))
 	require.Equal(t, len(before), tab.Len())
+
+	// A present tuple with a nil value is still an error, and so is
+	// comparing with nil a no-op.
+	k := tblKey(0, false)
+	got, found, err := tab.LookupOrInsert(k, nil)
+	require.ErrorIs(t, err, ErrNilValue)
+	require.False(t, found)
+	require.Nil(t, got)
+	require.False(t, tab.CompareAndDelete(k, nil))
+	require.Equal(t, before, tblCollect(t, tab))
+}
+
+// TestTableLookupOrInsert checks both answers of LookupOrInsert, in either
+// spelling of an IPv4 key.
+func TestTableLookupOrInsert(t *testing.T) {
+	tab := New[string](WithSecret(tblSecret))
+	k := tblTuple("10.0.0.1:40000", "93.184.216.34:443")
+	first, second := new("first"), new("second")
+
+	got, found, err := tab.LookupOrInsert(k, first)
+	require.NoError(t, err)
+	require.False(t, found)
+	require.Same(t, first, got)
+	require.Equal(t, 1, tab.Len())
+
+	got, found, err = tab.LookupOrInsert(tblMapped(k), second)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Same(t, first, got, "the stored value, not the one offered")
+	v, ok := tab.Lookup(k)
+	require.True(t, ok)
+	require.Same(t, first, v)
+	require.Equal(t, 1, tab.Len())
+}
+
+// TestTableCompareAndDelete checks that CompareAndDelete removes a tuple
+// only while it holds the value given: a reaper holding a flow's old value
+// leaves alone the newer flow that took its 4-tuple.
+func TestTableCompareAndDelete(t *testing.T) {
+	tab := New[string](WithSecret(tblSecret))
+	k := tblTuple("[2001:db8::1]:40000", "[2001:db8::2]:443")
+	old, newer := new("old"), new("newer")
+
+	require.False(t, tab.CompareAndDelete(k, old), "absent")
+	require.NoError(t, tab.Insert(k, old))
+	v, ok := tab.Delete(k)
+	require.True(t, ok)
+	require.Same(t, old, v)
+	require.NoError(t, tab.Insert(k, newer))
+
+	require.False(t, tab.CompareAndDelete(k, old), "the 4-tuple holds a newer value")
+	v, ok = tab.Lookup(k)
+	require.True(t, ok)
+	require.Same(t, newer, v)
+	require.False(t, tab.CompareAndDelete(k, new("newer")), "an equal value is not the same value")
+	require.Equal(t, 1, tab.Len())
+
+	require.True(t, tab.CompareAndDelete(k, newer))
+	_, ok = tab.Lookup(k)
+	require.False(t, ok)
+	require.Zero(t, tab.Len())
+	require.False(t, tab.CompareAndDelete(k, newer), "deleted twice")
+}
+
+// TestTableLookupOrInsertRace has goroutines race to create the same flows,
+// then race to delete them with the values they got: for each flow exactly
+// one goroutine inserts, all get its value, and exactly one deletes it.
+// Then they churn a few flows with both.
+func TestTableLookupOrInsertRace(t *testing.T) {
+	const goroutines, flows = 8, 256
+	tab := New[int](WithCapacity(64), WithLockStripes(4), WithSecret(tblSecret))
+	keys := make([]Tuple, flows)
+	for i := range keys {
+		keys[i] = tblKey(i, i%2 == 1)
+	}
+	got := make([][]*int, goroutines)
+	inserted, deleted := make([]atomic.Int32, flows), make([]atomic.Int32, flows)
+	var start sync.WaitGroup
+	var wg sync.WaitGroup
+	start.Add(1)
+	for g := range goroutines {
+		got[g] = make([]*int, flows)
+		wg.Go(func() {
+			start.Wait()
+			for i := range flows {
+				i := (i + g*flows/goroutines) % flows // start apart, meet later
+				v, found, err := tab.LookupOrInsert(keys[i], new(g))
+				if err == nil && !found {
+					inserted[i].Add(1)
+				}
+				got[g][i] = v
+			}
+		})
+	}
+	start.Done()
+	wg.Wait()
+	require.Equal(t, flows, tab.Len())
+	for i := range flows {
+		require.EqualValues(t, 1, inserted[i].Load(), "flow %d inserted %d times", i, inserted[i].Load())
+		v, ok := tab.Lookup(keys[i])
+		require.True(t, ok)
+		for g := range goroutines {
+			require.Same(t, v, got[g][i], "goroutine %d got another value for flow %d", g, i)
+		}
+	}
+
+	start.Add(1)
+	for g := range goroutines {
+		wg.Go(func() {
+			start.Wait()
+			for i := range flows {
+				i := (i + g*flows/goroutines) % flows
+				if tab.CompareAndDelete(keys[i], got[g][i]) {
+					deleted[i].Add(1)
+				}
+			}
+		})
+	}
+	start.Done()
+	wg.Wait()
+	require.Zero(t, tab.Len())
+	for i := range flows {
+		require.EqualValues(t, 1, deleted[i].Load(), "flow %d deleted %d times", i, deleted[i].Load())
+	}
+
+	// Churn of a few flows, so that a lookup often misses a flow that
+	// another goroutine inserts before this one takes the lock: found or
+	// not, the answer names the value that is in the table, which is the
+	// one offered only if this call inserted it.
+	var wrong atomic.Int64
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range 20000 {
+				k := keys[(i+g)%4]
+				mine := new(g)
+				v, found, err := tab.LookupOrInsert(k, mine)
+				if err != nil || v == nil || found == (v == mine) {
+					wrong.Add(1)
+				}
+				tab.CompareAndDelete(k, v)
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, wrong.Load())
+	require.Zero(t, tab.Len())
 }
 
 func TestTableIPv4MappedIsOneKey(t *testing.T) {
@@ -639,7 +791,8 @@ var tblFuzzInvalid = []Tuple{
 }
 
 // FuzzTable runs a sequence of operations decoded from the input against
-// three tables (one per hasher, and one with home groups) and a map model.
+// four tables (one per hasher, one with home groups, one whose home bitmap
+// is a run of words) and a map model.
 func FuzzTable(f *testing.F) {
 	f.Add([]byte{})
 	var all []byte
@@ -653,6 +806,7 @@ func FuzzTable(f *testing.F) {
 	f.Add(all)
 	f.Add([]byte{0, 0, 0, 1, 2, 1, 3, 1, 2, 0, 0, 1, 5, 0, 3, 0, 0, 3, 2, 2})
 	f.Add([]byte{0, 7, 1, 9, 3, 8, 0, 8, 2, 9, 7, 0, 7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7, 6, 6, 0})
+	f.Add([]byte{8, 4, 8, 5, 9, 68, 2, 4, 9, 5, 2, 4, 8, 4, 5, 0, 9, 4, 6, 0, 8, 9, 8, 9, 3, 8, 6, 0})
 	r := rand.New(rand.NewPCG(2024, 7))
 	for range 6 {
 		b := make([]byte, 400)
@@ -705,8 +859,8 @@ func FuzzTable(f *testing.F) {
 			serial++
 			for ti, tab := range tabs {
 				model := models[ti]
-				msg := tblStep{ti, step, op % 8, tup}
-				switch op % 8 {
+				msg := tblStep{ti, step, op % 10, tup}
+				switch op % 10 {
 				case 0, 1: // Insert
 					v := new(serial)
 					err := tab.Insert(tup, v)
@@ -750,12 +904,39 @@ func FuzzTable(f *testing.F) {
 					bad := tblFuzzInvalid[arg%len(tblFuzzInvalid)]
 					require.ErrorIs(rt, tab.Insert(bad, new(-1)), ErrInvalidTuple, msg)
 					require.ErrorIs(rt, tab.Insert(tup, nil), ErrNilValue, msg)
+					_, found, err := tab.LookupOrInsert(bad, new(-1))
+					require.ErrorIs(rt, err, ErrInvalidTuple, msg)
+					require.False(rt, found, msg)
+					_, _, err = tab.LookupOrInsert(tup, nil)
+					require.ErrorIs(rt, err, ErrNilValue, msg)
+					require.False(rt, tab.CompareAndDelete(bad, new(-1)), msg)
+					require.False(rt, tab.CompareAndDelete(tup, nil), msg)
 					_, ok := tab.Lookup(bad)
 					require.False(rt, ok, msg)
 					want, wok := model[ki]
 					got, gok := tab.Lookup(tup)
 					check(want, wok, got, gok, msg)
 					require.Equal(rt, len(model), tab.Len(), msg)
+				case 8: // LookupOrInsert
+					v := new(serial)
+					got, found, err := tab.LookupOrInsert(tup, v)
+					require.NoError(rt, err, msg)
+					old, ok := model[ki]
+					if !ok {
+						old = v
+						model[ki] = v
+					}
+					check(old, true, got, true, msg)
+					require.Equal(rt, ok, found, msg)
+				case 9: // CompareAndDelete, with the value held or another
+					old, ok := model[ki]
+					if arg&64 != 0 {
+						old, ok = new(serial), false
+					}
+					require.Equal(rt, ok, tab.CompareAndDelete(tup, old), msg)
+					if ok {
+						delete(model, ki)
+					}
 				}
 			}
 		}
@@ -1324,8 +1505,8 @@ func TestTableNullsReadersKeyRecycled(t *testing.T) {
 	}
 }
 
-// TestTableAllocs pins Lookup and steady-state Insert+Delete at zero
-// allocations.
+// TestTableAllocs pins Lookup, steady-state Insert+Delete and
+// LookupOrInsert+CompareAndDelete at zero allocations.
 func TestTableAllocs(t *testing.T) {
 	for _, h := range hashers {
 		tab := New[int](WithHasher(h), WithCapacity(256))
@@ -1378,6 +1559,26 @@ func TestTableAllocs(t *testing.T) {
 		})
 		require.Zero(t, bad.Load())
 		require.Zero(t, allocs, "%v: Insert+Delete", h)
+
+		// The same with LookupOrInsert and CompareAndDelete, and
+		// LookupOrInsert of a present key.
+		pair = func(i int) {
+			if v, found, err := tab.LookupOrInsert(keys[i], vals[i]); err != nil || found || v != vals[i] {
+				bad.Add(1)
+			}
+			if v, found, _ := tab.LookupOrInsert(keys[i], vals[0]); !found || v != vals[i] {
+				bad.Add(1)
+			}
+			if !tab.CompareAndDelete(keys[i], vals[i]) {
+				bad.Add(1)
+			}
+		}
+		allocs = testing.AllocsPerRun(2000, func() {
+			pair(n % len(keys))
+			n++
+		})
+		require.Zero(t, bad.Load())
+		require.Zero(t, allocs, "%v: LookupOrInsert+CompareAndDelete", h)
 	}
 }
 

@@ -425,13 +425,14 @@ func (g *gateway) closeFlow(f *flow, now time.Time) bool {
 	}
 	f.dead = true
 	// Under mu: once the inside path sees dead, the client's next datagram
-	// finds no flow and creates a new one.
-	g.inside.Delete(f.inside)
+	// finds no flow and creates a new one. Only f's own entries are
+	// removed, never a newer flow's on the same 4-tuple.
+	g.inside.CompareAndDelete(f.inside, f)
 	f.mu.Unlock()
 	// Close before freeing the port, so that a new flow given this port
 	// can bind it.
 	f.conn.Close()
-	g.outside.Delete(f.outside)
+	g.outside.CompareAndDelete(f.outside, f)
 	g.nflows.Add(-1)
 	return true
 }
