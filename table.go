@@ -6,6 +6,7 @@ import (
 	"iter"
 	"net/netip"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Errors returned by Table. Match them with errors.Is: the returned errors
@@ -492,13 +493,18 @@ func (t *Table[T]) fill(i uint32, k *key, v *T, at *linkField) {
 	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
 }
 
-// touch loads bucket b's chain head and home slot before the caller takes
-// the stripe lock. N.B. the lock's atomic instruction waits for earlier
-// loads, so their misses overlap there, rather than come one after the
-// other under the lock.
+// touch asks for the lines of bucket b's chain head and home slot, which
+// insert and delete write under the stripe lock, before the caller takes
+// the lock (prefetch_amd64.go). N.B. the requests do not wait, so their
+// misses overlap with each other and with the lock's, rather than come one
+// after the other under the lock. Where the target can, a line comes in
+// the state a store needs: a line another core wrote last then comes over
+// once, rather than once to read and again to write. In churn of a 1K
+// table by two cores that do not share a cache, that made churn 8% faster
+// than plain loads (8 interleaved rounds).
 func (t *Table[T]) touch(b uint32) {
-	t.b.heads[b].load()
-	t.homeAt(b).seq.Load()
+	e := t.homeAt(b)
+	prefetchw3(unsafe.Pointer(&t.b.heads[b]), unsafe.Pointer(&e.seq), unsafe.Pointer(&e.val))
 }
 
 // place returns a free node for a new entry of bucket b, of stripe s (st),
