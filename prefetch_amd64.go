@@ -3,12 +3,47 @@ package hash4
 import "unsafe"
 
 // This file and prefetch_amd64.s hold the package's only assembly: Go has
-// no intrinsic for a prefetch with intent to write.
+// no intrinsic for a prefetch with intent to write, nor for asking the
+// processor whether it has one.
 
-// prefetchw3 asks for the cache lines of a, b and c in the state a store
-// needs (PREFETCHW), and returns without waiting for them. It is a hint:
-// it neither reads nor writes memory as far as the program is concerned,
-// and it cannot fault (processors without PREFETCHW execute it as a NOP).
+// canPrefetchW reports whether the processor has PREFETCHW: CPUID leaf
+// 0x80000001, ECX bit 8 (PRFCHW; Linux's X86_FEATURE_3DNOWPREFETCH), set
+// on AMD's processors and on Intel's since Broadwell. As in Linux, the
+// instruction is used only where the bit is set. A variable, so that tests
+// can take the other path.
+var canPrefetchW = hasPrefetchW()
+
+// hasPrefetchW asks CPUID whether the processor has PREFETCHW.
+func hasPrefetchW() bool {
+	if maxExt, _, _, _ := cpuid(0x80000000, 0); maxExt < 0x80000001 {
+		return false
+	}
+	_, _, ecx, _ := cpuid(0x80000001, 0)
+	return ecx&(1<<8) != 0
+}
+
+// touchForWrite brings the lines of a chain head and of both halves of an
+// entry (its seq and its val, 48 bytes apart, on two lines when the
+// 56-byte entry straddles a boundary) toward the cache before the caller
+// writes them under a lock (see Table.touch). With PREFETCHW the lines
+// come in the state a store needs, and the call does not wait for them;
+// without it, it loads the two words that readers load atomically.
+func touchForWrite(head *linkField, seq *relUint32, val *unsafe.Pointer) {
+	if canPrefetchW {
+		prefetchw3(head, seq, val)
+		return
+	}
+	head.load()
+	seq.Load()
+}
+
+// prefetchw3 asks for the cache lines of head, seq and val with PREFETCHW,
+// and returns without waiting for them. It is a hint: it neither reads nor
+// writes memory as far as the program is concerned. Only for processors
+// with canPrefetchW.
 //
 //go:noescape
-func prefetchw3(a, b, c unsafe.Pointer)
+func prefetchw3(head *linkField, seq *relUint32, val *unsafe.Pointer)
+
+// cpuid executes CPUID with EAX = leaf and ECX = sub.
+func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)

@@ -2,16 +2,13 @@
 
 package hash4
 
-import (
-	"sync/atomic"
-	"unsafe"
-)
+import "unsafe"
 
-// prefetchw3 loads the 32-bit words at a and b, to bring their lines into
-// the cache; c, which the amd64 version also asks for, is not loaded, as
-// it may point at a word of another size. a and b must be 4-byte aligned
-// fields that lock-free readers load atomically.
-func prefetchw3(a, b, _ unsafe.Pointer) {
-	atomic.LoadUint32((*uint32)(a))
-	atomic.LoadUint32((*uint32)(b))
+// touchForWrite loads a chain head and an entry's seq, to bring their
+// lines into the cache before the caller writes them under a lock (see
+// Table.touch). Without a prefetch for writing here (prefetch_amd64.go),
+// val's line is left to the write.
+func touchForWrite(head *linkField, seq *relUint32, _ *unsafe.Pointer) {
+	head.load()
+	seq.Load()
 }

@@ -218,6 +218,11 @@ func TestTableBadInput(t *testing.T) {
 			require.False(t, ok, "Delete found a rejected tuple")
 			got, found, err := tab.LookupOrInsert(c.tup, v)
 			require.ErrorIs(t, err, c.want, "LookupOrInsert")
+			for _, s := range sentinels {
+				if s != c.want {
+					require.NotErrorIs(t, err, s, "LookupOrInsert")
+				}
+			}
 			require.False(t, found)
 			require.Nil(t, got)
 			require.False(t, tab.CompareAndDelete(c.tup, v))
@@ -272,6 +277,56 @@ func TestTableLookupOrInsert(t *testing.T) {
 	require.True(t, ok)
 	require.Same(t, first, v)
 	require.Equal(t, 1, tab.Len())
+}
+
+// TestTableLookupOrInsertInsertedMeanwhile makes LookupOrInsert's lookup
+// miss a key that another writer inserts before LookupOrInsert takes the
+// lock: the lookup's walk is paused past the head of the chain while the
+// key is inserted there; then LookupOrInsert must report the other
+// writer's value, found, and insert nothing.
+func TestTableLookupOrInsertInsertedMeanwhile(t *testing.T) {
+	tab := New[string](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	ks := tblSameBucket(t, LinuxHasher, 3, 3, false)
+	require.NoError(t, tab.Insert(ks[0], new("a")))
+	require.NoError(t, tab.Insert(ks[1], new("b")))
+	theirs, mine := new("theirs"), new("mine")
+	visits := 0
+	tab.visit = func(uint32) {
+		if visits++; visits == 1 {
+			require.NoError(t, tab.Insert(ks[2], theirs))
+		}
+	}
+	got, found, err := tab.LookupOrInsert(ks[2], mine)
+	tab.visit = nil
+	require.NoError(t, err)
+	require.Positive(t, visits, "the lookup did not walk the chain")
+	require.True(t, found)
+	require.Same(t, theirs, got)
+	require.Equal(t, 3, tab.Len())
+	v, ok := tab.Lookup(ks[2])
+	require.True(t, ok)
+	require.Same(t, theirs, v)
+}
+
+// TestTableLookupOrInsertPresentTakesNoLock checks that LookupOrInsert of
+// a present key answers while a writer holds every stripe lock.
+func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
+	tab := New[string](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	k := tblKey(1, true)
+	stored := new("stored")
+	require.NoError(t, tab.Insert(k, stored))
+	for i := range tab.b.stripes {
+		tab.b.stripes[i].mu.Lock()
+	}
+	tblNoDeadlock(t, func() {
+		got, found, err := tab.LookupOrInsert(tblMapped(k), new("other"))
+		require.NoError(t, err)
+		require.True(t, found)
+		require.Same(t, stored, got)
+	})
+	for i := range tab.b.stripes {
+		tab.b.stripes[i].mu.Unlock()
+	}
 }
 
 // TestTableCompareAndDelete checks that CompareAndDelete removes a tuple
@@ -611,7 +666,7 @@ func tblNoDeadlock(t *testing.T, f func()) {
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		t.Fatal("deadlock: the loop body could not use the table")
+		t.Fatal("deadlock: the call did not return within 30 s")
 	}
 }
 
