@@ -229,6 +229,17 @@ func validate(tup Tuple) error {
 	return nil
 }
 
+// validateInsert reports why tup with value v cannot be inserted, or nil.
+func validateInsert[T any](tup Tuple, v *T) error {
+	if err := validate(tup); err != nil {
+		return err
+	}
+	if v == nil {
+		return fmt.Errorf("%w for %v", ErrNilValue, tup)
+	}
+	return nil
+}
+
 // Lookup returns the value stored for tup. It takes no lock and does not
 // allocate. A tuple that Insert would reject is never found.
 func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
@@ -405,11 +416,8 @@ func (t *Table[T]) findLocked(k *key) (*linkField, link) {
 // ErrExists if tup is already present, ErrInvalidTuple or ErrNilValue for
 // bad input; on error the table is unchanged.
 func (t *Table[T]) Insert(tup Tuple, v *T) error {
-	if err := validate(tup); err != nil {
+	if err := validateInsert(tup, v); err != nil {
 		return err
-	}
-	if v == nil {
-		return fmt.Errorf("%w for %v", ErrNilValue, tup)
 	}
 	var k key
 	t.tupleKey(&k, tup)
@@ -430,11 +438,8 @@ func (t *Table[T]) Insert(tup Tuple, v *T) error {
 // matches ErrInvalidTuple or ErrNilValue, whether or not tup is present,
 // and changes nothing; so does ErrTableFull.
 func (t *Table[T]) LookupOrInsert(tup Tuple, v *T) (actual *T, found bool, err error) {
-	if err := validate(tup); err != nil {
+	if err := validateInsert(tup, v); err != nil {
 		return nil, false, err
-	}
-	if v == nil {
-		return nil, false, fmt.Errorf("%w for %v", ErrNilValue, tup)
 	}
 	var k key
 	t.tupleKey(&k, tup)
