@@ -45,5 +45,16 @@ func touchForWrite(head *linkField, seq *relUint32, val *unsafe.Pointer) {
 //go:noescape
 func prefetchw3(head *linkField, seq *relUint32, val *unsafe.Pointer)
 
+// prefetchW asks for the cache lines of h's addresses with PREFETCHW (see
+// lineHints) and returns without waiting for them. Only for processors
+// with canPrefetchW.
+func (h *lineHints) prefetchW() { prefetchw(h.addr[:h.n]) }
+
+// prefetchw issues PREFETCHW for each address in addrs. It is a hint: it
+// neither reads nor writes memory as far as the program is concerned.
+//
+//go:noescape
+func prefetchw(addrs []unsafe.Pointer)
+
 // cpuid executes CPUID with EAX = leaf and ECX = sub.
 func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)

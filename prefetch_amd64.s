@@ -13,6 +13,21 @@ TEXT ·prefetchw3(SB), NOSPLIT|NOFRAME, $0-24
 	BYTE $0x0F; BYTE $0x0D; BYTE $0x09 // PREFETCHW (CX)
 	RET
 
+// func prefetchw(addrs []unsafe.Pointer)
+TEXT ·prefetchw(SB), NOSPLIT|NOFRAME, $0-24
+	MOVQ addrs_base+0(FP), SI
+	MOVQ addrs_len+8(FP), CX
+	TESTQ CX, CX
+	JZ done
+loop:
+	MOVQ (SI), AX
+	BYTE $0x0F; BYTE $0x0D; BYTE $0x08 // PREFETCHW (AX)
+	ADDQ $8, SI
+	DECQ CX
+	JNZ loop
+done:
+	RET
+
 // func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)
 TEXT ·cpuid(SB), NOSPLIT|NOFRAME, $0-24
 	MOVL leaf+0(FP), AX

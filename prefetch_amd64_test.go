@@ -2,6 +2,7 @@ package hash4
 
 import (
 	"encoding/binary"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -32,36 +33,45 @@ func TestCPUID(t *testing.T) {
 	t.Logf("%s: PREFETCHW %v", vendor, canPrefetchW)
 }
 
-// TestTableWithoutPrefetchW runs the table's writers through the path of
-// processors without PREFETCHW, where touch loads instead: a churn checked
-// against a model, with the stripes' home bookkeeping checked after.
+// TestTableWithoutPrefetchW runs the table's writers through both paths of
+// touch, that of processors without PREFETCHW, where it loads instead, and
+// the other, on a small table, one whose home bitmap lies beyond its
+// stripes' lines and one with home groups (the three sets of lines touch
+// names): a churn checked against a model, with the stripes' home
+// bookkeeping checked after.
 func TestTableWithoutPrefetchW(t *testing.T) {
 	saved := canPrefetchW
 	t.Cleanup(func() { canPrefetchW = saved })
-	for _, can := range []bool{false, true} {
-		canPrefetchW = can
-		tab := New[int](WithCapacity(64), WithLockStripes(4), WithSecret(tblSecret))
-		model := map[int]*int{}
-		for i := range 5000 {
-			ki := (i * 7919) % 200
-			k := tblKey(ki, ki%2 == 1)
-			if v, ok := model[ki]; ok {
-				got, gok := tab.Delete(k)
-				require.True(t, gok, "PREFETCHW %v, step %d", can, i)
-				require.Same(t, v, got)
-				delete(model, ki)
-				continue
+	for _, opts := range [][]Option{
+		{WithCapacity(64), WithLockStripes(4)},
+		{WithCapacity(512), WithLockStripes(2)},
+		{WithCapacity(512), WithLockStripes(2), withHomeGroups(true)},
+	} {
+		for _, can := range []bool{false, true} {
+			canPrefetchW = can
+			tab := New[int](append(opts, WithSecret(tblSecret))...)
+			model := map[int]*int{}
+			for i := range 5000 {
+				ki := (i * 7919) % (len(tab.b.heads) * 3)
+				k := tblKey(ki, ki%2 == 1)
+				if v, ok := model[ki]; ok {
+					got, gok := tab.Delete(k)
+					require.True(t, gok, "PREFETCHW %v, step %d", can, i)
+					require.Same(t, v, got)
+					delete(model, ki)
+					continue
+				}
+				v := new(i)
+				require.NoError(t, tab.Insert(k, v))
+				model[ki] = v
 			}
-			v := new(i)
-			require.NoError(t, tab.Insert(k, v))
-			model[ki] = v
+			require.Equal(t, len(model), tab.Len())
+			for ki, v := range model {
+				got, ok := tab.Lookup(tblKey(ki, ki%2 == 1))
+				require.True(t, ok)
+				require.Same(t, v, got)
+			}
+			tblCheckHome(t, tab, fmt.Sprintf("after churn, %d buckets, PREFETCHW %v", len(tab.b.heads), can))
 		}
-		require.Equal(t, len(model), tab.Len())
-		for ki, v := range model {
-			got, ok := tab.Lookup(tblKey(ki, ki%2 == 1))
-			require.True(t, ok)
-			require.Same(t, v, got)
-		}
-		tblCheckHome(t, tab, "after churn")
 	}
 }

@@ -12,3 +12,10 @@ func touchForWrite(head *linkField, seq *relUint32, _ *unsafe.Pointer) {
 	head.load()
 	seq.Load()
 }
+
+// canPrefetchW reports whether the package issues prefetches for writing:
+// only on amd64 (prefetch_amd64.go).
+const canPrefetchW = false
+
+// prefetchW does nothing: without canPrefetchW it is never called.
+func (h *lineHints) prefetchW() {}

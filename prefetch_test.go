@@ -1,38 +1,59 @@
 package hash4
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
-// TestTouchForWriteIsAHint checks that touchForWrite changes no memory, on
-// the fields Table.touch passes it: the chain heads and home slots of a
-// table in use; and that it allocates nothing. (It cannot tell a prefetch
-// for writing from any other hint: what that buys is measured, in
-// BenchmarkChurn.)
-func TestTouchForWriteIsAHint(t *testing.T) {
-	tab := New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
-	for i := range 40 {
-		require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), new(i)))
+// TestTouchIsAHint checks that Table.touch changes no memory, on tables
+// where it names each kind of line: a small table (head and home slot), one
+// whose home bitmap lies beyond its stripes' lines (bitmap word and move
+// count too), and one with home groups (the group's home slots too); and
+// that it allocates nothing. (It cannot tell a prefetch for writing from
+// any other hint: what that buys is measured, in BenchmarkChurn.)
+func TestTouchIsAHint(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		opts            []Option
+		bitmap, grouped bool
+	}{
+		{"small", []Option{WithCapacity(16), WithLockStripes(2)}, false, false},
+		{"bitmap", []Option{WithCapacity(1024), WithLockStripes(4)}, true, false},
+		{"groups", []Option{WithCapacity(1024), WithLockStripes(4), withHomeGroups(true)}, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tab := New[int](append(c.opts, WithSecret(tblSecret))...)
+			require.Equal(t, c.bitmap, tab.home.free != nil)
+			require.Equal(t, c.grouped, tab.home.grouped())
+			for i := range 2 * len(tab.b.heads) {
+				require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), new(i)))
+			}
+			for i := 0; i < 2*len(tab.b.heads); i += 3 {
+				_, ok := tab.Delete(tblKey(i, i%2 == 1))
+				require.True(t, ok)
+			}
+			snapshot := func() string {
+				var s []any
+				for b := range uint32(len(tab.b.heads)) {
+					s = append(s, tab.b.heads[b].load(), tab.homeAt(b).key.load(), tab.homeAt(b).seq.Load())
+				}
+				for i := range tab.moves {
+					s = append(s, tab.moves[i].n.Load())
+				}
+				return fmt.Sprint(s, slices.Clone(tab.home.free), tab.Stats())
+			}
+			before, entries := snapshot(), tblCollect(t, tab)
+			allocs := testing.AllocsPerRun(100, func() {
+				for b := range uint32(len(tab.b.heads)) {
+					tab.touch(b)
+				}
+			})
+			require.Zero(t, allocs)
+			require.Equal(t, before, snapshot())
+			require.Equal(t, entries, tblCollect(t, tab))
+		})
 	}
-	before := tblCollect(t, tab)
-	heads := make([]link, len(tab.b.heads))
-	homes := make([]key, len(tab.b.heads))
-	for b := range uint32(len(tab.b.heads)) {
-		heads[b] = tab.b.heads[b].load()
-		homes[b] = tab.homeAt(b).key.load()
-	}
-	allocs := testing.AllocsPerRun(100, func() {
-		for b := range uint32(len(tab.b.heads)) {
-			e := tab.homeAt(b)
-			touchForWrite(&tab.b.heads[b], &e.seq, &e.val.v)
-		}
-	})
-	require.Zero(t, allocs)
-	for b := range uint32(len(tab.b.heads)) {
-		require.Equal(t, heads[b], tab.b.heads[b].load())
-		require.Equal(t, homes[b], tab.homeAt(b).key.load())
-	}
-	require.Equal(t, before, tblCollect(t, tab))
 }
