@@ -41,7 +41,8 @@ type stripe struct {
 	homeFree   uint32    // free home slots of its buckets
 	homeCursor uint32    // word of its home bitmap run where steal resumes
 	cache      slabCache
-	_          [cacheLineSize - 8 - 8 - 8 - 4 - 4 - 3*ptrSize]byte
+	homeLast   uint32 // 1 + the bucket whose home slot Table.free released last, or 0 (home.go)
+	_          [cacheLineSize - 8 - 8 - 8 - 4 - 4 - 3*ptrSize - 4]byte
 }
 
 // ptrSize is the size of a pointer: 8 on 64-bit targets, 4 on 32-bit ones.

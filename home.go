@@ -161,7 +161,7 @@ func (h *homeSlots) take(st *stripe, b uint32) bool {
 }
 
 // release marks bucket b's home slot free. The caller holds the lock of b's
-// stripe st.
+// stripe st. In a table with home groups it also records b for steal.
 func (h *homeSlots) release(st *stripe, b uint32) {
 	w, m := h.bit(st, b)
 	*w |= m
@@ -169,11 +169,28 @@ func (h *homeSlots) release(st *stripe, b uint32) {
 }
 
 // steal takes a free home slot of a bucket of stripe s (st) and returns that
-// bucket. The caller holds st's lock. The search resumes where the last one
-// ended, so it costs a few words on average.
+// bucket. The caller holds st's lock. It takes the slot that Table.free
+// released last, if that is still free: in a table with home groups, whose
+// slots are beyond the caches, the delete that freed it wrote its lines,
+// which may still be cached, while any other free slot is most likely a
+// miss under the lock; with two goroutines, that made churn
+// of a 1M table 8.5% faster (6 interleaved rounds). Otherwise the search
+// resumes where the last one ended, so it costs a few words on average.
+// Tables without groups do not record the slot: there a stripe covers few
+// buckets, the search took the same slots in a churn of a 1K table, and
+// recording them made that churn 5 to 6% slower.
 func (h *homeSlots) steal(st *stripe, s uint32) (uint32, bool) {
 	if st.homeFree == 0 {
 		return 0, false
+	}
+	if st.homeLast != 0 {
+		b := st.homeLast - 1
+		st.homeLast = 0
+		if w, m := h.bit(st, b); *w&m != 0 {
+			*w &^= m
+			st.homeFree--
+			return b, true
+		}
 	}
 	run := h.run(st, s)
 	for n := range h.words {

@@ -117,3 +117,94 @@ func TestTableNullsGroupStealerStays(t *testing.T) {
 	}
 	tblCheckHome(t, f.tab, "after the inserts")
 }
+
+// TestStealTakesReleasedSlot checks the order in which steal hands out free
+// home slots: the slot Table.free released last first, if it is recorded
+// (in tables with home groups) and still free, then the search order.
+func TestStealTakesReleasedSlot(t *testing.T) {
+	for _, record := range []bool{true, false} {
+		var ss [1]stripe
+		var h homeSlots
+		h.init(256, 1, ss[:], true)
+		st := &ss[0]
+		for range 256 {
+			_, ok := h.steal(st, 0)
+			require.True(t, ok)
+		}
+		_, ok := h.steal(st, 0)
+		require.False(t, ok, "all taken")
+		release := func(b uint32) {
+			h.release(st, b)
+			if record {
+				st.homeLast = b + 1 // as Table.free does
+			}
+		}
+
+		release(200)
+		release(100)
+		first, ok := h.steal(st, 0)
+		require.True(t, ok)
+		second, ok := h.steal(st, 0)
+		require.True(t, ok)
+		if record {
+			require.Equal(t, []uint32{100, 200}, []uint32{first, second}, "the slot freed last first")
+		} else {
+			// The search resumes in the last word it took from: 200's.
+			require.Equal(t, []uint32{200, 100}, []uint32{first, second}, "the search order")
+		}
+
+		// A slot freed last but taken back by its own bucket is not
+		// handed out again.
+		release(50)
+		release(100)
+		require.True(t, h.take(st, 100))
+		b, ok := h.steal(st, 0)
+		require.True(t, ok)
+		require.EqualValues(t, 50, b)
+		_, ok = h.steal(st, 0)
+		require.False(t, ok)
+		require.Zero(t, st.homeFree)
+	}
+}
+
+// TestTableRecordsReleasedSlot checks what Table.free records for steal: in
+// a table with home groups, after a delete that releases a home slot, that
+// slot, free, of a bucket whose chain is empty; in a table without groups,
+// nothing.
+func TestTableRecordsReleasedSlot(t *testing.T) {
+	for _, grouped := range []bool{true, false} {
+		tab := New[int](WithCapacity(64), WithLockStripes(1), withHomeGroups(grouped), WithSecret(tblSecret))
+		require.Equal(t, grouped, tab.home.grouped())
+		st := &tab.b.stripes[0]
+		r := rand.New(rand.NewPCG(8, 9))
+		live, releases := map[int]bool{}, 0
+		for range 20000 {
+			ki := r.IntN(128)
+			k := tblKey(ki, ki%2 == 1)
+			if !live[ki] {
+				require.NoError(t, tab.Insert(k, new(ki)))
+				live[ki] = true
+				continue
+			}
+			free := st.homeFree
+			st.homeLast = 0
+			_, ok := tab.Delete(k)
+			require.True(t, ok)
+			delete(live, ki)
+			if !grouped || st.homeFree == free {
+				require.Zero(t, st.homeLast)
+				continue
+			}
+			releases++
+			require.NotZero(t, st.homeLast, "a delete released a slot")
+			b := st.homeLast - 1
+			w, m := tab.home.bit(st, b)
+			require.NotZero(t, *w&m, "bucket %d's home slot recorded, not free", b)
+			require.True(t, tab.b.heads[b].load().isNulls(), "bucket %d's home slot recorded, its chain not empty", b)
+		}
+		if grouped {
+			require.Greater(t, releases, 1000)
+		}
+		tblCheckHome(t, tab, "after churn")
+	}
+}

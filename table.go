@@ -638,6 +638,9 @@ func (t *Table[T]) free(st *stripe, i uint32) {
 		head := t.b.heads[c].load()
 		if head.isNulls() {
 			t.home.release(st, c)
+			if t.home.grouped() { // see steal
+				st.homeLast = c + 1
+			}
 			return
 		}
 		j := head.index()
