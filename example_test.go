@@ -76,6 +76,45 @@ func ExampleTable_Lookup() {
 	// other flow found: false
 }
 
+// A gateway that reads packets in bursts looks up their flows in one call,
+// reusing the slice of values from burst to burst.
+func ExampleTable_AppendLookups() {
+	t := hash4.New[string]()
+	flow := func(remote string) hash4.Tuple {
+		r := netip.MustParseAddrPort(remote)
+		local := netip.MustParseAddr("192.0.2.1")
+		if r.Addr().Is6() {
+			local = netip.MustParseAddr("2001:db8::1")
+		}
+		return hash4.Tuple{Local: netip.AddrPortFrom(local, 443), Remote: r}
+	}
+	if err := t.Insert(flow("198.51.100.7:40000"), new("session A")); err != nil {
+		panic(err)
+	}
+	if err := t.Insert(flow("[2001:db8::9]:40001"), new("session B")); err != nil {
+		panic(err)
+	}
+
+	var sessions []*string
+	burst := []hash4.Tuple{
+		flow("[2001:db8::9]:40001"),
+		flow("198.51.100.8:40002"), // no such flow
+		flow("198.51.100.7:40000"),
+	}
+	sessions = t.AppendLookups(sessions[:0], burst)
+	for i, s := range sessions {
+		if s == nil {
+			fmt.Println(burst[i].Remote, "-> new flow")
+			continue
+		}
+		fmt.Println(burst[i].Remote, "->", *s)
+	}
+	// Output:
+	// [2001:db8::9]:40001 -> session B
+	// 198.51.100.8:40002 -> new flow
+	// 198.51.100.7:40000 -> session A
+}
+
 func ExampleTable_All() {
 	t := hash4.New[int]()
 	for i, remote := range []string{"[2001:db8::2]:443", "[2001:db8::3]:443", "[2001:db8::4]:80"} {

@@ -123,6 +123,15 @@ func (h *homeSlots) init(buckets, stripes int, ss []stripe, grouped bool) {
 	}
 }
 
+// groupOthers returns the number of other buckets in a bucket's home group:
+// homeGroupSize-1, or 0 in a table without groups.
+func (h *homeSlots) groupOthers() int {
+	if h.grouped() {
+		return homeGroupSize - 1
+	}
+	return 0
+}
+
 // grouped reports whether the table has home groups.
 func (h *homeSlots) grouped() bool { return h.group[0] != 0 }
 

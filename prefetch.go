@@ -2,19 +2,24 @@ package hash4
 
 import "unsafe"
 
-// lineHints is a list of cache lines a writer is about to write under a
-// stripe lock, for a prefetch for writing before it takes the lock (see
-// Table.touch). It holds addresses as unsafe.Pointers so that the fields
-// named may be of any type; nothing dereferences them, only the prefetch
-// instruction takes them (prefetch_amd64.s).
+// lineHints is a list of cache lines about to be read or written, for a
+// prefetch: those a writer writes under a stripe lock, before it takes the
+// lock (Table.touch), or those a lookup of a batch reads
+// (Table.AppendLookups). It holds addresses as unsafe.Pointers so that the
+// fields named may be of any type; nothing dereferences them, only the
+// prefetch instructions take them (prefetch_amd64.s).
+//
+// N.B. the room is an array in the list, so that a list on the stack stays
+// there: a slice of an array the caller declares made the array escape to
+// the heap.
 type lineHints struct {
 	n    int
 	addr [maxLineHints]unsafe.Pointer
 }
 
-// maxLineHints is the most lines Table.touch names in a list: a home bitmap
-// word, a move count, and two lines of each of the other three home slots
-// of a group.
+// maxLineHints is the most lines a list names: for Table.touch, a home
+// bitmap word, a move count and two lines of each of the other three home
+// slots of a group; for a lookup, fewer (Table.requestLines).
 const maxLineHints = 2 + 2*(homeGroupSize-1)
 
 // addLineHint adds the line of *p to h.

@@ -3,8 +3,14 @@ package hash4
 import "unsafe"
 
 // This file and prefetch_amd64.s hold the package's only assembly: Go has
-// no intrinsic for a prefetch with intent to write, nor for asking the
-// processor whether it has one.
+// no intrinsic for a prefetch, with intent to write or not, nor for asking
+// the processor whether it has the first.
+
+// canPrefetch reports whether the package issues prefetches for reading:
+// PREFETCHT0 is part of SSE, which every amd64 processor has. A variable,
+// so that tests can take the path of other architectures
+// (Table.AppendLookups).
+var canPrefetch = true
 
 // canPrefetchW reports whether the processor has PREFETCHW: CPUID leaf
 // 0x80000001, ECX bit 8 (PRFCHW; Linux's X86_FEATURE_3DNOWPREFETCH), set
@@ -48,13 +54,18 @@ func prefetchw3(head *linkField, seq *relUint32, val *unsafe.Pointer)
 // prefetchW asks for the cache lines of h's addresses with PREFETCHW (see
 // lineHints) and returns without waiting for them. Only for processors
 // with canPrefetchW.
-func (h *lineHints) prefetchW() { prefetchw(h.addr[:h.n]) }
+func (h *lineHints) prefetchW() { prefetch(h.addr[:h.n], true) }
 
-// prefetchw issues PREFETCHW for each address in addrs. It is a hint: it
-// neither reads nor writes memory as far as the program is concerned.
+// prefetchRead asks for the cache lines of h's addresses with PREFETCHT0,
+// into every level of the cache, and returns without waiting for them.
+func (h *lineHints) prefetchRead() { prefetch(h.addr[:h.n], false) }
+
+// prefetch issues PREFETCHW, if write is set, or PREFETCHT0 for each
+// address in addrs. It is a hint: it neither reads nor writes memory as far
+// as the program is concerned.
 //
 //go:noescape
-func prefetchw(addrs []unsafe.Pointer)
+func prefetch(addrs []unsafe.Pointer, write bool)
 
 // cpuid executes CPUID with EAX = leaf and ECX = sub.
 func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)

@@ -13,15 +13,24 @@ TEXT ·prefetchw3(SB), NOSPLIT|NOFRAME, $0-24
 	BYTE $0x0F; BYTE $0x0D; BYTE $0x09 // PREFETCHW (CX)
 	RET
 
-// func prefetchw(addrs []unsafe.Pointer)
-TEXT ·prefetchw(SB), NOSPLIT|NOFRAME, $0-24
+// func prefetch(addrs []unsafe.Pointer, write bool)
+//
+// With write set, PREFETCHW (ModRM 0x08 for (AX)); else PREFETCHT0.
+TEXT ·prefetch(SB), NOSPLIT|NOFRAME, $0-25
 	MOVQ addrs_base+0(FP), SI
 	MOVQ addrs_len+8(FP), CX
+	MOVBLZX write+24(FP), DX
 	TESTQ CX, CX
 	JZ done
 loop:
 	MOVQ (SI), AX
+	TESTB DX, DX
+	JZ read
 	BYTE $0x0F; BYTE $0x0D; BYTE $0x08 // PREFETCHW (AX)
+	JMP next
+read:
+	PREFETCHT0 (AX)
+next:
 	ADDQ $8, SI
 	DECQ CX
 	JNZ loop

@@ -3,6 +3,7 @@ package hash4
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -73,5 +74,25 @@ func TestTableWithoutPrefetchW(t *testing.T) {
 			}
 			tblCheckHome(t, tab, fmt.Sprintf("after churn, %d buckets, PREFETCHW %v", len(tab.b.heads), can))
 		}
+	}
+}
+
+// TestTableAppendLookupsWithoutPrefetch checks AppendLookups on the path of
+// architectures without a prefetch, where it loads the lines instead.
+func TestTableAppendLookupsWithoutPrefetch(t *testing.T) {
+	saved := canPrefetch
+	t.Cleanup(func() { canPrefetch = saved })
+	canPrefetch = false
+	for _, grouped := range []bool{false, true} {
+		tab := New[int](WithCapacity(64), WithLockStripes(4), withHomeGroups(grouped), WithSecret(tblSecret))
+		var keys []Tuple
+		for i := range 100 {
+			k := tblKey(i, i%2 == 1)
+			keys = append(keys, k)
+			if i%3 != 0 {
+				require.NoError(t, tab.Insert(k, new(i)))
+			}
+		}
+		require.Greater(t, tblCheckAppendLookups(t, tab, keys, rand.New(rand.NewPCG(3, 4))), 500)
 	}
 }

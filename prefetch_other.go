@@ -19,3 +19,10 @@ const canPrefetchW = false
 
 // prefetchW does nothing: without canPrefetchW it is never called.
 func (h *lineHints) prefetchW() {}
+
+// canPrefetch reports whether the package issues prefetches for reading:
+// only on amd64. Elsewhere Table.AppendLookups loads instead.
+const canPrefetch = false
+
+// prefetchRead does nothing: without canPrefetch it is never called.
+func (h *lineHints) prefetchRead() {}

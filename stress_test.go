@@ -52,8 +52,8 @@ func stressSpell(k Tuple, r *rand.Rand) Tuple {
 
 // TestStress churns a small table (long chains, constant recycling) from
 // several writers while readers check that keys that are never deleted are
-// always found and that every value returned belongs to the key asked for;
-// with and without home groups.
+// always found and that every value returned belongs to the key asked for,
+// by Lookup and by AppendLookups; with and without home groups.
 func TestStress(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprint("groups=", grouped), func(t *testing.T) { stress(t, grouped) })
@@ -93,6 +93,8 @@ func stress(t *testing.T, grouped bool) {
 		inserts   atomic.Int64
 		lookups   atomic.Int64
 		churnHits atomic.Int64
+		// batchLookups counts the AppendLookups calls of the readers.
+		batchLookups atomic.Int64
 	)
 	fail := func(format string, args ...any) {
 		if failures.Add(1) <= 10 {
@@ -139,8 +141,31 @@ func stress(t *testing.T, grouped bool) {
 	for rd := range nReaders {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(rd), 0x7ead))
+			var batch []Tuple
+			var batchIdx []int
+			var got []*stressVal
 			for n := 0; !stop.Load(); n++ {
-				if n%2 == 0 {
+				if n%64 == 1 { // a batch of permanent and churned keys
+					batch, batchIdx = batch[:0], batchIdx[:0]
+					for range 11 {
+						if i := r.IntN(2 * nPerm); i < nPerm {
+							batch, batchIdx = append(batch, stressSpell(perm[i], r)), append(batchIdx, i)
+						} else {
+							c := churn[r.IntN(len(churn))]
+							batch, batchIdx = append(batch, stressSpell(c, r)), append(batchIdx, -1)
+						}
+					}
+					got = tab.AppendLookups(got[:0], batch)
+					for j, v := range got {
+						switch i := batchIdx[j]; {
+						case i >= 0 && v != permVal[i]:
+							fail("reader %d: batch: permanent %v: got %+v", rd, batch[j], v)
+						case i < 0 && v != nil && (v.tup != tblCanon(batch[j]) || v.gen == 0):
+							fail("reader %d: batch: %v returned value %+v of another key", rd, batch[j], v)
+						}
+					}
+					batchLookups.Add(1)
+				} else if n%2 == 0 {
 					i := r.IntN(nPerm)
 					k := stressSpell(perm[i], r)
 					v, ok := tab.Lookup(k)
@@ -200,10 +225,11 @@ func stress(t *testing.T, grouped bool) {
 	st := tab.Stats()
 	require.Equal(t, len(want), st.Entries)
 	require.Greater(t, st.LongestChain, 4, "chains are long")
-	t.Logf("inserts %d, lookups %d (churn hits %d), restarts %d, nodes %d",
-		inserts.Load(), lookups.Load(), churnHits.Load(), st.LookupRestarts, st.Nodes)
+	t.Logf("inserts %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d",
+		inserts.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes)
 	require.Greater(t, inserts.Load(), int64(nWriters*perWriter), "the writers churned")
 	require.Positive(t, churnHits.Load())
+	require.Positive(t, batchLookups.Load())
 	// Recycling: every insert beyond the live set reused a node (or a
 	// home slot, reserved per bucket).
 	require.LessOrEqual(t, st.Nodes, st.Buckets+nPerm+len(churn)+st.LockStripes*(slabCacheMax+slabBatch))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 )
 
@@ -252,6 +253,90 @@ func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
 	var k key
 	t.tupleKey(&k, tup)
 	return t.lookup(&k)
+}
+
+// AppendLookups appends to dst the value stored for each tuple of tups, in
+// order, nil for a tuple that is absent, and returns the extended slice. It
+// allocates only if dst has too little room. Each lookup is one of Lookup,
+// without a lock: under concurrent writes the answers are those of Lookups
+// in order, not a snapshot of the table.
+//
+// In a table beyond the caches it is faster than a loop of Lookup: it
+// hashes up to 8 tuples and asks for the lines that each lookup will read
+// before reading any, so that their memory misses overlap, as packet
+// processors look up a burst of packets (DPDK's rte_hash_lookup_bulk). A
+// loop of Lookup overlaps the misses of about two. In a table of 1M
+// entries, batches of 8 made lookups about twice as fast, and 4 or 16 less
+// than 8 (BenchmarkAppendLookups).
+func (t *Table[T]) AppendLookups(dst []*T, tups []Tuple) []*T {
+	dst = slices.Grow(dst, len(tups))
+	var keys [lookupBatch]key
+	var buckets [lookupBatch]uint32
+	var valid [lookupBatch]bool
+	for len(tups) > 0 {
+		batch := tups[:min(len(tups), lookupBatch)]
+		tups = tups[len(batch):]
+		for i := range batch {
+			tup := &batch[i]
+			// As Lookup: no entry has port 0.
+			if valid[i] = tup.Remote.Port() != 0 && tup.Local.Port() != 0; valid[i] {
+				t.setKey(&keys[i], tup.Local.Addr(), tup.Local.Port(), tup.Remote)
+				buckets[i] = t.b.bucket(uint32(keys[i].meta >> 32))
+			}
+		}
+		// N.B. the requests for all lines come after all the hashing:
+		// loads issued between hashes would wait behind them.
+		t.requestLines(&buckets, &valid, len(batch))
+		for i := range batch {
+			var v *T
+			if valid[i] {
+				v, _ = t.lookup(&keys[i])
+			}
+			dst = append(dst, v)
+		}
+	}
+	return dst
+}
+
+// lookupBatch is how many lookups AppendLookups overlaps.
+const lookupBatch = 8
+
+// requestLines asks for the lines that lookups in the first n buckets of bs
+// (those marked valid) will read: each chain head, home slot and the other
+// home slots of its group. With a prefetch instruction (prefetch_amd64.go)
+// the requests do not wait; elsewhere they are loads, which overlap too but
+// hold up what comes after them while they wait: in a 1M-entry table on
+// amd64, with two goroutines, loads made AppendLookups 30% faster than a
+// loop of Lookup, and PREFETCHT0 50% (4 interleaved rounds).
+func (t *Table[T]) requestLines(bs *[lookupBatch]uint32, valid *[lookupBatch]bool, n int) {
+	if !canPrefetch {
+		// N.B. atomic loads are not removed for want of a use.
+		for i, b := range bs[:n] {
+			if !valid[i] {
+				continue
+			}
+			t.b.heads[b].load()
+			t.homeAt(b).seq.Load()
+			for _, x := range t.home.group[:t.home.groupOthers()] {
+				t.homeAt(b ^ x).seq.Load()
+			}
+		}
+		return
+	}
+	for i, b := range bs[:n] {
+		if !valid[i] {
+			continue
+		}
+		var h lineHints
+		e := t.homeAt(b)
+		addLineHint(&h, &t.b.heads[b])
+		addLineHint(&h, &e.seq)
+		addLineHint(&h, &e.val) // on the next line when the entry straddles two
+		for _, x := range t.home.group[:t.home.groupOthers()] {
+			addLineHint(&h, &t.homeAt(b^x).seq)
+		}
+		h.prefetchRead()
+	}
 }
 
 // lookup is __inet_lookup_established over one chain, preceded by a look
