@@ -60,8 +60,16 @@ func TestManyClientsEchoToSender(t *testing.T) {
 		t.Error(err)
 	}
 
+	// The gateway counts a datagram after its send returns, and the echo
+	// may reach the client first: the counts settle a moment after the
+	// last echo.
+	want := int64(clients * perClient)
+	waitFor(2*time.Second, func() bool {
+		s := gw.stats()
+		return s.ToUpstream == want && s.ToClients == want
+	})
 	s := gw.stats()
-	if want := int64(clients * perClient); s.ToUpstream != want || s.ToClients != want {
+	if s.ToUpstream != want || s.ToClients != want {
 		t.Errorf("forwarded %d up, %d back; want %d each", s.ToUpstream, s.ToClients, want)
 	}
 	if s.FlowsCreated != clients || s.FlowsActive != clients || s.PortsInUse != clients {
@@ -244,6 +252,9 @@ func TestOversizeDropped(t *testing.T) {
 	if err := c.roundTrip([]byte("small again"), 2*time.Second); err != nil {
 		t.Error(err)
 	}
+	// ToClients is counted after the send returns: it settles a moment
+	// after the echo arrives.
+	waitFor(time.Second, func() bool { return gw.stats().ToClients == 2 })
 	if s := gw.stats(); s.FlowsCreated != 1 || s.ToClients != 2 {
 		t.Errorf("flows created %d, forwarded to client %d; want 1 and 2", s.FlowsCreated, s.ToClients)
 	}
