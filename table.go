@@ -257,9 +257,10 @@ func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
 
 // AppendLookups appends to dst the value stored for each tuple of tups, in
 // order, nil for a tuple that is absent, and returns the extended slice. It
-// allocates only if dst has too little room. Each lookup is one of Lookup,
-// without a lock: under concurrent writes the answers are those of Lookups
-// in order, not a snapshot of the table.
+// allocates only if dst has too little room. Each lookup is a Lookup,
+// without a lock, and the lookups run in order: under concurrent writes the
+// answers are those of as many Lookups in a row, not a snapshot of the
+// table.
 //
 // In a table beyond the caches it is faster than a loop of Lookup: it
 // hashes up to 8 tuples and asks for the lines that each lookup will read
