@@ -75,10 +75,10 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 		names[i] = g.name
 	}
 	fs.StringVar(&groups, "groups", strings.Join(names, ","), "comma-separated comparisons to run: "+strings.Join(names, ", "))
-	fs.StringVar(&sizes, "sizes", strings.Join(defaultSizes, ","), "comma-separated table sizes of lookup, mixed and churn (the n= of their sub-benchmarks)")
+	fs.StringVar(&sizes, "sizes", strings.Join(defaultSizes, ","), "comma-separated table sizes of lookup, mixed, churn and batch (the n= of their sub-benchmarks)")
 	fs.StringVar(&o.benchtime, "benchtime", defaultBenchtime, "run time of each benchmark: a duration (300ms) or an iteration count (2000x)")
 	fs.IntVar(&o.count, "count", defaultCount, "runs of each benchmark; the report shows the median")
-	fs.StringVar(&cpus, "cpu", joinInts(defaultCPUs(gomaxprocs)), "comma-separated goroutine counts (GOMAXPROCS) of lookup, mixed and churn; connect and udp run at GOMAXPROCS")
+	fs.StringVar(&cpus, "cpu", joinInts(defaultCPUs(gomaxprocs)), "comma-separated goroutine counts (GOMAXPROCS) of lookup, mixed, churn and batch; the others run at GOMAXPROCS")
 	fs.StringVar(&policies, "policies", "", "comma-separated port policies of connect (the policy= of its sub-benchmarks: odd-even, flat; default all)")
 	fs.StringVar(&o.out, "out", "", "output directory (default docs/ at the module root)")
 	fs.StringVar(&o.pkg, "pkg", "", "directory of the package whose benchmarks run (default the module root)")

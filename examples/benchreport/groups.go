@@ -4,7 +4,7 @@ package main
 // part of the sub-benchmark name names the implementations compared, and how
 // it is charted.
 type groupSpec struct {
-	name  string // flag name: lookup, mixed, churn, sharing, connect, udp
+	name  string // flag name: lookup, mixed, churn, batch, sharing, connect, udp
 	bench string // benchmark function, e.g. BenchmarkLookup
 	title string // heading and chart title
 	// implKey is the sub-name key whose values are the implementations
@@ -64,6 +64,15 @@ var groupSpecs = []*groupSpec{
 		what: "Delete and reinsert of present keys only (two operations per op).",
 		meaning: "Short flows (DNS, HTTP/1.0, a SYN flood) are all setup and teardown: this bounds how many " +
 			"flows per second a proxy can create and expire, and allocations here become GC pauses under load.",
+	},
+	{
+		name: "batch", bench: "BenchmarkAppendLookups", title: "Lookups in bursts of 16",
+		implKey: "impl", impls: []string{"hash4-batch", "hash4", "xsync"},
+		sized: true, perRow: 3,
+		what: "Lookups of present keys, 16 at a time: Table.AppendLookups (hash4-batch) against a loop of " +
+			"Lookup (hash4) and of xsync's Load; time per lookup.",
+		meaning: "A gateway that reads packets in bursts (recvmmsg, AF_XDP) has their tuples at once; looking " +
+			"them up together overlaps their memory misses, which is what a table beyond the caches waits on.",
 	},
 	{
 		name: "sharing", bench: "BenchmarkChurnSharing", title: "Churn: one shared table or one per goroutine",

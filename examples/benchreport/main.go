@@ -8,10 +8,10 @@
 //	go run ./examples/benchreport -from docs/benchmarks.txt   # redraw from recorded output
 //
 // It compiles the package's test binary once (go test -c) and runs it once
-// for lookup, mixed and churn at every -cpu value, then once per other
-// comparison at GOMAXPROCS, each like
+// for lookup, mixed, churn and batch at every -cpu value, then once per
+// other comparison at GOMAXPROCS, each like
 //
-//	go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn)$/^n=(1K|1M)$' -benchtime 1s -count 3 -cpu 1,2 -benchmem
+//	go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn|AppendLookups)$/^n=(1K|1M)$' -benchtime 1s -count 3 -cpu 1,2 -benchmem
 //
 // The Connect strategies compared are unexported, so the benchmarks, not
 // this command, drive them. While they run, a progress bar on stderr (when
@@ -22,7 +22,7 @@
 //     the fastest implementation in the row and allocs/op, with hash4's ratio
 //     to its fastest peer as the headline;
 //   - throughput-<group>-<size>.svg: million ops/s against goroutines, a line
-//     per implementation (lookup, mixed, churn);
+//     per implementation (lookup, mixed, churn, batch);
 //   - connect-<policy>.svg: time per Connect against the occupancy of the port
 //     range, a line per strategy;
 //   - sharing.svg: time per delete+insert of 1K keys in one table shared by
@@ -33,12 +33,12 @@
 //
 // # Flags
 //
-//	-groups list     comparisons to run: lookup, mixed, churn, sharing, connect, udp
+//	-groups list     comparisons to run: lookup, mixed, churn, batch, sharing, connect, udp
 //	                 (default all)
-//	-sizes list      table sizes of lookup, mixed and churn (default 1K,1M)
+//	-sizes list      table sizes of lookup, mixed, churn and batch (default 1K,1M)
 //	-benchtime t     run time of each benchmark, a duration or Nx (default 1s)
 //	-count n         runs of each benchmark; the report shows the median (default 3)
-//	-cpu list        goroutine counts of lookup, mixed and churn (default 1, 2, 4, ...
+//	-cpu list        goroutine counts of lookup, mixed, churn and batch (default 1, 2, 4, ...
 //	                 up to GOMAXPROCS, and GOMAXPROCS)
 //	-policies list   Connect port policies (default all: odd-even, flat)
 //	-out dir         output directory (default docs/ at the module root)

@@ -114,7 +114,7 @@ func TestPlan(t *testing.T) {
 		total += inv.expect
 	}
 	want := []string{
-		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^Benchmark(Lookup|Mixed|Churn)$/^n=(1K)$' -cpu 1,2 .`,
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^Benchmark(Lookup|Mixed|Churn|AppendLookups)$/^n=(1K)$' -cpu 1,2 .`,
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkChurnSharing$' .`,
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkConnect$/^(policy=(flat)|occupancy=.*)$' .`,
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkUDPLookup$' .`,
@@ -122,10 +122,11 @@ func TestPlan(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("plan\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	// 3 groups x 1 size x 2 cpus x 4 impls + 2 impls x 2 kinds of tables
-	// + 1 policy x 4 occupancies x 4 impls + 3 cases x 2.
-	if total != 24+4+16+6 {
-		t.Errorf("expect %d results, want 50", total)
+	// 3 groups x 1 size x 2 cpus x 4 impls + 1 size x 2 cpus x 3 batch
+	// impls + 2 impls x 2 kinds of tables + 1 policy x 4 occupancies x 4
+	// impls + 3 cases x 2.
+	if total != 24+6+4+16+6 {
+		t.Errorf("expect %d results, want 56", total)
 	}
 
 	o, err = parseFlags([]string{"-groups", "churn,connect", "-count", "3", "-cpu", "1,2,4"}, 4, &bytes.Buffer{})
@@ -307,8 +308,8 @@ func TestCommandQuick(t *testing.T) {
 	}
 	// A line per finished benchmark (stderr is not a terminal here), the
 	// last one at the planned total.
-	if !regexp.MustCompile(`\[50/50\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
-		t.Errorf("progress lacks [50/50]:\n%s", stderr.String())
+	if !regexp.MustCompile(`\[56/56\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
+		t.Errorf("progress lacks [56/56]:\n%s", stderr.String())
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
 	for _, s := range []string{"`go run ./examples/benchreport -quick -out ", "## Lookup hits", "## UDP socket lookup", "GOMAXPROCS"} {

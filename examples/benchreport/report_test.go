@@ -58,7 +58,7 @@ func TestParseRecorded(t *testing.T) {
 	for _, g := range rep.groups {
 		names = append(names, g.spec.name)
 	}
-	if got := strings.Join(names, ","); got != "lookup,mixed,churn,sharing,connect,udp" {
+	if got := strings.Join(names, ","); got != "lookup,mixed,churn,batch,sharing,connect,udp" {
 		t.Fatalf("groups %s", got)
 	}
 	if len(rep.ignored) != 0 {

@@ -185,7 +185,8 @@ func TestChartsRecorded(t *testing.T) {
 	wantNames := []string{
 		"throughput-lookup-1K.svg", "throughput-lookup-1M.svg",
 		"throughput-mixed-1K.svg", "throughput-mixed-1M.svg",
-		"throughput-churn-1K.svg", "throughput-churn-1M.svg", "sharing.svg",
+		"throughput-churn-1K.svg", "throughput-churn-1M.svg",
+		"throughput-batch-1K.svg", "throughput-batch-1M.svg", "sharing.svg",
 		"connect-flat.svg", "connect-odd-even.svg", "udp.svg",
 	}
 	if !slices.Equal(names, wantNames) {
