@@ -170,7 +170,8 @@ func (h *homeSlots) take(st *stripe, b uint32) bool {
 }
 
 // release marks bucket b's home slot free. The caller holds the lock of b's
-// stripe st. In a table with home groups it also records b for steal.
+// stripe st. (In a table with home groups, Table.free records b for
+// steal.)
 func (h *homeSlots) release(st *stripe, b uint32) {
 	w, m := h.bit(st, b)
 	*w |= m

@@ -37,9 +37,9 @@ func TestCPUID(t *testing.T) {
 // TestTableWithoutPrefetchW runs the table's writers through both paths of
 // touch, that of processors without PREFETCHW, where it loads instead, and
 // the other, on a small table, one whose home bitmap lies beyond its
-// stripes' lines and one with home groups (the three sets of lines touch
-// names): a churn checked against a model, with the stripes' home
-// bookkeeping checked after.
+// stripes' lines and one with home groups, where touch names more lines: a
+// churn checked against a model, with the stripes' home bookkeeping
+// checked after.
 func TestTableWithoutPrefetchW(t *testing.T) {
 	saved := canPrefetchW
 	t.Cleanup(func() { canPrefetchW = saved })

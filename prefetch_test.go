@@ -8,10 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestTouchIsAHint checks that Table.touch changes no memory, on tables
-// where it names each kind of line: a small table (head and home slot), one
-// whose home bitmap lies beyond its stripes' lines (bitmap word and move
-// count too), and one with home groups (the group's home slots too); and
+// TestTouchIsAHint checks that Table.touch changes no memory, on a small
+// table, one whose home bitmap lies beyond its stripes' lines, where touch
+// names the head and the home slot, and one with home groups, where it also
+// names the bitmap word, the move count and the group's home slots; and
 // that it allocates nothing. (It cannot tell a prefetch for writing from
 // any other hint: what that buys is measured, in BenchmarkChurn.)
 func TestTouchIsAHint(t *testing.T) {
