@@ -461,45 +461,52 @@ func BenchmarkHashTuple(b *testing.B) {
 // costs in churn: every goroutine churns either one table (tables=shared)
 // or a table of its own that holds the same keys (tables=own). Both do the
 // same work per op; the difference is cache lines that move between the
-// cores writing them.
+// cores writing them. At 1M, tables=own is also churn with no line to pass.
 func BenchmarkChurnSharing(b *testing.B) {
-	const n = 1 << 10
-	ks := benchKeys(n)
-	for _, impl := range benchImpls {
-		if impl.name != "hash4" && impl.name != "xsync" {
-			continue
-		}
-		for _, shared := range []bool{true, false} {
-			name := map[bool]string{true: "shared", false: "own"}[shared]
-			b.Run(fmt.Sprintf("n=1K/impl=%s/tables=%s", impl.name, name), func(b *testing.B) {
-				maps := make([]benchMap, runtime.GOMAXPROCS(0))
-				for g := range maps {
-					if g > 0 && shared {
-						maps[g] = maps[0]
-						continue
-					}
-					maps[g] = impl.new(n)
-					for _, i := range ks.fill {
-						maps[g].Insert(ks.keys[i], &ks.vals[i])
-					}
-				}
-				runtime.GC()
-				b.ResetTimer()
-				var gid atomic.Uint64
-				b.RunParallel(func(pb *testing.PB) {
-					w := newBenchWalk(&gid, ks)
-					// N.B. the walk's own number, not gid.Load(): both
-					// goroutines may load gid after both have added to it,
-					// and then churn one table of the own ones.
-					m := maps[(w.g-1)%uint64(len(maps))]
-					for pb.Next() {
-						k := w.next()
-						if v, ok := m.Delete(*k); ok {
-							m.Insert(*k, v)
-						}
-					}
+	for _, sz := range benchSizes {
+		ks := benchKeys(sz.n)
+		for _, impl := range benchImpls {
+			if impl.name != "hash4" && impl.name != "xsync" {
+				continue
+			}
+			for _, shared := range []bool{true, false} {
+				name := map[bool]string{true: "shared", false: "own"}[shared]
+				b.Run(fmt.Sprintf("n=%s/impl=%s/tables=%s", sz.name, impl.name, name), func(b *testing.B) {
+					benchChurnTables(b, impl, ks, shared)
 				})
-			})
+			}
 		}
 	}
+}
+
+// benchChurnTables runs BenchmarkChurnSharing's churn of the keys of ks in
+// one table shared by every goroutine or in a table per goroutine.
+func benchChurnTables(b *testing.B, impl benchImpl, ks *benchKeySet, shared bool) {
+	maps := make([]benchMap, runtime.GOMAXPROCS(0))
+	for g := range maps {
+		if g > 0 && shared {
+			maps[g] = maps[0]
+			continue
+		}
+		maps[g] = impl.new(len(ks.keys))
+		for _, i := range ks.fill {
+			maps[g].Insert(ks.keys[i], &ks.vals[i])
+		}
+	}
+	runtime.GC()
+	b.ResetTimer()
+	var gid atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		w := newBenchWalk(&gid, ks)
+		// N.B. the walk's own number, not gid.Load(): both goroutines
+		// may load gid after both have added to it, and then churn one
+		// table of the own ones.
+		m := maps[(w.g-1)%uint64(len(maps))]
+		for pb.Next() {
+			k := w.next()
+			if v, ok := m.Delete(*k); ok {
+				m.Insert(*k, v)
+			}
+		}
+	})
 }

@@ -78,8 +78,8 @@ var groupSpecs = []*groupSpec{
 		name: "sharing", bench: "BenchmarkChurnSharing", title: "Churn: one shared table or one per goroutine",
 		implKey: "tables", impls: []string{"tables=shared", "tables=own"},
 		perRow: 4,
-		what: "Delete and reinsert of 1K present keys by every goroutine, in one table they share or each in a " +
-			"table of its own that holds the same keys: the same work per op either way.",
+		what: "Delete and reinsert of present keys (1K or 1M) by every goroutine, in one table they share or each " +
+			"in a table of its own that holds the same keys: the same work per op either way.",
 		meaning: "What sharing costs is the cache lines passed between the cores that write them. On a VM this " +
 			"also tells where the processors sat during the report: when tables of their own cost as much as a " +
 			"shared one, the goroutines ran on processors that share a core's caches, and churn above is cheaper than on two cores that do not.",

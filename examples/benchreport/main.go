@@ -25,7 +25,7 @@
 //     per implementation (lookup, mixed, churn, batch);
 //   - connect-<policy>.svg: time per Connect against the occupancy of the port
 //     range, a line per strategy;
-//   - sharing.svg: time per delete+insert of 1K keys in one table shared by
+//   - sharing.svg: time per delete+insert of 1K and 1M keys in one table shared by
 //     the goroutines and in a table per goroutine, which tells whether the
 //     processors shared caches while the report ran;
 //   - udp.svg: time per UDP socket lookup, hash4 on and off, per case;
