@@ -236,38 +236,74 @@ func benchTuple(r *rand.Rand, i int, v4 bool) Tuple {
 var benchFilled struct {
 	impl string
 	n    int
+	how  benchFill
 	m    benchMap
 }
 
-// benchPrefilled returns a map of impl holding all n keys, and the keys. It
-// stops the timer while it builds one; the caller resets it.
-func benchPrefilled(b *testing.B, impl benchImpl, n int) (benchMap, *benchKeySet) {
+// benchFill is how a benchmark's map came to hold its keys.
+type benchFill int
+
+const (
+	// filledOnce: the keys were inserted into an empty map, in ks.fill
+	// order.
+	filledOnce benchFill = iota
+	// filledByChurn: the map was filled with n other keys, and each was
+	// then deleted, in random order, and replaced by one of the keys, as
+	// flows come and go. Where an implementation places an entry by what
+	// its bucket and neighbours hold when it is inserted (hash4's home
+	// slots), this is the placement that churn leaves, rather than the one
+	// a single fill makes.
+	filledByChurn
+)
+
+// benchPrefilled returns a map of impl holding all n keys, filled as how
+// says, and the keys. It stops the timer while it builds one; the caller
+// resets it.
+func benchPrefilled(b *testing.B, impl benchImpl, n int, how benchFill) (benchMap, *benchKeySet) {
 	b.StopTimer()
 	defer b.StartTimer()
 	ks := benchKeys(n)
-	if benchFilled.m != nil && benchFilled.impl == impl.name && benchFilled.n == n {
+	if benchFilled.m != nil && benchFilled.impl == impl.name && benchFilled.n == n && benchFilled.how == how {
 		return benchFilled.m, ks
 	}
 	benchFilled.m = nil
 	m := impl.new(n)
-	for _, i := range ks.fill {
-		m.Insert(ks.keys[i], &ks.vals[i])
+	if how == filledByChurn {
+		// Other keys: benchTuple's peer address is unique per i, and
+		// ks.keys has i < n.
+		r := rand.New(rand.NewPCG(2, uint64(n)))
+		others := make([]Tuple, n)
+		for i := range others {
+			others[i] = benchTuple(r, n+i, i%2 == 0)
+			m.Insert(others[i], &ks.vals[i])
+		}
+		gone := r.Perm(n)
+		for j, i := range ks.fill {
+			if _, ok := m.Delete(others[gone[j]]); !ok {
+				b.Fatalf("%s lost key %v", impl.name, others[gone[j]])
+			}
+			m.Insert(ks.keys[i], &ks.vals[i])
+		}
+	} else {
+		for _, i := range ks.fill {
+			m.Insert(ks.keys[i], &ks.vals[i])
+		}
 	}
-	benchFilled.impl, benchFilled.n, benchFilled.m = impl.name, n, m
+	benchFilled.impl, benchFilled.n, benchFilled.how, benchFilled.m = impl.name, n, how, m
 	runtime.GC() // the fill's garbage is not the benchmark's
 	return m, ks
 }
 
-// benchEach runs body for every size and implementation, reporting
-// allocations if allocs is set.
-func benchEach(b *testing.B, allocs bool, body func(b *testing.B, m benchMap, ks *benchKeySet)) {
+// benchEach runs body for every size and implementation, on a map filled as
+// how says, reporting allocations if allocs is set.
+func benchEach(b *testing.B, allocs bool, how benchFill, body func(b *testing.B, m benchMap, ks *benchKeySet)) {
 	for _, sz := range benchSizes {
 		for _, impl := range benchImpls {
 			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl.name), func(b *testing.B) {
 				if allocs {
 					b.ReportAllocs()
 				}
-				m, ks := benchPrefilled(b, impl, sz.n)
+				m, ks := benchPrefilled(b, impl, sz.n, how)
 				b.ResetTimer()
 				body(b, m, ks)
 			})
@@ -306,28 +342,37 @@ func (w *benchWalk) next() *Tuple {
 	return k
 }
 
-// BenchmarkLookup measures lookup hits.
+// BenchmarkLookup measures lookup hits in a map filled once.
 func BenchmarkLookup(b *testing.B) {
-	benchEach(b, false, func(b *testing.B, m benchMap, ks *benchKeySet) {
-		var gid atomic.Uint64
-		b.RunParallel(func(pb *testing.PB) {
-			w, misses := newBenchWalk(&gid, ks), 0
-			for pb.Next() {
-				if _, ok := m.Lookup(*w.next()); !ok {
-					misses++
-				}
+	benchEach(b, false, filledOnce, benchLookups)
+}
+
+// BenchmarkLookupChurned measures lookup hits in a map whose keys all came
+// in through churn (filledByChurn).
+func BenchmarkLookupChurned(b *testing.B) {
+	benchEach(b, false, filledByChurn, benchLookups)
+}
+
+// benchLookups looks up the keys of ks in m, which holds them all.
+func benchLookups(b *testing.B, m benchMap, ks *benchKeySet) {
+	var gid atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		w, misses := newBenchWalk(&gid, ks), 0
+		for pb.Next() {
+			if _, ok := m.Lookup(*w.next()); !ok {
+				misses++
 			}
-			if misses > 0 {
-				b.Errorf("%d lookups of present keys missed", misses)
-			}
-		})
+		}
+		if misses > 0 {
+			b.Errorf("%d lookups of present keys missed", misses)
+		}
 	})
 }
 
 // BenchmarkMixed measures 90% lookups and 10% delete+insert of the same key
 // (one op each), so that occupancy stays constant.
 func BenchmarkMixed(b *testing.B) {
-	benchEach(b, true, func(b *testing.B, m benchMap, ks *benchKeySet) {
+	benchEach(b, true, filledOnce, func(b *testing.B, m benchMap, ks *benchKeySet) {
 		var gid atomic.Uint64
 		b.RunParallel(func(pb *testing.PB) {
 			w, c := newBenchWalk(&gid, ks), 10
@@ -350,7 +395,7 @@ func BenchmarkMixed(b *testing.B) {
 
 // BenchmarkChurn measures delete+insert pairs (one op each) only.
 func BenchmarkChurn(b *testing.B) {
-	benchEach(b, true, func(b *testing.B, m benchMap, ks *benchKeySet) {
+	benchEach(b, true, filledOnce, func(b *testing.B, m benchMap, ks *benchKeySet) {
 		var gid atomic.Uint64
 		b.RunParallel(func(pb *testing.PB) {
 			w := newBenchWalk(&gid, ks)
@@ -376,7 +421,7 @@ func BenchmarkAppendLookups(b *testing.B) {
 				bi := benchImpls[slices.IndexFunc(benchImpls, func(bi benchImpl) bool {
 					return bi.name == strings.TrimSuffix(impl, "-batch")
 				})]
-				m, ks := benchPrefilled(b, bi, sz.n)
+				m, ks := benchPrefilled(b, bi, sz.n, filledOnce)
 				// One indirect call per burst; direct calls within it.
 				var lookupBurst func(vals []*benchVal, tups []Tuple) []*benchVal
 				switch m := m.(type) {

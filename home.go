@@ -16,12 +16,16 @@ import "math/bits"
 //
 // A home slot whose bucket is empty may be taken by an entry of another
 // bucket of the same lock stripe (it is stolen), so that a table holding
-// one entry per bucket needs few nodes beyond the reserved ones. An insert
-// into the owner's bucket takes the slot back if the stealer is the head of
-// its chain (and not of the owner's home group, below), moving it to a
-// spare node; a stealer deeper in its chain stays
-// until it is deleted, since only a head can move without a reader missing
-// it (Table.move). When a home slot is freed while its bucket has entries,
+// one entry per bucket needs few nodes beyond the reserved ones. An entry
+// that no home slot of its own (or of its group, below) can hold takes a
+// free home slot of its stripe before a node of the free cache: taken the
+// other way round, slots stayed free while entries kept nodes of their own,
+// and a churned table's nodes grew round after round (Table.spareNode). An
+// insert into the owner's bucket takes the slot back if the stealer is the
+// head of its chain (and not of the owner's home group, below), moving it
+// to a spare node; a stealer deeper in its chain stays until it is
+// deleted, since only a head can move without a reader missing it
+// (Table.move). When a home slot is freed while its bucket has entries,
 // the entry at the head of that bucket's chain moves into it (Table.free).
 // All of it happens under the one stripe lock, and a home slot is free only
 // while its bucket is empty.
@@ -33,17 +37,25 @@ import "math/bits"
 // chain head, and an entry that cannot have its own home slot takes a free
 // home slot of its group before any other node. An insert into a bucket
 // whose home slot holds an entry of another bucket of its group leaves that
-// entry in place, where lookups of its key read it. With one home slot per
-// bucket, at most 63% of a table at one entry per bucket can be at home
-// (the share of non-empty buckets); with groups, 77 to 78% of the entries
-// of such a table are in a home slot of their group, after inserts and
-// after long churn, of a ceiling of 80.5% (a group holds four entries on
-// average, and Poisson(4) entries fill 3.22 of its four slots). Evicting
-// stealers from outside the group, and refilling a freed slot from the
-// other buckets of its group, would take the share to the ceiling, and
-// churn at 1M entries would pay 20% more for the moves. Small tables, whose
-// chain walks hit the caches, read only their own home slot: there the
-// three more reads cost 9% of a lookup at 1K entries.
+// entry in place, where lookups of its key read it; where every slot of the
+// group is taken, the insert evicts a stealer from outside the group that
+// heads its chain, from its own slot first, then from the group's
+// (Table.place). With one home slot per bucket, at most 63% of a table at
+// one entry per bucket can be at home (the share of non-empty buckets);
+// with groups, 80% of the entries of such a table are in a home slot of
+// their group after inserts, of a ceiling of 80.5% (a group holds four
+// entries on average, and Poisson(4) entries fill 3.22 of its four slots),
+// and 72 to 74% after churn that replaces every flow, round after round.
+// Evicting stealers only from an insert's own slot left 77% after inserts
+// and 62 to 67% after such churn: stealers, which take the free slots of
+// a stripe, sat in the slots that entries of the group later needed.
+// Refilling a freed slot from the other buckets of its group as well would
+// come nearer the ceiling, but reads their chain heads under the lock,
+// lines the delete has not fetched; an earlier build that did both made
+// churn at 1M 20% slower, where eviction alone costs it nothing
+// measurable. It is not done. Small tables, whose chain walks hit the
+// caches, read only their own home slot: there the three more reads cost
+// 9% of a lookup at 1K entries.
 //
 // N.B. the direct read relies on the order in which writers change an
 // entry's seq (see entry): an entry turns live only once it is linked and

@@ -25,8 +25,8 @@ import (
 const (
 	slabChunkShift = 10
 	slabChunkSize  = 1 << slabChunkShift
-	// slabBatch is how many indexes a cache takes from, or gives back to,
-	// the depot at once.
+	// slabBatch is the most indexes a cache takes from, or gives back
+	// to, the depot at once (see slab.setBatch).
 	slabBatch = 16
 	// slabCacheMax is the most free indexes a cache keeps.
 	slabCacheMax = 4 * slabBatch
@@ -42,10 +42,36 @@ type slab[N any] struct {
 	// synchronization, and at reaches the nodes in it without loading dir.
 	reserved [][slabChunkSize]N
 
+	// batch is how many indexes a cache takes from, or gives back to,
+	// the depot at once, slabBatch if zero; set before the store is
+	// shared.
+	batch int
+
 	mu     sync.Mutex // guards what follows, and growth of dir
 	carved uint32     // nodes handed out at least once; index 0 is never used
 	depot  []uint32   // free indexes not held by any cache
 }
+
+// setBatch sets how many indexes a cache takes from, or gives back to, the
+// depot at once: n, from 1 to slabBatch. A cache keeps at most 4 batches.
+// It must be called before the store is shared.
+//
+// N.B. every cache may hold up to 5 batches of free nodes (4 kept, and one
+// carved that it has not handed out yet), so the batch sets what a store
+// with many caches holds beyond its live nodes: a table whose stripes
+// cover few buckets takes small batches (Table.New).
+func (s *slab[N]) setBatch(n int) { s.batch = min(max(n, 1), slabBatch) }
+
+// batchSize returns the number of indexes a cache moves at once.
+func (s *slab[N]) batchSize() int {
+	if s.batch == 0 {
+		return slabBatch
+	}
+	return s.batch
+}
+
+// cacheMax returns the most free indexes a cache keeps.
+func (s *slab[N]) cacheMax() int { return 4 * s.batchSize() }
 
 // slabCache is a cache of free indexes. Its owner serializes its use.
 type slabCache struct {
@@ -125,12 +151,13 @@ func (s *slab[N]) reserve(n uint32) {
 	s.carved = n + 1
 }
 
-// put returns node i to c; c gives half of its indexes back to the depot
-// when it is full, so that nodes freed under one stripe serve the others.
-func (s *slab[N]) put(c *slabCache, i uint32) {
+// put returns node i to c; when c holds limit indexes or more (limit is at
+// most s.cacheMax()), it keeps limit/2 and gives the rest back to the
+// depot, so that nodes freed under one stripe serve the others.
+func (s *slab[N]) put(c *slabCache, i uint32, limit int) {
 	c.free = append(c.free, i)
-	if len(c.free) >= slabCacheMax {
-		keep := len(c.free) - slabCacheMax/2
+	if len(c.free) >= limit {
+		keep := limit / 2
 		s.mu.Lock()
 		s.depot = append(s.depot, c.free[keep:]...)
 		s.mu.Unlock()
@@ -138,12 +165,12 @@ func (s *slab[N]) put(c *slabCache, i uint32) {
 	}
 }
 
-// refill moves up to slabBatch indexes into c, from the depot or else from
+// refill moves up to a batch of indexes into c, from the depot or else from
 // fresh nodes, growing the store by a chunk when needed.
 func (s *slab[N]) refill(c *slabCache) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if n := min(len(s.depot), slabBatch); n > 0 {
+	if n := min(len(s.depot), s.batchSize()); n > 0 {
 		c.free = append(c.free, s.depot[len(s.depot)-n:]...)
 		s.depot = s.depot[:len(s.depot)-n]
 		return true
@@ -151,7 +178,7 @@ func (s *slab[N]) refill(c *slabCache) bool {
 	if s.carved == 0 {
 		s.carved = 1 // index 0 is never a node
 	}
-	for range slabBatch {
+	for range s.batchSize() {
 		if s.carved >= slabMaxNodes {
 			break
 		}

@@ -155,7 +155,7 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 			e.seq.Store(e.seq.Load() + 1) // free: N.B. before unlinking and clearing the value (see entry)
 			unlink(prev, &e.next)
 			e.val.Store(nil)
-			t.est.nodes.put(&st.cache, i)
+			t.est.nodes.put(&st.cache, i, t.est.nodes.cacheMax())
 			st.count.Store(st.count.Load() - 1)
 			return
 		}

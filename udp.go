@@ -315,7 +315,7 @@ func (t *UDPTable[T]) putNode(h uint32, i uint32) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	t.nodes.at(i).val.Store(nil)
-	t.nodes.put(&st.cache, i)
+	t.nodes.put(&st.cache, i, t.nodes.cacheMax())
 }
 
 // LocalAddr returns the address and port the socket is bound to, with an
