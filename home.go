@@ -21,14 +21,15 @@ import "math/bits"
 // free home slot of its stripe before a node of the free cache: taken the
 // other way round, slots stayed free while entries kept nodes of their own,
 // and a churned table's nodes grew round after round (Table.spareNode). An
-// insert into the owner's bucket takes the slot back if the stealer is the
-// head of its chain (and not of the owner's home group, below), moving it
-// to a spare node; a stealer deeper in its chain stays until it is
-// deleted, since only a head can move without a reader missing it
-// (Table.move). When a home slot is freed while its bucket has entries,
-// the entry at the head of that bucket's chain moves into it (Table.free).
-// All of it happens under the one stripe lock, and a home slot is free only
-// while its bucket is empty.
+// insert into the owner's bucket takes the slot back, moving the stealer
+// (unless it is of the owner's home group, below) to a spare node
+// (Table.evict, Table.move). When a home slot is freed while its bucket has
+// entries, the entry at the head of that bucket's chain moves into it
+// (Table.free). All of it happens under the one stripe lock, and a home
+// slot is free only while its bucket is empty. So, without groups, every
+// bucket that has entries holds one of them in its home slot: 63% of the
+// entries of a table at one entry per bucket (the share of non-empty
+// buckets), after inserts and after churn alike.
 //
 // Home groups. In a large table, whose entries are far beyond the caches,
 // each bucket is one of a group of four: the buckets whose indexes differ
@@ -38,24 +39,24 @@ import "math/bits"
 // home slot of its group before any other node. An insert into a bucket
 // whose home slot holds an entry of another bucket of its group leaves that
 // entry in place, where lookups of its key read it; where every slot of the
-// group is taken, the insert evicts a stealer from outside the group that
-// heads its chain, from its own slot first, then from the group's
-// (Table.place). With one home slot per bucket, at most 63% of a table at
-// one entry per bucket can be at home (the share of non-empty buckets);
-// with groups, 80% of the entries of such a table are in a home slot of
-// their group after inserts, of a ceiling of 80.5% (a group holds four
+// group is taken, the insert evicts a stealer from outside the group, from
+// its own slot first, then from the group's (Table.place). Of a table of
+// random flows at one entry per bucket, 80.5% of the entries are in a home
+// slot of their group after inserts, the ceiling (a group holds four
 // entries on average, and Poisson(4) entries fill 3.22 of its four slots),
-// and 72 to 74% after churn that replaces every flow, round after round.
-// Evicting stealers only from an insert's own slot left 77% after inserts
-// and 62 to 67% after such churn: stealers, which take the free slots of
-// a stripe, sat in the slots that entries of the group later needed.
-// Refilling a freed slot from the other buckets of its group as well would
-// come nearer the ceiling, but reads their chain heads under the lock,
-// lines the delete has not fetched; an earlier build that did both made
-// churn at 1M 20% slower, where eviction alone costs it nothing
-// measurable. It is not done. Small tables, whose chain walks hit the
-// caches, read only their own home slot: there the three more reads cost
-// 9% of a lookup at 1K entries.
+// and 76 to 77% after churn that replaces every flow, round after round.
+// Evicting stealers only from an insert's own slot, and only at the head
+// of their chains, left 77% after inserts and 62 to 67% after such churn:
+// stealers, which take the free slots of a stripe, sat in the slots that
+// entries of the group later needed. The rest of the gap after churn is
+// slots freed while their own bucket is empty but others of the group
+// have entries in nodes elsewhere: refilling such a slot from the group
+// would read the other buckets' chain heads under the lock, lines the
+// delete has not fetched; an earlier build that did it made churn at 1M
+// 20% slower, where eviction costs it nothing measurable, and it is not
+// done. Small tables, whose chain walks hit the caches, read only their
+// own home slot: there the three more reads cost 9% of a lookup at 1K
+// entries.
 //
 // N.B. the direct read relies on the order in which writers change an
 // entry's seq (see entry): an entry turns live only once it is linked and

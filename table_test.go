@@ -1273,9 +1273,11 @@ func TestTableNullsRecycledEntry(t *testing.T) {
 	}
 }
 
-// TestTableHomeAfterInserts checks placement after inserts only: with one
-// bucket per stripe nothing can be stolen, and every non-empty bucket holds
-// one of its own entries at home; with fewer stripes, the bookkeeping holds.
+// TestTableHomeAfterInserts checks placement after inserts only: every
+// non-empty bucket holds one of its own entries at home, whatever the
+// stripes (with one bucket per stripe nothing can be stolen; with fewer, an
+// insert evicts a stealer from its bucket's home slot), and the
+// bookkeeping holds.
 func TestTableHomeAfterInserts(t *testing.T) {
 	for _, stripes := range []int{1, 4, 256} {
 		tab := New[int](WithCapacity(256), WithLockStripes(stripes), WithSecret(tblSecret))
@@ -1288,10 +1290,7 @@ func TestTableHomeAfterInserts(t *testing.T) {
 		}
 		st := tab.Stats()
 		t.Logf("stripes %d: %d of %d entries home", stripes, st.HomeEntries, st.Entries)
-		require.Positive(t, st.HomeEntries)
-		if stripes == st.Buckets {
-			require.Equal(t, st.Buckets-st.ChainLengths[0], st.HomeEntries)
-		}
+		require.Equal(t, st.Buckets-st.ChainLengths[0], st.HomeEntries)
 	}
 }
 
@@ -1327,31 +1326,32 @@ func TestTableHomeBitmapLines(t *testing.T) {
 	}
 }
 
-// TestTableNullsStolenHomeReclaimed stops a reader on entry X of chain A,
-// held in bucket B's home slot (stolen), looking for Y behind it. Z goes
-// into B (to a spare node: X is not the head of A, and keeps the slot);
-// deleting X frees B's home slot while B has an entry, so Z moves into it:
-// the reader, still on the node, walks into B's chain, restarts on its
-// marker and finds Y.
+// TestTableNullsStolenHomeReclaimed stops a reader on entry X of the chain
+// of bucket 0, held in B's home slot (stolen; 0 is outside B's group),
+// looking for Y behind it. Z goes into B, to the free home slot of bucket 7
+// of B's group, rather than evicting X; deleting X frees B's home slot
+// while B has an entry, so Z moves into it: the reader, still on the node,
+// walks into B's chain, restarts on its marker and finds Y.
 func TestTableNullsStolenHomeReclaimed(t *testing.T) {
-	f := newTblNulls(t)
+	f := newTblNulls(t, withHomeGroups(true))
 	tab := f.tab
-	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
-	x, y, z, w := ka[0], ka[1], kb[0], ka[2]
+	x, y, z, w := f.byBkt[0][0], f.byBkt[0][1], f.byBkt[f.b][0], f.byBkt[0][2]
 	vx, vy, vz := new("X"), new("Y"), new("Z")
 	require.NoError(t, tab.Insert(y, vy))
-	f.insertStealing(t, x, vx)
-	xIdx := f.headIndex(t, f.a)
-	require.NoError(t, tab.Insert(w, new("W"))) // A: W -> X -> Y -> filler
+	f.freeHome(t, f.b)
+	require.NoError(t, tab.Insert(x, vx))
+	require.Equal(t, homeSlot(f.b), f.headIndex(t, 0), "X did not steal B's home slot")
+	require.NoError(t, tab.Insert(w, new("W"))) // 0: W -> X -> Y -> filler
+	f.freeHome(t, 7)
 	require.NoError(t, tab.Insert(z, vz))
-	require.NotEqual(t, homeSlot(f.b), f.headIndex(t, f.b), "Z took the stolen slot")
+	require.Equal(t, homeSlot(7), f.headIndex(t, f.b), "Z not in the free slot of its group")
 	before := tab.Stats()
 
-	r, restarts := f.lookupAcross(t, y, xIdx, func() {
+	r, restarts := f.lookupAcross(t, y, homeSlot(f.b), func() {
 		got, ok := tab.Delete(x)
 		require.True(t, ok)
 		require.Same(t, vx, got)
-		require.Equal(t, xIdx, f.headIndex(t, f.b), "Z did not move into B's home slot")
+		require.Equal(t, homeSlot(f.b), f.headIndex(t, f.b), "Z did not move into B's home slot")
 	})
 	require.True(t, r.ok, "Lookup(Y) missed Y")
 	require.Same(t, vy, r.v)
@@ -1363,6 +1363,44 @@ func TestTableNullsStolenHomeReclaimed(t *testing.T) {
 	after := tab.Stats()
 	require.Equal(t, before.Entries-1, after.Entries)
 	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home now")
+	require.Equal(t, before.GroupEntries-1, after.GroupEntries, "Z left 7's slot")
+	tblCheckHome(t, tab, "after the move")
+}
+
+// TestTableNullsStealerDeepEvicted stops a reader on entry X, second in the
+// chain of bucket A behind W, held in bucket B's home slot (stolen),
+// looking for Y behind it; an insert into B takes the slot back, moving X
+// right behind itself to a spare node though it is not the head: the
+// reader, still on the node, walks into B's chain, restarts on its marker
+// and finds Y, and every key of A is found.
+func TestTableNullsStealerDeepEvicted(t *testing.T) {
+	f := newTblNulls(t)
+	tab := f.tab
+	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+	x, y, z, w := ka[0], ka[1], kb[0], ka[2]
+	vx, vy, vz, vw := new("X"), new("Y"), new("Z"), new("W")
+	require.NoError(t, tab.Insert(y, vy))
+	f.insertStealing(t, x, vx)
+	require.NoError(t, tab.Insert(w, vw)) // A: W -> X -> Y -> filler
+	require.NotEqual(t, homeSlot(f.b), f.headIndex(t, f.a), "X is the head")
+	before := tab.Stats()
+
+	r, restarts := f.lookupAcross(t, y, homeSlot(f.b), func() {
+		require.NoError(t, tab.Insert(z, vz))
+		require.Equal(t, homeSlot(f.b), f.headIndex(t, f.b), "Z did not take B's home slot back")
+	})
+	require.True(t, r.ok, "Lookup(Y) missed Y")
+	require.Same(t, vy, r.v)
+	require.EqualValues(t, 1, restarts)
+
+	for k, v := range map[Tuple]*string{x: vx, y: vy, w: vw, z: vz} {
+		got, ok := tab.Lookup(k)
+		require.True(t, ok, "%s lost", *v)
+		require.Same(t, v, got)
+	}
+	after := tab.Stats()
+	require.Equal(t, before.Entries+1, after.Entries)
+	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home, X was not")
 	tblCheckHome(t, tab, "after the move")
 }
 
@@ -1400,11 +1438,12 @@ func TestTableNullsStealerEvicted(t *testing.T) {
 	tblCheckHome(t, tab, "after the move")
 }
 
-// TestTableNullsMoveIntoVisitedNode makes a move put the key a reader looks
-// for into the node the reader stands on, whose old key it has read: the
-// reader would go on past the key, and must restart because a move
-// overlapped its walk. The node comes from the free cache (a, b), from a
-// stolen home slot released (c), or is the home slot the move refills (d).
+// TestTableNullsMoveIntoVisitedNode makes a move put an entry into the node
+// a reader stands on, whose old key it has read: the reader would go on past
+// the key it looks for, the moved one or one between the node's old place
+// and the moved entry's, and must restart because a move overlapped its
+// walk. The node comes from the free cache (a, c), from a stolen home slot
+// released (b), or is the home slot the move refills (d).
 func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 	cases := []struct {
 		name string
@@ -1441,6 +1480,24 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 				require.True(t, ok)
 				require.NoError(t, f.tab.Insert(z, new("Z"))) // moves X into C's home slot
 				require.Equal(t, wIdx, f.headIndex(t, f.a))
+			}
+		}},
+		{"stealer X, deep in its chain, evicted into N's freed node past K", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+			x, k, n, z := ka[0], ka[1], ka[2], kb[0]
+			f.insertStealing(t, x, new("X"))
+			require.NoError(t, f.tab.Insert(k, new("K")))
+			require.NoError(t, f.tab.Insert(n, new("N"))) // A: N -> K -> X -> filler
+			nIdx := f.headIndex(t, f.a)
+			return k, nIdx, func() {
+				_, ok := f.tab.Delete(n) // N's node tops the free cache
+				require.True(t, ok)
+				// Moves X into N's node, linked behind X: a reader on
+				// N's node goes on behind X, past K.
+				require.NoError(t, f.tab.Insert(z, new("Z")))
+				require.Equal(t, homeSlot(f.b), f.headIndex(t, f.b), "Z did not take B's home slot")
+				l := f.tab.nodes.at(f.headIndex(t, f.a)).next.load()
+				require.Equal(t, nodeLink(nIdx), l, "X not moved into N's node behind K")
 			}
 		}},
 		{"Y moved into the home slot of J, deleted", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
