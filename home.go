@@ -69,8 +69,7 @@ func homeSlot(b uint32) uint32 { return b + 1 }
 // homeAt returns bucket b's home slot, t.nodes.at(homeSlot(b)), with no
 // test of the index: home slots are reserved nodes (see slab.reserve).
 func (t *Table[T]) homeAt(b uint32) *entry[T] {
-	i := homeSlot(b)
-	return &t.nodes.reserved[i>>slabChunkShift][i&(slabChunkSize-1)]
+	return &t.nodes.reserved[b] // node b+1 (see slab.reserve)
 }
 
 // homeSlots records which home slots are free: one bit per bucket, set

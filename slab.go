@@ -1,6 +1,7 @@
 package hash4
 
 import (
+	"math/bits"
 	"sync"
 	"sync/atomic"
 )
@@ -13,9 +14,11 @@ import (
 // wanted is the reader's question to answer (nulls.go, and the sequence
 // counter of the node type).
 //
-// Nodes live in fixed-size chunks that never move; a directory of chunks is
-// replaced (copied) when it grows, and readers load it atomically, so growth
-// never blocks them.
+// Nodes live in chunks that never move; a directory of chunks is replaced
+// (copied) when it grows, and readers load it atomically, so growth never
+// blocks them. The chunks hold a power-of-two count of nodes each, set per
+// store: a small table grows by small chunks, so that its first node beyond
+// the reserved ones does not bring 1024 with it.
 //
 // Free indexes are kept in per-stripe caches used under the stripe's lock,
 // like per-CPU slab caches, backed by a shared depot under the store's mutex
@@ -23,8 +26,11 @@ import (
 // costs no allocation and no shared lock.
 
 const (
+	// slabChunkShift sets the largest chunk, and a store's chunk when
+	// none is set: 1024 nodes.
 	slabChunkShift = 10
-	slabChunkSize  = 1 << slabChunkShift
+	// slabMinChunkShift sets the smallest chunk: 64 nodes.
+	slabMinChunkShift = 6
 	// slabBatch is the most indexes a cache takes from, or gives back
 	// to, the depot at once (see slab.setBatch).
 	slabBatch = 16
@@ -36,20 +42,57 @@ const (
 
 // slab is a store of nodes of type N. The zero value is empty and ready.
 type slab[N any] struct {
-	dir atomic.Pointer[[]*[slabChunkSize]N]
-	// reserved is the chunks that reserve made, one array: set before the
-	// store is shared and never changed after, so it is read without
-	// synchronization, and at reaches the nodes in it without loading dir.
-	reserved [][slabChunkSize]N
+	dir atomic.Pointer[slabDir[N]]
+	// reserved is the nodes that reserve made, indexes 1 to len, one
+	// array: set before the store is shared and never changed after, so
+	// it is read without synchronization, and at reaches the nodes in it
+	// without loading dir.
+	reserved []N
 
+	// chunkShift is log2 of the nodes in a chunk, slabChunkShift if zero;
+	// set before the store is shared (see setChunk).
+	chunkShift uint32
 	// batch is how many indexes a cache takes from, or gives back to,
 	// the depot at once, slabBatch if zero; set before the store is
 	// shared.
 	batch int
 
 	mu     sync.Mutex // guards what follows, and growth of dir
-	carved uint32     // nodes handed out at least once; index 0 is never used
+	carved uint32     // next index to hand out for the first time; index 0 is never used
+	gap    uint32     // indexes below carved that are no node (see reserve)
 	depot  []uint32   // free indexes not held by any cache
+}
+
+// slabDir is a directory of chunks: node i is chunk (i-1)>>shift, at
+// (i-1)&(1<<shift-1); index 0 is never a node, and takes no room. Every
+// chunk but the one that ends the reserved nodes holds 1<<shift nodes; that
+// one may hold fewer, and the indexes past its end are never handed out.
+//
+// N.B. counting from index 1 keeps the reserved nodes of a table of 2^k
+// buckets at 2^k nodes, a whole number of the allocator's pages (2^k+1
+// nodes took one page more).
+type slabDir[N any] struct {
+	chunks [][]N
+	shift  uint32
+}
+
+// setChunk sets the nodes in a chunk: n rounded up to a power of two,
+// from 64 to 1024. It must be called before reserve, before the store is
+// shared and before any other method.
+//
+// N.B. a store holds its nodes beyond the reserved ones in whole chunks:
+// a table sizes them to a 64th of its buckets (Table.New), so that
+// what a chunk brings that is not in use yet is a small part of the table.
+func (s *slab[N]) setChunk(n int) {
+	s.chunkShift = uint32(min(max(bits.Len(uint(max(n, 1)-1)), slabMinChunkShift), slabChunkShift))
+}
+
+// shift returns log2 of the nodes in a chunk.
+func (s *slab[N]) shift() uint32 {
+	if s.chunkShift == 0 {
+		return slabChunkShift
+	}
+	return s.chunkShift
 }
 
 // setBatch sets how many indexes a cache takes from, or gives back to, the
@@ -81,19 +124,21 @@ type slabCache struct {
 // at returns node i. Any index ever handed out by get is valid for the life
 // of the store.
 func (s *slab[N]) at(i uint32) *N {
-	if c := i >> slabChunkShift; int(c) < len(s.reserved) {
-		return &s.reserved[c][i&(slabChunkSize-1)]
+	// i-1 wraps to the largest uint32 for index 0, which is no node.
+	if j := i - 1; j < uint32(len(s.reserved)) {
+		return &s.reserved[j]
 	}
-	dir := *s.dir.Load()
-	return &dir[i>>slabChunkShift][i&(slabChunkSize-1)]
+	d := s.dir.Load()
+	return &d.chunks[(i-1)>>(d.shift&31)][(i-1)&(1<<(d.shift&31)-1)]
 }
 
 // slabView is a reader's cached copy of the directory: a walk loads the
 // directory once and again only for an index past its end (a node carved
 // after the walk began), which saves a load per hop.
 type slabView[N any] struct {
-	s   *slab[N]
-	dir []*[slabChunkSize]N
+	s      *slab[N]
+	chunks [][]N
+	shift  uint32
 }
 
 // view returns a view of s for one walk.
@@ -101,12 +146,17 @@ func (s *slab[N]) view() slabView[N] {
 	return slabView[N]{s: s}
 }
 
-// at returns node i, as slab.at.
+// at returns node i, as slab.at. N.B. a view that has loaded no directory
+// yet has no chunks, so its first call loads one, and the shift with it.
 func (v *slabView[N]) at(i uint32) *N {
-	if int(i>>slabChunkShift) >= len(v.dir) {
-		v.dir = *v.s.dir.Load()
+	// The shifts are masked to 31 so that the compiler, which cannot
+	// know that shift is below 32, adds no test for it.
+	j := i - 1
+	if int(j>>(v.shift&31)) >= len(v.chunks) {
+		d := v.s.dir.Load()
+		v.chunks, v.shift = d.chunks, d.shift
 	}
-	return &v.dir[i>>slabChunkShift][i&(slabChunkSize-1)]
+	return &v.chunks[j>>(v.shift&31)][j&(1<<(v.shift&31)-1)]
 }
 
 // get returns the index of a free node, taking it from c when it can. A node
@@ -134,21 +184,28 @@ func (c *slabCache) pop() uint32 {
 	return i
 }
 
-// reserve carves nodes 1 to n, in one allocation, for the caller to manage
-// outside the caches: they are never handed out by get. It must be called
-// on an empty store, before the store is shared and before any other
-// method.
+// reserve carves nodes 1 to n, in one allocation of exactly n nodes, for
+// the caller to manage outside the caches: they are never handed out by
+// get. It must be called on an empty store, before the store is shared and
+// before any method but setChunk.
+//
+// N.B. the directory's chunks cut the reserved array where it lies; its
+// last chunk ends with it, short where n is not a multiple of the chunk,
+// and the nodes carved later begin at the next chunk's first index, so the
+// indexes between (the gap) are no node.
 func (s *slab[N]) reserve(n uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	chunks := make([][slabChunkSize]N, (n+1+slabChunkSize-1)/slabChunkSize)
-	dir := make([]*[slabChunkSize]N, len(chunks))
-	for i := range chunks {
-		dir[i] = &chunks[i]
+	s.reserved = make([]N, n)
+	size := uint32(1) << s.shift()
+	d := &slabDir[N]{shift: s.shift()}
+	for lo := uint32(0); lo < n; lo += size {
+		hi := min(lo+size, n)
+		d.chunks = append(d.chunks, s.reserved[lo:hi:hi])
 	}
-	s.dir.Store(&dir)
-	s.reserved = chunks
-	s.carved = n + 1
+	s.dir.Store(d)
+	s.carved = uint32(len(d.chunks))<<d.shift + 1
+	s.gap = s.carved - 1 - n
 }
 
 // put returns node i to c; when c holds limit indexes or more (limit is at
@@ -183,7 +240,7 @@ func (s *slab[N]) refill(c *slabCache) bool {
 			break
 		}
 		i := s.carved
-		if i>>slabChunkShift >= uint32(s.chunks()) {
+		if (i-1)>>s.shift() >= uint32(s.chunks()) {
 			s.grow()
 		}
 		s.carved++
@@ -195,7 +252,7 @@ func (s *slab[N]) refill(c *slabCache) bool {
 // chunks returns the number of chunks in the directory.
 func (s *slab[N]) chunks() int {
 	if d := s.dir.Load(); d != nil {
-		return len(*d)
+		return len(d.chunks)
 	}
 	return 0
 }
@@ -205,18 +262,18 @@ func (s *slab[N]) chunks() int {
 // (a slot no reader reads yet); the longer directory is then published whole
 // with one atomic store, and every index handed out before stays valid in it.
 func (s *slab[N]) grow() {
-	var dir []*[slabChunkSize]N
-	if d := s.dir.Load(); d != nil {
-		dir = *d
+	d := &slabDir[N]{shift: s.shift()}
+	if old := s.dir.Load(); old != nil {
+		d.chunks = old.chunks
 	}
-	dir = append(dir, new([slabChunkSize]N))
-	s.dir.Store(&dir)
+	d.chunks = append(d.chunks, make([]N, 1<<d.shift))
+	s.dir.Store(d)
 }
 
-// stats returns the nodes handed out at least once and the free ones held
-// by the depot.
+// stats returns the nodes carved (handed out at least once, or reserved)
+// and the free ones held by the depot.
 func (s *slab[N]) stats() (carved, depot int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return int(max(s.carved, 1) - 1), len(s.depot)
+	return int(max(s.carved, 1) - 1 - s.gap), len(s.depot)
 }

@@ -23,12 +23,13 @@ func TestSlabBatch(t *testing.T) {
 	require.Equal(t, slabBatch, unset.batchSize(), "the zero store")
 
 	var s slab[int]
+	s.setChunk(1)
 	s.reserve(8)
 	s.setBatch(4)
 	var c slabCache
 	i, ok := s.get(&c)
 	require.True(t, ok)
-	require.EqualValues(t, 12, i, "the last of the batch carved after the reserved nodes, 9 to 12")
+	require.EqualValues(t, 68, i, "the last of the batch carved at the chunk after the reserved nodes, 65 to 68")
 	require.Len(t, c.free, 3, "a batch of 4 carved, one handed out")
 	carved, depot := s.stats()
 	require.Equal(t, 8+4, carved)
@@ -57,4 +58,69 @@ func TestSlabBatch(t *testing.T) {
 	carved, depot = s.stats()
 	require.Equal(t, 12, carved, "nothing carved while the depot had nodes")
 	require.Equal(t, 5, depot)
+}
+
+// TestSlabChunks checks the directory's geometry: reserve allocates exactly
+// n nodes, indexes 1 to n, cut into chunks whose last may be short; nodes
+// carved later begin at the next chunk, whole chunks of the size setChunk
+// gave; at and a view's at reach the same node for every index handed out,
+// across growth; and stats counts nodes, not the indexes of the gap.
+func TestSlabChunks(t *testing.T) {
+	for _, c := range []struct{ set, shift int }{
+		{0, 6}, {1, 6}, {64, 6}, {65, 7}, {1000, 10}, {1 << 20, 10},
+	} {
+		var s slab[int]
+		s.setChunk(c.set)
+		require.EqualValues(t, c.shift, s.shift(), "setChunk(%d)", c.set)
+	}
+	var unset slab[int]
+	require.EqualValues(t, slabChunkShift, unset.shift(), "the zero store")
+
+	var s slab[uint32]
+	s.setChunk(64)
+	s.setBatch(16)
+	const n = 100 // a chunk of 64 and one of 36
+	s.reserve(n)
+	require.Len(t, s.reserved, n)
+	d := s.dir.Load()
+	require.Len(t, d.chunks, 2)
+	require.Len(t, d.chunks[0], 64)
+	require.Len(t, d.chunks[1], 36)
+	for i := uint32(1); i <= n; i++ {
+		require.Same(t, &s.reserved[i-1], s.at(i), "reserved node %d", i)
+		*s.at(i) = i
+	}
+	carved, _ := s.stats()
+	require.Equal(t, n, carved)
+
+	// A view that loaded the directory before it grew loads it again for
+	// an index past its end.
+	early := s.view()
+	require.Equal(t, uint32(1), *early.at(1))
+
+	var cache slabCache
+	var got []uint32
+	for range 200 {
+		i, ok := s.get(&cache)
+		require.True(t, ok)
+		require.Greater(t, i, uint32(128), "carved nodes begin at the chunk after the reserved ones")
+		*s.at(i) = i
+		got = append(got, i)
+	}
+	carved, _ = s.stats()
+	require.Equal(t, n+len(got)+len(cache.free), carved, "the gap, 101 to 128, is not counted")
+	d = s.dir.Load()
+	for _, ch := range d.chunks[2:] {
+		require.Len(t, ch, 64, "carved chunks are whole")
+	}
+	v := s.view()
+	for i := uint32(1); i <= n; i++ {
+		require.Same(t, s.at(i), v.at(i))
+		require.Equal(t, i, *v.at(i))
+	}
+	for _, i := range got {
+		require.Same(t, s.at(i), v.at(i))
+		require.Same(t, s.at(i), early.at(i))
+		require.Equal(t, i, *v.at(i), "node %d", i)
+	}
 }

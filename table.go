@@ -56,12 +56,13 @@ var (
 // a 4-byte chain head and a 56-byte entry slot. Up to one entry per bucket
 // lives in those slots (an entry may use the free home slot of another
 // bucket under the same lock stripe); beyond that, an entry takes 56
-// bytes. All of it is beyond the caller's T. Nodes, once allocated, are
-// kept for reuse: a table of 2^14 random flows or more, at one entry per
-// bucket, holds about 62 bytes per entry, after inserts and after long
-// churn alike; smaller ones hold more after churn (65 bytes at 2^12, 70 at
-// 2^10), as each lock stripe keeps nodes of its own. The bucket count is
-// fixed when the table is made (WithCapacity).
+// bytes, allocated in chunks of a 64th of the buckets. All of it is beyond
+// the caller's T. Nodes, once allocated, are kept for reuse: on the heap, a
+// table of 2^15 random flows or more, at one entry per bucket, holds 61 to
+// 64 bytes per entry, after inserts and after long churn alike; smaller
+// ones hold more (69 bytes at 2^12 and 83 at 2^10 after churn), as each
+// lock stripe costs two cache lines and keeps nodes of its own. The bucket
+// count is fixed when the table is made (WithCapacity).
 type Table[T any] struct {
 	b        buckets
 	nodes    slab[entry[T]]
@@ -143,7 +144,8 @@ func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n }
 
 // WithLockStripes sets the number of writer locks, rounded up to a power of
 // two and limited to the bucket count (at least 1). The default is 16 per
-// GOMAXPROCS, at least 64, and at least one per 1024 buckets.
+// GOMAXPROCS, at least 64, and at least one per 1024 buckets, but at most
+// one per 16 buckets.
 func WithLockStripes(n int) Option {
 	return func(c *tableConfig) { c.stripes, c.stripesSet = n, true }
 }
@@ -177,6 +179,9 @@ func New[T any](opts ...Option) *Table[T] {
 		t.secret = NewSecret()
 	}
 	t.b.init(cfg.capacity, cfg.stripeCount(), 0)
+	// The home slots are reserved nodes; nodes beyond them come in chunks
+	// of a 64th of the buckets, 64 to 1024 (see slab.setChunk).
+	t.nodes.setChunk(len(t.b.heads) / 64)
 	t.nodes.reserve(uint32(len(t.b.heads)))
 	// Batches of 1/64 of a stripe's buckets: 16 nodes from 1024 buckets
 	// per stripe, the default in large tables (see slab.setBatch).

@@ -205,6 +205,9 @@ func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	t.h4.init(cfg.capacity, cfg.stripeCount(), 0)
 	t.slots = make([]udpSlot[T], len(t.h4.heads))
 	t.mask = t.h4.mask
+	// Sockets are nodes carved in chunks of a 64th of the buckets, as a
+	// Table's nodes beyond its home slots (New).
+	t.nodes.setChunk(len(t.h4.heads) / 64)
 	return t
 }
 
