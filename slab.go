@@ -59,7 +59,6 @@ type slab[N any] struct {
 
 	mu     sync.Mutex // guards what follows, and growth of dir
 	carved uint32     // next index to hand out for the first time; index 0 is never used
-	gap    uint32     // indexes below carved that are no node (see reserve)
 	depot  []uint32   // free indexes not held by any cache
 }
 
@@ -205,7 +204,13 @@ func (s *slab[N]) reserve(n uint32) {
 	}
 	s.dir.Store(d)
 	s.carved = uint32(len(d.chunks))<<d.shift + 1
-	s.gap = s.carved - 1 - n
+}
+
+// gap returns the number of indexes between the reserved nodes and the
+// first carved one, which are no node (see reserve): the reserved count
+// rounded up to a whole chunk, less that count.
+func (s *slab[N]) gap() uint32 {
+	return uint32(-len(s.reserved)) & (1<<s.shift() - 1)
 }
 
 // put returns node i to c; when c holds limit indexes or more (limit is at
@@ -275,5 +280,5 @@ func (s *slab[N]) grow() {
 func (s *slab[N]) stats() (carved, depot int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return int(max(s.carved, 1) - 1 - s.gap), len(s.depot)
+	return int(max(s.carved, 1) - 1 - s.gap()), len(s.depot)
 }
