@@ -27,6 +27,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v4"
 )
@@ -368,6 +369,46 @@ func benchLookups(b *testing.B, m benchMap, ks *benchKeySet) {
 		}
 	})
 }
+
+// BenchmarkLookupChained measures lookup hits on one goroutine, in two
+// loops over the same keys: deps=none, where every key is known in advance,
+// and deps=chained, where the index of the next key takes in the value the
+// last lookup returned (it adds zero, which the processor cannot know), so a
+// lookup cannot begin before the one before it has answered. The loops take
+// equal time when the processor overlaps no memory reads of consecutive
+// lookups by itself; then each lookup waits out its own.
+func BenchmarkLookupChained(b *testing.B) {
+	benchEach(b, false, filledOnce, func(b *testing.B, m benchMap, ks *benchKeySet) {
+		for _, chained := range []bool{false, true} {
+			name := "deps=none"
+			if chained {
+				name = "deps=chained"
+			}
+			b.Run(name, func(b *testing.B) {
+				keys := ks.views[1]
+				i := 0
+				for b.Loop() {
+					v, ok := m.Lookup(keys[i])
+					if !ok {
+						b.Fatalf("lookup of present key %v missed", keys[i])
+					}
+					if i++; i == len(keys) {
+						i = 0
+					}
+					if chained {
+						// A data dependence on v, not a branch the
+						// processor could predict and run past.
+						i += int(uintptr(unsafe.Pointer(v)) & benchZero)
+					}
+				}
+			})
+		}
+	})
+}
+
+// benchZero is zero, in a variable so that the compiler cannot fold what it
+// masks.
+var benchZero uintptr
 
 // BenchmarkMixed measures 90% lookups and 10% delete+insert of the same key
 // (one op each), so that occupancy stays constant.
