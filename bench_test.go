@@ -413,41 +413,78 @@ var benchZero uintptr
 // BenchmarkMixed measures 90% lookups and 10% delete+insert of the same key
 // (one op each), so that occupancy stays constant.
 func BenchmarkMixed(b *testing.B) {
-	benchEach(b, true, filledOnce, func(b *testing.B, m benchMap, ks *benchKeySet) {
-		var gid atomic.Uint64
-		b.RunParallel(func(pb *testing.PB) {
-			w, c := newBenchWalk(&gid, ks), 10
-			for pb.Next() {
-				k := w.next()
-				if c--; c == 0 {
-					c = 10
-					// Another goroutine may hold this key deleted for a
-					// moment: reinsert only what this one removed.
-					if v, ok := m.Delete(*k); ok {
-						m.Insert(*k, v)
-					}
-				} else {
-					m.Lookup(*k)
+	benchEach(b, true, filledOnce, benchMixed)
+}
+
+// benchMixed runs BenchmarkMixed's ops on m, which holds the keys of ks.
+func benchMixed(b *testing.B, m benchMap, ks *benchKeySet) {
+	var gid atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		w, c := newBenchWalk(&gid, ks), 10
+		for pb.Next() {
+			k := w.next()
+			if c--; c == 0 {
+				c = 10
+				// Another goroutine may hold this key deleted for a
+				// moment: reinsert only what this one removed.
+				if v, ok := m.Delete(*k); ok {
+					m.Insert(*k, v)
 				}
+			} else {
+				m.Lookup(*k)
 			}
-		})
+		}
 	})
 }
 
 // BenchmarkChurn measures delete+insert pairs (one op each) only.
 func BenchmarkChurn(b *testing.B) {
-	benchEach(b, true, filledOnce, func(b *testing.B, m benchMap, ks *benchKeySet) {
-		var gid atomic.Uint64
-		b.RunParallel(func(pb *testing.PB) {
-			w := newBenchWalk(&gid, ks)
-			for pb.Next() {
-				k := w.next()
-				if v, ok := m.Delete(*k); ok {
-					m.Insert(*k, v)
+	benchEach(b, true, filledOnce, benchChurn)
+}
+
+// benchChurn runs BenchmarkChurn's ops on m, which holds the keys of ks.
+func benchChurn(b *testing.B, m benchMap, ks *benchKeySet) {
+	var gid atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		w := newBenchWalk(&gid, ks)
+		for pb.Next() {
+			k := w.next()
+			if v, ok := m.Delete(*k); ok {
+				m.Insert(*k, v)
+			}
+		}
+	})
+}
+
+// BenchmarkLockStripes measures Mixed 90/10 and Churn in small tables of
+// hash4 with the stripe counts from one to the default, to choose
+// WithLockStripes by: fewer stripes hold fewer bytes per entry in a small
+// table (see TestTableMemoryPerEntry), and change how often writers meet.
+func BenchmarkLockStripes(b *testing.B) {
+	ops := []struct {
+		name string
+		body func(*testing.B, benchMap, *benchKeySet)
+	}{{"mixed", benchMixed}, {"churn", benchChurn}}
+	for _, sz := range []struct {
+		name string
+		n    int
+	}{{"1K", 1 << 10}, {"4K", 1 << 12}} {
+		ks := benchKeys(sz.n)
+		for _, stripes := range []int{1, 2, 4, 16, 64} {
+			tab := New[benchVal](WithCapacity(sz.n), WithSecret(benchSecret), WithLockStripes(stripes))
+			for _, i := range ks.fill {
+				if err := tab.Insert(ks.keys[i], &ks.vals[i]); err != nil {
+					b.Fatal(err)
 				}
 			}
-		})
-	})
+			for _, op := range ops {
+				b.Run(fmt.Sprintf("op=%s/n=%s/stripes=%d", op.name, sz.name, stripes), func(b *testing.B) {
+					b.ReportAllocs()
+					op.body(b, benchHash4{tab}, ks)
+				})
+			}
+		}
+	}
 }
 
 // BenchmarkAppendLookups measures lookup hits in bursts of 16 tuples, as a

@@ -1721,12 +1721,14 @@ func TestTableMemoryLayout(t *testing.T) {
 }
 
 // TestTableMemoryPerEntry measures what a table holds on the heap per entry,
-// at one random flow per bucket with the default options, after inserts and
-// after 8 rounds of churn that each replace every flow (as many deletes of
-// a random live flow and inserts of a new one): at most 64 bytes from 2^16
-// entries up, and within a bound that the table held before its nodes came
-// in chunks sized to it (a 2^10-entry table held 126 bytes per entry, 77 at
-// 2^12) in smaller tables, whose lock stripes each cover fewer buckets.
+// at one random flow per bucket, after inserts and after 8 rounds of churn
+// that each replace every flow (as many deletes of a random live flow and
+// inserts of a new one). With the default options: at most 64 bytes from
+// 2^16 entries up, and within a bound that the table held before its nodes
+// came in chunks sized to it (a 2^10-entry table held 126 bytes per entry,
+// 77 at 2^12) in smaller tables, whose lock stripes each cover fewer
+// buckets. With the fewer stripes README suggests for small tables (one at
+// 2^10, two at 2^12): at most 64.
 func TestTableMemoryPerEntry(t *testing.T) {
 	heap := func() int64 {
 		var ms runtime.MemStats
@@ -1736,14 +1738,16 @@ func TestTableMemoryPerEntry(t *testing.T) {
 		return int64(ms.HeapAlloc)
 	}
 	for _, c := range []struct {
-		n     int
-		limit float64 // bytes per entry; measured: 78 and 83 at 2^10, 67 and 69 at 2^12, 61 and 63 at 2^16
+		n, stripes int     // stripes 0: the default
+		limit      float64 // bytes per entry; measured: see the log
 	}{
-		{1 << 10, 90},
-		{1 << 12, 72},
-		{1 << 16, 64},
+		{1 << 10, 0, 90}, // 78 and 83
+		{1 << 10, 1, 64}, // 61 and 61: one stripe, no stripe's imbalance
+		{1 << 12, 0, 72}, // 67 and 69
+		{1 << 12, 2, 64}, // 62 and 63
+		{1 << 16, 0, 64}, // 61 and 63
 	} {
-		t.Run(fmt.Sprintf("n=%d", c.n), func(t *testing.T) {
+		t.Run(fmt.Sprintf("n=%d/stripes=%d", c.n, c.stripes), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, 6))
 			flow := func(i int) Tuple {
 				return Tuple{
@@ -1757,7 +1761,11 @@ func TestTableMemoryPerEntry(t *testing.T) {
 			}
 			v := new(0)
 			before := heap()
-			tab := New[int](WithCapacity(c.n), WithSecret(tblSecret))
+			opts := []Option{WithCapacity(c.n), WithSecret(tblSecret)}
+			if c.stripes > 0 {
+				opts = append(opts, WithLockStripes(c.stripes))
+			}
+			tab := New[int](opts...)
 			for _, k := range live {
 				require.NoError(t, tab.Insert(k, v))
 			}
