@@ -9,8 +9,9 @@ import (
 	"sync/atomic"
 )
 
-// Errors returned by Table. Match them with errors.Is: the returned errors
-// wrap them with the offending tuple.
+// Errors returned by Table. Match them with errors.Is: but for ErrTableFull,
+// which comes as it is, the returned errors wrap them with the offending
+// tuple.
 var (
 	// ErrExists: the 4-tuple is already in the table.
 	ErrExists = errors.New("hash4: 4-tuple already in table")
@@ -90,8 +91,10 @@ type Table[T any] struct {
 // chain (a home slot). A reader that matches a key reads seq before the key
 // and again after the value, and trusts the match only if seq was odd and
 // did not change: otherwise the entry was deleted or recycled under it.
-// Chain walkers skip entries whose seq is even. Recycling never waits for
-// readers.
+// seq returns to a value only after 2^31 reuses of the entry: to be fooled,
+// a reader would have to stall between its two loads through minutes of
+// churn on that one entry. Chain walkers skip entries whose seq is even.
+// Recycling never waits for readers.
 type entry[T any] struct {
 	seq  relUint32
 	next linkField

@@ -566,6 +566,87 @@ func TestTableOptions(t *testing.T) {
 	}
 }
 
+// TestTableModelAcrossOptions runs random Insert, Delete and LookupOrInsert
+// against a map model in tables of every shape the options make: bucket
+// counts from the smallest up, stripes from one to more than the buckets
+// (clamped), with and without home groups (where the stripes allow them),
+// at half, one and three keys per bucket. Every few hundred steps it checks the home-slot bookkeeping and
+// that Len, Stats, Lookup, AppendLookups and All agree with the model.
+func TestTableModelAcrossOptions(t *testing.T) {
+	steps, checkEvery := 2000, 250
+	if testing.Short() {
+		steps = 500
+	}
+	seed := uint64(0)
+	for _, capacity := range []int{1, 64, 1024} {
+		for _, stripes := range []int{1, 4, 64, 2048} {
+			for _, grouped := range []bool{false, true} {
+				for _, perBucket := range []float64{0.5, 1, 3} {
+					seed++
+					name := fmt.Sprintf("cap=%d/stripes=%d/groups=%v/keys=%v", capacity, stripes, grouped, perBucket)
+					t.Run(name, func(t *testing.T) {
+						tab := New[int](WithCapacity(capacity), WithLockStripes(stripes), WithSecret(tblSecret), withHomeGroups(grouped))
+						st := tab.Stats()
+						require.Equal(t, grouped && st.LockStripes <= st.Buckets/4, tab.home.grouped())
+						keys := make([]Tuple, int(perBucket*float64(st.Buckets)))
+						for i := range keys {
+							keys[i] = tblKey(i, i%3 == 0)
+						}
+						r := rand.New(rand.NewPCG(seed, 1))
+						model := map[int]*int{}
+						for step := range steps {
+							i := r.IntN(len(keys))
+							v := new(step)
+							switch r.IntN(4) {
+							case 0, 1:
+								err := tab.Insert(keys[i], v)
+								if _, ok := model[i]; ok {
+									require.ErrorIs(t, err, ErrExists)
+								} else {
+									require.NoError(t, err)
+									model[i] = v
+								}
+							case 2:
+								got, ok := tab.Delete(keys[i])
+								require.Equal(t, model[i] != nil, ok)
+								require.Same(t, model[i], got)
+								delete(model, i)
+							case 3:
+								got, found, err := tab.LookupOrInsert(keys[i], v)
+								require.NoError(t, err)
+								require.Equal(t, model[i] != nil, found)
+								if !found {
+									model[i] = v
+								}
+								require.Same(t, model[i], got)
+							}
+							if step%checkEvery != checkEvery-1 {
+								continue
+							}
+							tblCheckHome(t, tab, step)
+							require.Equal(t, len(model), tab.Len())
+							require.Equal(t, len(model), tab.Stats().Entries)
+							batch := tab.AppendLookups(nil, keys)
+							for j, k := range keys {
+								got, ok := tab.Lookup(k)
+								require.Equal(t, model[j] != nil, ok, "key %d at step %d", j, step)
+								require.Same(t, model[j], got)
+								require.Same(t, model[j], batch[j])
+							}
+							n := 0
+							for k, v := range tab.All() {
+								require.Same(t, model[slices.Index(keys, k)], v)
+								n++
+							}
+							require.Equal(t, len(model), n)
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
 // tblSameBucket returns n tuples of the given family that hash, with h and
 // tblSecret, into bucket b of a 16-bucket table, and (if otherH is valid)
 // not all into one bucket under otherH.
@@ -1445,16 +1526,19 @@ func TestTableNullsStealerEvicted(t *testing.T) {
 // a reader stands on, whose old key it has read: the reader would go on past
 // the key it looks for, the moved one or one between the node's old place
 // and the moved entry's, and must restart because a move overlapped its
-// walk. The node comes from the free cache (a, c), from a stolen home slot
-// released (b), or is the home slot the move refills (d).
+// walk. The node comes from the free cache (a, c, e), from a stolen home
+// slot released (b), or is the home slot the move refills (d); in (e) the
+// table has home groups, and the stealer is evicted from a slot of another
+// group than its own.
 func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 	cases := []struct {
-		name string
+		name    string
+		grouped bool
 		// setup fills the table and returns the key sought, the node
 		// the reader stops on, and the write that moves the key.
 		setup func(t *testing.T, f *tblNulls) (sought Tuple, stop uint32, write func())
 	}{
-		{"stealer X evicted into W's freed node", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+		{"stealer X evicted into W's freed node", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
 			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
 			x, w, z := ka[0], ka[1], kb[0]
 			f.insertStealing(t, x, new("X"))
@@ -1467,7 +1551,7 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 				require.Equal(t, wIdx, f.headIndex(t, f.a))
 			}
 		}},
-		{"stealer X evicted into the home slot W released", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+		{"stealer X evicted into the home slot W released", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
 			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
 			const c = 7
 			x, w, z := ka[0], ka[1], kb[0]
@@ -1485,25 +1569,11 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 				require.Equal(t, wIdx, f.headIndex(t, f.a))
 			}
 		}},
-		{"stealer X, deep in its chain, evicted into N's freed node past K", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
-			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
-			x, k, n, z := ka[0], ka[1], ka[2], kb[0]
-			f.insertStealing(t, x, new("X"))
-			require.NoError(t, f.tab.Insert(k, new("K")))
-			require.NoError(t, f.tab.Insert(n, new("N"))) // A: N -> K -> X -> filler
-			nIdx := f.headIndex(t, f.a)
-			return k, nIdx, func() {
-				_, ok := f.tab.Delete(n) // N's node tops the free cache
-				require.True(t, ok)
-				// Moves X into N's node, linked behind X: a reader on
-				// N's node goes on behind X, past K.
-				require.NoError(t, f.tab.Insert(z, new("Z")))
-				require.Equal(t, homeSlot(f.b), f.headIndex(t, f.b), "Z did not take B's home slot")
-				l := f.tab.nodes.at(f.headIndex(t, f.a)).next.load()
-				require.Equal(t, nodeLink(nIdx), l, "X not moved into N's node behind K")
-			}
+		{"stealer X, deep in its chain, evicted into N's freed node past K", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+			// Z takes B's home slot back.
+			return tblStealerPastK(t, f, func(x Tuple) { f.insertStealing(t, x, new("X")) }, f.byBkt[f.b][0], f.b, f.b)
 		}},
-		{"Y moved into the home slot of J, deleted", func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+		{"Y moved into the home slot of J, deleted", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
 			ka := f.byBkt[f.a]
 			y, j := ka[0], ka[1]
 			require.NoError(t, f.tab.Insert(y, new("Y")))
@@ -1518,10 +1588,25 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 				require.Equal(t, home, f.headIndex(t, f.a))
 			}
 		}},
+		{"stealer X in a slot of another group, evicted into N's freed node past K", true, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
+			require.True(t, f.tab.home.grouped())
+			// Bucket 4 is of group {0, 4, 8, 12}, A of {3, 7, 11, 15}:
+			// Z, of bucket 0, finds no free slot in its group and evicts
+			// X, an outsider, from slot 4.
+			return tblStealerPastK(t, f, func(x Tuple) {
+				f.freeHome(t, 4)
+				require.NoError(t, f.tab.Insert(x, new("X")))
+				require.Equal(t, homeSlot(4), f.headIndex(t, f.a))
+			}, f.byBkt[0][0], 0, 4)
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newTblNulls(t)
+			var opts []Option
+			if c.grouped {
+				opts = append(opts, withHomeGroups(true))
+			}
+			f := newTblNulls(t, opts...)
 			sought, stop, write := c.setup(t, f)
 			want, ok := f.tab.Lookup(sought)
 			require.True(t, ok)
@@ -1531,6 +1616,29 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 			require.EqualValues(t, 1, restarts)
 			tblCheckHome(t, f.tab, c.name)
 		})
+	}
+}
+
+// tblStealerPastK sets up a move past the key sought: steal makes X, a key
+// of bucket A, a stealer of another home slot, then A's chain becomes
+// N -> K -> X -> filler. The write deletes N, whose node tops the free
+// cache, and inserts Z, of bucket zb, which takes back home slot slot and
+// so moves X into N's node, behind K: a reader standing on N's node goes on
+// behind X, past K.
+func tblStealerPastK(t *testing.T, f *tblNulls, steal func(x Tuple), z Tuple, zb, slot uint32) (Tuple, uint32, func()) {
+	ka := f.byBkt[f.a]
+	x, k, n := ka[0], ka[1], ka[2]
+	steal(x)
+	require.NoError(t, f.tab.Insert(k, new("K")))
+	require.NoError(t, f.tab.Insert(n, new("N")))
+	nIdx := f.headIndex(t, f.a)
+	return k, nIdx, func() {
+		_, ok := f.tab.Delete(n)
+		require.True(t, ok)
+		require.NoError(t, f.tab.Insert(z, new("Z")))
+		require.Equal(t, homeSlot(slot), f.headIndex(t, zb), "Z did not take home slot %d", slot)
+		l := f.tab.nodes.at(f.headIndex(t, f.a)).next.load()
+		require.Equal(t, nodeLink(nIdx), l, "X not moved into N's node behind K")
 	}
 }
 
