@@ -28,8 +28,10 @@ const (
 
 // Connect picks a local port for the flow from local to remote, inserts v
 // under the resulting 4-tuple and returns the tuple, atomically: two
-// concurrent Connects never get the same 4-tuple, and Connect never returns a
-// tuple it did not insert. The allocator a chooses the candidates (its range,
+// concurrent Connects never get the same 4-tuple, and Connect never returns
+// a tuple it did not insert. The tuple is in key form, its IPv4-mapped
+// addresses as IPv4 and without zones: a socket for the flow binds local
+// itself, zone included, with the tuple's local port. The allocator a chooses the candidates (its range,
 // reserved and bound ports, policy and perturbation; see PortAllocator); a
 // WithConnectRange option narrows the range for this call and makes its scan
 // flat.
@@ -58,8 +60,8 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	if a == nil {
 		return Tuple{}, fmt.Errorf("%w: nil *PortAllocator", ErrInvalidTuple)
 	}
-	if err := a.rng.Validate(); err != nil {
-		return Tuple{}, fmt.Errorf("%w: PortAllocator not made by NewPortAllocator", err)
+	if err := a.check(); err != nil {
+		return Tuple{}, err
 	}
 	cc := connectOptions(opts)
 	var k key

@@ -49,9 +49,13 @@ var ErrInvalidReservedPorts = errors.New("hash4: invalid reserved ports")
 // errors.Is, the error connect() and bind() return in that case.
 var ErrNoPorts error = errnoError{"hash4: no free local port (EADDRNOTAVAIL)", syscall.EADDRNOTAVAIL}
 
-// ErrPortInUse is returned by Bind for a port already held for the same local
-// address (see PortAllocator.Bind). It matches syscall.EADDRINUSE under
-// errors.Is.
+// ErrInvalidPolicy is returned, wrapped, by NewPortAllocator for a Policy
+// other than OddEven and Flat.
+var ErrInvalidPolicy = errors.New("hash4: invalid port policy")
+
+// ErrPortInUse is returned, wrapped, for a local port already taken: by
+// PortAllocator.Bind (see there), UDPTable.Bind and TCPTable.Listen. It
+// matches syscall.EADDRINUSE under errors.Is.
 var ErrPortInUse error = errnoError{"hash4: local port in use (EADDRINUSE)", syscall.EADDRINUSE}
 
 // errnoError is a sentinel error that also matches one system error number.
@@ -295,7 +299,7 @@ func NewPortAllocator(opts ...PortOption) (*PortAllocator, error) {
 		return nil, err
 	}
 	if !c.policy.valid() {
-		return nil, fmt.Errorf("hash4: invalid port policy %d", c.policy)
+		return nil, fmt.Errorf("%w %d", ErrInvalidPolicy, c.policy)
 	}
 	a := &PortAllocator{
 		rng:    c.rng,
@@ -634,6 +638,18 @@ func (a *PortAllocator) holdLocked(local netip.Addr, port uint16) func() {
 	}
 }
 
+// check returns an error matching ErrInvalidPortRange if a is nil or was
+// not made by NewPortAllocator (its zero value has no range).
+func (a *PortAllocator) check() error {
+	if a == nil {
+		return fmt.Errorf("%w: nil *PortAllocator", ErrInvalidPortRange)
+	}
+	if err := a.rng.Validate(); err != nil {
+		return fmt.Errorf("%w: PortAllocator not made by NewPortAllocator", err)
+	}
+	return nil
+}
+
 // Bind holds local's port for local's address until release is called, as
 // bind() does: Connect from that address skips the port. The port need not
 // lie in the range and may be reserved; port 0 is an error (see
@@ -642,14 +658,24 @@ func (a *PortAllocator) holdLocked(local netip.Addr, port uint16) func() {
 // family, and :: does not cover it. Bind returns ErrPortInUse if the port is
 // held for the same address, for its family's wildcard, or, when local is
 // the wildcard, for any address of its family. release may be called more
-// than once.
+// than once. Unlike bind(), Bind does not see the ports of connected flows
+// (Table.Connect): it holds a port that such a flow uses, and Connect skips
+// it from then on. A Connect that runs while Bind does may or may not see
+// the hold; those that start after Bind returns do.
+//
+// An invalid address or port 0 gives an error matching ErrInvalidAddr, and
+// an allocator that NewPortAllocator did not make one matching
+// ErrInvalidPortRange; neither holds anything.
 func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
+	if err := a.check(); err != nil {
+		return nil, err
+	}
 	addr, port := local.Addr(), local.Port()
 	if !addr.IsValid() {
-		return nil, errors.New("hash4: Bind of an invalid local address")
+		return nil, fmt.Errorf("%w: Bind of an invalid local address", ErrInvalidAddr)
 	}
 	if port == 0 {
-		return nil, fmt.Errorf("hash4: Bind of %v: port 0 (use BindEphemeral)", local)
+		return nil, fmt.Errorf("%w: Bind of %v: port 0 (use BindEphemeral)", ErrInvalidAddr, local)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -664,10 +690,15 @@ func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 // It starts at a random port of the other parity than the one Connect tries
 // first and tries that parity, then the rest. It skips reserved ports and
 // those that Bind(local:port) would refuse, and returns ErrNoPorts if none
-// is left. It does not see the ports of connected flows.
+// is left. It does not see the ports of connected flows. An invalid address,
+// or an allocator that NewPortAllocator did not make, gives an error as
+// Bind's do.
 func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release func(), err error) {
+	if err := a.check(); err != nil {
+		return 0, nil, err
+	}
 	if !local.IsValid() {
-		return 0, nil, errors.New("hash4: BindEphemeral of an invalid local address")
+		return 0, nil, fmt.Errorf("%w: BindEphemeral of an invalid local address", ErrInvalidAddr)
 	}
 	low, n := int(a.rng.Low), a.rng.Size()
 	a.mu.Lock()

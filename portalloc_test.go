@@ -153,7 +153,7 @@ func TestNewPortAllocatorErrors(t *testing.T) {
 		{"inverted", []PortOption{WithPortRange(PortRange{2000, 1000})}, ErrInvalidPortRange},
 		{"bad text", []PortOption{WithReservedPortsText("80,x")}, ErrInvalidReservedPorts},
 		{"reserved 0", []PortOption{WithReservedPorts(80, 0)}, ErrInvalidReservedPorts},
-		{"bad policy", []PortOption{WithPolicy(Policy(2))}, nil},
+		{"bad policy", []PortOption{WithPolicy(Policy(2))}, ErrInvalidPolicy},
 	}
 	for _, tt := range tests {
 		a, err := NewPortAllocator(tt.opts...)
@@ -610,10 +610,12 @@ func TestPortAllocatorBind(t *testing.T) {
 	ap := netip.MustParseAddrPort
 
 	_, err := a.Bind(netip.AddrPort{})
-	require.Error(t, err)
+	require.ErrorIs(t, err, ErrInvalidAddr)
 	require.NotErrorIs(t, err, ErrPortInUse)
 	_, err = a.Bind(ap("10.0.0.1:0"))
+	require.ErrorIs(t, err, ErrInvalidAddr)
 	require.ErrorContains(t, err, "port 0")
+	require.Zero(t, a.nheld.Load())
 
 	rel, err := a.Bind(ap("10.0.0.1:8080"))
 	require.NoError(t, err)
@@ -657,9 +659,20 @@ func TestPortAllocatorBind(t *testing.T) {
 	require.Zero(t, a.nheld.Load())
 }
 
+// TestPortAllocatorNotMade checks that an allocator NewPortAllocator did not
+// make, nil or the zero value, gives errors rather than panics.
+func TestPortAllocatorNotMade(t *testing.T) {
+	for name, a := range map[string]*PortAllocator{"nil": nil, "zero": {}} {
+		_, err := a.Bind(netip.MustParseAddrPort("10.0.0.1:8080"))
+		require.ErrorIs(t, err, ErrInvalidPortRange, name)
+		_, _, err = a.BindEphemeral(netip.MustParseAddr("10.0.0.1"))
+		require.ErrorIs(t, err, ErrInvalidPortRange, name)
+	}
+}
+
 func TestPortAllocatorBindEphemeral(t *testing.T) {
 	_, _, err := newTestAllocator(t).BindEphemeral(netip.Addr{})
-	require.Error(t, err)
+	require.ErrorIs(t, err, ErrInvalidAddr)
 
 	// The first port has the other parity than connect's first pass.
 	for seed := range uint64(20) {

@@ -82,9 +82,11 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 }
 
 // Established returns the table of established connections. Flows inserted
-// into it, directly or by a PortAllocator's Connect, are found by Lookup
-// before any listener. Its Stats count the listeners' nodes among Nodes,
-// since listeners share its node store.
+// into it, directly or by its Connect, are found by Lookup before any
+// listener. Connect sees no listener: to keep it off a listener's port, as
+// the kernel's bind table does, hold the port with PortAllocator.Bind as
+// well. Its Stats count the listeners' nodes among Nodes, since listeners
+// share its node store.
 func (t *TCPTable[T]) Established() *Table[T] { return t.est }
 
 // listenerKey returns the key of a listener on (addr, port), addr in the
@@ -165,11 +167,11 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 
 // Lookup returns the value of the socket that owns pkt, a segment from
 // pkt.Remote to pkt.Local: the established flow pkt if there is one, else
-// the listener on pkt.Local, else the wildcard listener on pkt.Local's port
-// (for an IPv4 segment 0.0.0.0, else ::). It takes no lock and does not
-// allocate. A segment whose addresses are invalid, whose destination is
-// unspecified or port 0, or whose addresses are of different families
-// reaches no listener.
+// the listener on pkt.Local, else the wildcard listener on pkt.Local's port:
+// for an IPv4 segment 0.0.0.0, else :: (dual-stack); for an IPv6 one ::. It
+// takes no lock and does not allocate. A segment whose addresses are
+// invalid, whose destination is unspecified or port 0, or whose addresses
+// are of different families reaches no listener.
 func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// Table.Lookup's body, so that the established path costs what a
 	// plain Table lookup does: no second copy of pkt.

@@ -41,9 +41,11 @@ import (
 // Lock order: UDPSocket.mu, then a hash2 slot's mu, then a hash4 stripe's
 // mu. Stripe locks never nest. Lookups take none of them.
 
-// ErrInvalidAddr is returned, wrapped, by Bind, Connect and Listen for an
+// ErrInvalidAddr is returned, wrapped, by UDPTable.Bind, UDPSocket.Connect,
+// TCPTable.Listen, PortAllocator.Bind and PortAllocator.BindEphemeral for an
 // address they cannot use: an invalid or (where a concrete one is needed)
 // unspecified address, port 0, or an address of the wrong family.
+// (Table.Insert and Table.Connect report bad tuples with ErrInvalidTuple.)
 var ErrInvalidAddr = errors.New("hash4: invalid address")
 
 // BindOption configures one UDPTable.Bind.
@@ -322,12 +324,22 @@ func (t *UDPTable[T]) putNode(h uint32, i uint32) {
 }
 
 // LocalAddr returns the address and port the socket is bound to, with an
-// IPv4-mapped address in its IPv4 form and no zone.
-func (s *UDPSocket[T]) LocalAddr() netip.AddrPort { return s.local }
+// IPv4-mapped address in its IPv4 form and no zone; the zero AddrPort for a
+// nil socket (what a failed Bind returns).
+func (s *UDPSocket[T]) LocalAddr() netip.AddrPort {
+	if s == nil {
+		return netip.AddrPort{}
+	}
+	return s.local
+}
 
 // RemoteAddr returns the peer the socket is connected to, and whether it is
-// connected. A closed socket reports the peer it had when it was closed.
+// connected. A closed socket reports the peer it had when it was closed; a
+// nil one, none.
 func (s *UDPSocket[T]) RemoteAddr() (netip.AddrPort, bool) {
+	if s == nil {
+		return netip.AddrPort{}, false
+	}
 	if p := s.peer.Load(); p != nil {
 		return p.addr, true
 	}
@@ -353,6 +365,11 @@ func (s *UDPSocket[T]) Connect(remote netip.AddrPort) error {
 	if s == nil || s.t == nil {
 		return fmt.Errorf("hash4: Connect on a UDPSocket not made by Bind: %w", net.ErrClosed)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return s.errClosed("Connect")
+	}
 	addr, port := normAddr(remote.Addr()), remote.Port()
 	switch {
 	case !addr.IsValid():
@@ -365,11 +382,6 @@ func (s *UDPSocket[T]) Connect(remote netip.AddrPort) error {
 		return fmt.Errorf("%w: Connect of IPv6 socket %v to IPv4 peer %v", ErrInvalidAddr, s.local, remote)
 	case !addr.Is4() && !s.v6:
 		return fmt.Errorf("%w: Connect of IPv4 socket %v to IPv6 peer %v", ErrInvalidAddr, s.local, remote)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.errClosed("Connect")
 	}
 	t := s.t
 	if s.hashed4 {

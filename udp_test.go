@@ -136,11 +136,27 @@ func TestUDPSocketErrors(t *testing.T) {
 	for _, err := range []error{s4.Close(), s4.Connect(dmxAP("192.0.2.1:7")), s4.Disconnect()} {
 		require.ErrorIs(t, err, net.ErrClosed)
 	}
+	// A closed socket says so first, whatever the address.
+	for _, remote := range []netip.AddrPort{{}, dmxAP("192.0.2.1:0"), dmxAP("[2001:db8::9]:7")} {
+		err := s4.Connect(remote)
+		require.ErrorIs(t, err, net.ErrClosed, "%v", remote)
+		require.NotErrorIs(t, err, ErrInvalidAddr, "%v", remote)
+	}
 	var zero UDPSocket[int]
 	require.ErrorIs(t, zero.Connect(dmxAP("192.0.2.1:7")), net.ErrClosed)
 	require.ErrorIs(t, zero.Close(), net.ErrClosed)
-	var nilSock *UDPSocket[int]
+	// A failed Bind returns a nil socket: its methods report it closed
+	// or empty, without panicking.
+	nilSock, err := tbl.Bind(dmxAP("192.0.2.1:0"), new(int))
+	require.ErrorIs(t, err, ErrInvalidAddr)
+	require.Nil(t, nilSock)
 	require.ErrorIs(t, nilSock.Disconnect(), net.ErrClosed)
+	require.ErrorIs(t, nilSock.Connect(dmxAP("192.0.2.1:7")), net.ErrClosed)
+	require.ErrorIs(t, nilSock.Close(), net.ErrClosed)
+	require.Equal(t, netip.AddrPort{}, nilSock.LocalAddr())
+	r, ok = nilSock.RemoteAddr()
+	require.False(t, ok)
+	require.Equal(t, netip.AddrPort{}, r)
 }
 
 // TestUDPLookupSemantics spells out the lookup order and score on small
