@@ -80,10 +80,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if o.gw.inside, err = netip.ParseAddrPort(*inside); err != nil {
 		return o, fmt.Errorf("-inside %q: want addr:port, such as 127.0.0.1:5353", *inside)
 	}
-	if o.gw.inside.Addr().IsUnspecified() {
+	if o.gw.inside.Addr().Unmap().IsUnspecified() {
 		return o, fmt.Errorf("-inside %q: need a concrete IP address, not a wildcard", *inside)
 	}
-	if o.gw.outside, err = netip.ParseAddr(*outside); err != nil || o.gw.outside.IsUnspecified() {
+	if o.gw.outside, err = netip.ParseAddr(*outside); err != nil || o.gw.outside.Unmap().IsUnspecified() {
 		return o, fmt.Errorf("-outside %q: want a concrete IP address, such as 127.0.0.1", *outside)
 	}
 	if o.gw.ports, err = parsePortRange(*ports); err != nil {
@@ -112,7 +112,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		if *upstream == "" {
 			return o, errors.New("-upstream is required (or use -demo)")
 		}
-		if o.gw.upstream, err = netip.ParseAddrPort(*upstream); err != nil || o.gw.upstream.Port() == 0 || o.gw.upstream.Addr().IsUnspecified() {
+		if o.gw.upstream, err = netip.ParseAddrPort(*upstream); err != nil || o.gw.upstream.Port() == 0 || o.gw.upstream.Addr().Unmap().IsUnspecified() {
 			return o, fmt.Errorf("-upstream %q: want a concrete addr:port, such as 127.0.0.1:7", *upstream)
 		}
 		if o.gw.upstream.Addr().Unmap().Is4() != o.gw.outside.Unmap().Is4() {

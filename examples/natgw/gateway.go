@@ -170,11 +170,11 @@ func newGateway(cfg config) (*gateway, error) {
 // check reports the first problem of cfg.
 func (c config) check() error {
 	switch {
-	case !c.inside.IsValid() || c.inside.Addr().IsUnspecified():
+	case !c.inside.IsValid() || c.inside.Addr().Unmap().IsUnspecified():
 		return fmt.Errorf("inside address %v: need a concrete IP address", c.inside)
-	case !c.outside.IsValid() || c.outside.IsUnspecified():
+	case !c.outside.IsValid() || c.outside.Unmap().IsUnspecified():
 		return fmt.Errorf("outside address %v: need a concrete IP address", c.outside)
-	case !c.upstream.IsValid() || c.upstream.Addr().IsUnspecified() || c.upstream.Port() == 0:
+	case !c.upstream.IsValid() || c.upstream.Addr().Unmap().IsUnspecified() || c.upstream.Port() == 0:
 		return fmt.Errorf("upstream %v: need a concrete IP address and a port", c.upstream)
 	case c.outside.Unmap().Is4() != c.upstream.Addr().Unmap().Is4():
 		return fmt.Errorf("outside address %v and upstream %v: different address families", c.outside, c.upstream)
@@ -276,6 +276,14 @@ func (g *gateway) toUpstream(client netip.AddrPort, p []byte) {
 	}
 }
 
+// flowBindAddr returns the address a flow's outside socket binds: the
+// configured outside address itself and the port Connect chose. N.B. the
+// tuple Connect returns is in key form, without a zone, and a link-local
+// address cannot be bound without its zone.
+func flowBindAddr(outside netip.Addr, tup hash4.Tuple) netip.AddrPort {
+	return netip.AddrPortFrom(outside, tup.Local.Port())
+}
+
 // newFlow creates the flow of key, or counts why it cannot and returns nil.
 // Only readInside calls it, so flows are created one at a time.
 func (g *gateway) newFlow(key hash4.Tuple) *flow {
@@ -294,7 +302,7 @@ func (g *gateway) newFlow(key hash4.Tuple) *flow {
 			g.c.socketError.Add(1)
 			return nil
 		}
-		conn, err := net.ListenUDP(g.network, net.UDPAddrFromAddrPort(tup.Local))
+		conn, err := net.ListenUDP(g.network, net.UDPAddrFromAddrPort(flowBindAddr(g.cfg.outside, tup)))
 		if err != nil {
 			g.outside.Delete(tup)
 			if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {

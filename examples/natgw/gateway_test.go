@@ -6,9 +6,12 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hash4/hash4"
 )
 
 // Many clients at once, each with a window of datagrams in flight: every
@@ -435,5 +438,48 @@ func TestShutdownLeavesNothing(t *testing.T) {
 	cs[0].send([]byte("anyone?"))
 	if got, ok := cs[0].recv(200 * time.Millisecond); ok {
 		t.Errorf("answer after shutdown: %q", got)
+	}
+}
+
+// A flow's socket binds the configured outside address, zone included: the
+// tuple Connect returns has none, and a link-local address cannot be bound
+// without one.
+func TestFlowBindAddrKeepsZone(t *testing.T) {
+	for _, outside := range []string{"fe80::1%eth0", "127.0.0.1", "2001:db8::1"} {
+		out := netip.MustParseAddr(outside)
+		tab := hash4.New[int]()
+		alloc, err := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40009}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		upstream := netip.MustParseAddrPort("[2001:db8::53]:53")
+		if out.Is4() {
+			upstream = netip.MustParseAddrPort("192.0.2.53:53")
+		}
+		tup, err := tab.Connect(alloc, out, upstream, new(int))
+		if err != nil {
+			t.Fatalf("%v: Connect: %v", out, err)
+		}
+		got := flowBindAddr(out, tup)
+		if want := netip.AddrPortFrom(out, tup.Local.Port()); got != want || got.Addr().Zone() != out.Zone() {
+			t.Errorf("%v: flow binds %v, want %v", out, got, want)
+		}
+	}
+}
+
+// The IPv4 wildcard in IPv4-mapped form is refused as a wildcard, for each
+// address of the config: hash4 takes it for 0.0.0.0 and could key no flow.
+func TestConfigRefusesMappedWildcard(t *testing.T) {
+	mapped := netip.MustParseAddr("::ffff:0.0.0.0")
+	for name, change := range map[string]func(*config){
+		"inside":   func(c *config) { c.inside = netip.AddrPortFrom(mapped, 5000) },
+		"outside":  func(c *config) { c.outside = mapped },
+		"upstream": func(c *config) { c.upstream = netip.AddrPortFrom(mapped, 53) },
+	} {
+		cfg := testConfig(netip.MustParseAddrPort("127.0.0.1:53"), testPorts(1))
+		change(&cfg)
+		if err := cfg.check(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s %v: check() = %v, want an error naming %s", name, mapped, err, name)
+		}
 	}
 }

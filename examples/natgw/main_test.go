@@ -68,6 +68,10 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-inside", "127.0.0.1:5000", "-upstream", "127.0.0.1:0"}, "-upstream"},
 		{[]string{"-inside", "127.0.0.1:5000", "-upstream", "[::1]:7"}, "different address families"},
 		{[]string{"-inside", "127.0.0.1:5000", "-upstream", "127.0.0.1:7", "-outside", "0.0.0.0"}, "-outside"},
+		// The IPv4 wildcard in IPv4-mapped form is a wildcard too.
+		{[]string{"-inside", "[::ffff:0.0.0.0]:5000", "-upstream", "127.0.0.1:7"}, "wildcard"},
+		{[]string{"-inside", "127.0.0.1:5000", "-upstream", "127.0.0.1:7", "-outside", "::ffff:0.0.0.0"}, "-outside"},
+		{[]string{"-inside", "127.0.0.1:5000", "-upstream", "[::ffff:0.0.0.0]:7"}, "-upstream"},
 		{[]string{"-demo", "-ports", "5-1"}, "-ports"},
 		{[]string{"-demo", "-ports", "0-10"}, "-ports"},
 		{[]string{"-demo", "-ports", "70000-70001"}, "-ports"},
