@@ -418,6 +418,14 @@ func BenchmarkMixed(b *testing.B) {
 
 // benchMixed runs BenchmarkMixed's ops on m, which holds the keys of ks.
 func benchMixed(b *testing.B, m benchMap, ks *benchKeySet) {
+	benchMixedParts(b, m, ks, true, true)
+}
+
+// benchMixedParts runs BenchmarkMixed's walk on m, doing its lookups only if
+// lookups is set and its delete+insert pairs only if churn is: a skipped op
+// still counts as one, so that the two parts' times add up to the whole's
+// if they do not interfere.
+func benchMixedParts(b *testing.B, m benchMap, ks *benchKeySet, lookups, churn bool) {
 	var gid atomic.Uint64
 	b.RunParallel(func(pb *testing.PB) {
 		w, c := newBenchWalk(&gid, ks), 10
@@ -427,14 +435,40 @@ func benchMixed(b *testing.B, m benchMap, ks *benchKeySet) {
 				c = 10
 				// Another goroutine may hold this key deleted for a
 				// moment: reinsert only what this one removed.
+				if !churn {
+					continue
+				}
 				if v, ok := m.Delete(*k); ok {
 					m.Insert(*k, v)
 				}
-			} else {
+			} else if lookups {
 				m.Lookup(*k)
 			}
 		}
 	})
+}
+
+// BenchmarkMixedParts runs BenchmarkMixed at 1M entries, on hash4 and on
+// xsync, whole (ops=all) and in its two parts: the lookups alone
+// (ops=lookups, 90% of ops; the rest do nothing) and the delete+insert
+// pairs alone (ops=churn, 10%), to tell whether the two kinds of op slow
+// each other down.
+func BenchmarkMixedParts(b *testing.B) {
+	for _, part := range []struct {
+		name           string
+		lookups, churn bool
+	}{{"all", true, true}, {"lookups", true, false}, {"churn", false, true}} {
+		for _, impl := range benchImpls {
+			if impl.name != "hash4" && impl.name != "xsync" {
+				continue
+			}
+			b.Run(fmt.Sprintf("n=1M/ops=%s/impl=%s", part.name, impl.name), func(b *testing.B) {
+				m, ks := benchPrefilled(b, impl, 1<<20, filledOnce)
+				b.ResetTimer()
+				benchMixedParts(b, m, ks, part.lookups, part.churn)
+			})
+		}
+	}
 }
 
 // BenchmarkChurn measures delete+insert pairs (one op each) only.
