@@ -422,9 +422,10 @@ func benchMixed(b *testing.B, m benchMap, ks *benchKeySet) {
 }
 
 // benchMixedParts runs BenchmarkMixed's walk on m, doing its lookups only if
-// lookups is set and its delete+insert pairs only if churn is: a skipped op
-// still counts as one, so that the two parts' times add up to the whole's
-// if they do not interfere.
+// lookups is set and its delete+insert pairs only if churn is. A skipped op
+// still counts as one, and costs its step of the walk: so the two parts'
+// times, less once the time of the walk alone, add up to the whole's if
+// the two kinds of op do not slow each other down.
 func benchMixedParts(b *testing.B, m benchMap, ks *benchKeySet, lookups, churn bool) {
 	var gid atomic.Uint64
 	b.RunParallel(func(pb *testing.PB) {
@@ -449,15 +450,15 @@ func benchMixedParts(b *testing.B, m benchMap, ks *benchKeySet, lookups, churn b
 }
 
 // BenchmarkMixedParts runs BenchmarkMixed at 1M entries, on hash4 and on
-// xsync, whole (ops=all) and in its two parts: the lookups alone
-// (ops=lookups, 90% of ops; the rest do nothing) and the delete+insert
-// pairs alone (ops=churn, 10%), to tell whether the two kinds of op slow
-// each other down.
+// xsync, whole (ops=all), in its two parts, the lookups alone (ops=lookups,
+// 90% of ops; the rest only walk) and the delete+insert pairs alone
+// (ops=churn, 10%), and as the walk alone (ops=none), to tell whether the
+// two kinds of op slow each other down.
 func BenchmarkMixedParts(b *testing.B) {
 	for _, part := range []struct {
 		name           string
 		lookups, churn bool
-	}{{"all", true, true}, {"lookups", true, false}, {"churn", false, true}} {
+	}{{"all", true, true}, {"lookups", true, false}, {"churn", false, true}, {"none", false, false}} {
 		for _, impl := range benchImpls {
 			if impl.name != "hash4" && impl.name != "xsync" {
 				continue

@@ -29,12 +29,12 @@ const (
 // Connect picks a local port for the flow from local to remote, inserts v
 // under the resulting 4-tuple and returns the tuple, atomically: two
 // concurrent Connects never get the same 4-tuple, and Connect never returns
-// a tuple it did not insert. The tuple is in key form, its IPv4-mapped
-// addresses as IPv4 and without zones: a socket for the flow binds local
-// itself, zone included, with the tuple's local port. The allocator a chooses the candidates (its range,
-// reserved and bound ports, policy and perturbation; see PortAllocator); a
-// WithConnectRange option narrows the range for this call and makes its scan
-// flat.
+// a tuple it did not insert. The tuple is in key form: IPv4-mapped
+// addresses as IPv4, zones dropped. A socket for the flow should bind local
+// as given (zone included) with the tuple's local port. The allocator a
+// chooses the candidates (its range, reserved and bound ports, policy and
+// perturbation; see PortAllocator); a WithConnectRange option narrows the
+// range for this call and makes its scan flat.
 //
 // When every candidate is taken it returns an error matching ErrNoPorts (and
 // syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil allocator or

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 )
 
-// Errors returned by Table. Match them with errors.Is: but for ErrTableFull,
-// which comes as it is, the returned errors wrap them with the offending
-// tuple.
+// Errors returned by Table. Match them with errors.Is: the errors returned
+// wrap them with the offending tuple, except ErrTableFull, which is returned
+// as it is.
 var (
 	// ErrExists: the 4-tuple is already in the table.
 	ErrExists = errors.New("hash4: 4-tuple already in table")

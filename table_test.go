@@ -570,13 +570,11 @@ func TestTableOptions(t *testing.T) {
 // against a map model in tables of every shape the options make: bucket
 // counts from the smallest up, stripes from one to more than the buckets
 // (clamped), with and without home groups (where the stripes allow them),
-// at half, one and three keys per bucket. Every few hundred steps it checks the home-slot bookkeeping and
+// with keys drawn from sets of half, one and three times the bucket count,
+// for four steps per key or 2000 (the table settles at three quarters of
+// the set). Eight times in a run it checks the home-slot bookkeeping and
 // that Len, Stats, Lookup, AppendLookups and All agree with the model.
 func TestTableModelAcrossOptions(t *testing.T) {
-	steps, checkEvery := 2000, 250
-	if testing.Short() {
-		steps = 500
-	}
 	seed := uint64(0)
 	for _, capacity := range []int{1, 64, 1024} {
 		for _, stripes := range []int{1, 4, 64, 2048} {
@@ -592,6 +590,11 @@ func TestTableModelAcrossOptions(t *testing.T) {
 						for i := range keys {
 							keys[i] = tblKey(i, i%3 == 0)
 						}
+						steps := max(2000, 4*len(keys))
+						if testing.Short() {
+							steps /= 4
+						}
+						checkEvery := steps / 8
 						r := rand.New(rand.NewPCG(seed, 1))
 						model := map[int]*int{}
 						for step := range steps {
@@ -1622,9 +1625,9 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 // tblStealerPastK sets up a move past the key sought: steal makes X, a key
 // of bucket A, a stealer of another home slot, then A's chain becomes
 // N -> K -> X -> filler. The write deletes N, whose node tops the free
-// cache, and inserts Z, of bucket zb, which takes back home slot slot and
-// so moves X into N's node, behind K: a reader standing on N's node goes on
-// behind X, past K.
+// cache, and inserts Z, of bucket zb, which takes home slot slot (its own,
+// or one of its group's) and so moves X into N's node, behind K: a reader
+// standing on N's node goes on behind X, past K.
 func tblStealerPastK(t *testing.T, f *tblNulls, steal func(x Tuple), z Tuple, zb, slot uint32) (Tuple, uint32, func()) {
 	ka := f.byBkt[f.a]
 	x, k, n := ka[0], ka[1], ka[2]

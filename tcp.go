@@ -34,7 +34,8 @@ var wordsAny4 = addrWords(netip.IPv4Unspecified())
 // port, else the listener bound to the wildcard address on that port.
 //
 // The established connections are a Table (see Established): Insert,
-// Delete, Lookup and a PortAllocator's Connect work on it as on any Table.
+// Delete, Lookup and Connect (with a PortAllocator) work on it as on any
+// Table.
 // Listeners are added by Listen. Lookup takes no lock and never allocates.
 // All methods are safe for concurrent use. A TCPTable must be created with
 // NewTCPTable.
@@ -85,8 +86,9 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 // into it, directly or by its Connect, are found by Lookup before any
 // listener. Connect sees no listener: to keep it off a listener's port, as
 // the kernel's bind table does, hold the port with PortAllocator.Bind as
-// well. Its Stats count the listeners' nodes among Nodes, since listeners
-// share its node store.
+// well (for a listener on ::, which takes IPv4 segments too, bind both ::
+// and 0.0.0.0 on its port). Its Stats count the listeners' nodes among
+// Nodes, since listeners share its node store.
 func (t *TCPTable[T]) Established() *Table[T] { return t.est }
 
 // listenerKey returns the key of a listener on (addr, port), addr in the
