@@ -37,12 +37,12 @@ const (
 // range for this call and makes its scan flat.
 //
 // When every candidate is taken it returns an error matching ErrNoPorts (and
-// syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil allocator or
-// value, invalid, unspecified or mixed-family addresses, remote port 0)
-// returns an error matching ErrInvalidTuple or ErrNilValue, and a
-// PortAllocator that NewPortAllocator did not make one matching
-// ErrInvalidPortRange; none changes anything. If the table cannot index
-// another entry it returns ErrTableFull.
+// syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil value,
+// invalid, unspecified or mixed-family addresses, remote port 0) returns an
+// error matching ErrInvalidTuple or ErrNilValue, and a nil PortAllocator or
+// one that NewPortAllocator did not make an error matching
+// ErrInvalidPortRange, as PortAllocator.Bind does; none changes anything.
+// If the table cannot index another entry it returns ErrTableFull.
 func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, opts ...ConnectOption) (Tuple, error) {
 	return t.connect(a, local, remote, v, connectHashOnce, opts)
 }
@@ -56,9 +56,6 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	}
 	if v == nil {
 		return Tuple{}, fmt.Errorf("%w for a flow to %v", ErrNilValue, remote)
-	}
-	if a == nil {
-		return Tuple{}, fmt.Errorf("%w: nil *PortAllocator", ErrInvalidTuple)
 	}
 	if err := a.check(); err != nil {
 		return Tuple{}, err

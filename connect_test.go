@@ -765,7 +765,7 @@ func TestConnectBadInput(t *testing.T) {
 		is     error
 		says   string
 	}{
-		{"nil allocator", true, v4, dst4, false, ErrInvalidTuple, "nil *PortAllocator"},
+		{"nil allocator", true, v4, dst4, false, ErrInvalidPortRange, "nil *PortAllocator"},
 		{"nil value", false, v4, dst4, true, ErrNilValue, "nil value"},
 		{"invalid local", false, netip.Addr{}, dst4, false, ErrInvalidTuple, "invalid address"},
 		{"invalid remote", false, v4, netip.AddrPort{}, false, ErrInvalidTuple, "invalid address"},

@@ -18,7 +18,7 @@ import (
 )
 
 // This file holds the ephemeral source-port allocator: the candidate scan of
-// the kernel's __inet_hash_connect (RFC 6056 algorithm 5, "double hash", with
+// the kernel's __inet_hash_connect (RFC 6056 algorithm 4, "double hash", with
 // the odd/even policy and the random perturb increment), the scan of bind(0),
 // reserved ports, and ports held by Bind. The table's Connect drives
 // a portScan; the allocator itself does not know which 4-tuples are in use.
@@ -37,16 +37,19 @@ type PortRange struct {
 var DefaultPortRange = PortRange{32768, 60999}
 
 // ErrInvalidPortRange is returned, wrapped, for a port range whose Low is 0 or
-// above its High.
+// above its High, and by the methods that need an allocator's range (Bind,
+// BindEphemeral, Table.Connect) when given a nil PortAllocator or one that
+// NewPortAllocator did not make.
 var ErrInvalidPortRange = errors.New("hash4: invalid port range")
 
 // ErrInvalidReservedPorts is returned, wrapped, for a reserved-port list that
 // does not parse or names port 0 or a port above 65535.
 var ErrInvalidReservedPorts = errors.New("hash4: invalid reserved ports")
 
-// ErrNoPorts is returned when no local port is free: every candidate is
-// reserved, held, or in use. It matches syscall.EADDRNOTAVAIL under
-// errors.Is, the error connect() and bind() return in that case.
+// ErrNoPorts is returned when no local port is free: every port of the
+// range is reserved, held, or in use. It matches syscall.EADDRNOTAVAIL under
+// errors.Is, the error connect() returns in that case. (Linux's bind() to
+// port 0 reports EADDRINUSE instead; BindEphemeral returns ErrNoPorts too.)
 var ErrNoPorts error = errnoError{"hash4: no free local port (EADDRNOTAVAIL)", syscall.EADDRNOTAVAIL}
 
 // ErrInvalidPolicy is returned, wrapped, by NewPortAllocator for a Policy
@@ -102,8 +105,10 @@ type Policy uint8
 
 const (
 	// OddEven, the default, is the kernel's policy: connect tries the ports
-	// of Low's parity first and the others after, while BindEphemeral
-	// starts with the other parity, so the two rarely compete for a port.
+	// of Low's parity first and the others after (in a range of odd size,
+	// one port of Low's parity comes last, where the kernel never tries
+	// it), while BindEphemeral starts with the other parity, so the two
+	// rarely compete for a port.
 	OddEven Policy = iota
 	// Flat tries every port of the range in one pass, as the kernel does
 	// for a socket with IP_LOCAL_PORT_RANGE set.
@@ -336,16 +341,28 @@ func NewPortAllocator(opts ...PortOption) (*PortAllocator, error) {
 	return a, nil
 }
 
-// Range returns the range ephemeral ports are drawn from.
-func (a *PortAllocator) Range() PortRange { return a.rng }
+// Range returns the range ephemeral ports are drawn from; the zero
+// PortRange for a nil allocator.
+func (a *PortAllocator) Range() PortRange {
+	if a == nil {
+		return PortRange{}
+	}
+	return a.rng
+}
 
-// Policy returns the order in which Connect tries ports.
-func (a *PortAllocator) Policy() Policy { return a.policy }
+// Policy returns the order in which Connect tries ports; OddEven for a nil
+// allocator.
+func (a *PortAllocator) Policy() Policy {
+	if a == nil {
+		return OddEven
+	}
+	return a.policy
+}
 
 // Reserved reports whether port is reserved, as the kernel's
-// inet_is_local_reserved_port.
+// inet_is_local_reserved_port; false for a nil allocator.
 func (a *PortAllocator) Reserved(port uint16) bool {
-	return a.reserved[port/64]&(1<<(port%64)) != 0
+	return a != nil && a.reserved[port/64]&(1<<(port%64)) != 0
 }
 
 // connectConfig collects the ConnectOptions of one connect.
@@ -450,8 +467,12 @@ const portScanRun = 64
 // The scan starts at a per-destination offset, the keyed port offset plus
 // the destination's perturb slot, and walks the range with step 2 (ports of
 // low's parity, then the others) or step 1 (one pass) for the Flat policy
-// or a per-call range. With step 2 and a range of odd size, one port of
-// low's parity is not a candidate in a given call, as in the kernel.
+// or a per-call range. With step 2 and a range of odd size, the kernel
+// rounds the pass length down to even, so that its first pass leaves out
+// one port of low's parity: low, or, when the pass starts at low, the last
+// port. The kernel never tries it, and a 3-port range never gives out its
+// last port; the scan tries it in a pass of its own after the two, so that
+// Connect fails only when no port of the range is free.
 //
 // N.B. candidates come in runs of ports step apart, which the caller checks
 // in a loop of its own: a Connect scan spends a few nanoseconds per
@@ -472,6 +493,7 @@ type portScan struct {
 	slot      *uint32 // the destination's perturb slot
 	index     uint32  // of slot
 	perturb   uint32  // slot's value when the scan began
+	leftOut   bool    // the pass of the port the first left out has begun
 }
 
 // startScan returns the scan of candidate ports for the flow (local,
@@ -537,14 +559,28 @@ func (s *portScan) next() (first uint32, n uint32) {
 	}
 }
 
-// nextPass starts the second pass, of the other parity, under step 2, and
-// reports whether there was one to start.
+// nextPass starts the next pass under step 2 and reports whether there was
+// one to start: the second, of the other parity, then in a range of odd
+// size the pass of the one port the first left out (see portScan).
 func (s *portScan) nextPass() bool {
-	if s.step != 2 || s.offset&1 == 1 || s.remaining <= 1 {
+	switch {
+	case s.step != 2 || s.remaining <= 1:
+		return false
+	case s.offset&1 == 0:
+		s.offset++
+		s.port, s.i = s.low+s.offset, 0
+		return true
+	case s.leftOut || (s.high-s.low)&1 == 0:
 		return false
 	}
-	s.offset++
-	s.port, s.i = s.low+s.offset, 0
+	s.leftOut = true
+	s.port = s.low
+	if s.offset == 1 { // the first pass began at low
+		s.port = s.high - 1
+	}
+	// N.B. the last index of a pass makes the pass one port long (see
+	// next) and makes taken count the whole first pass as tried.
+	s.i = s.remaining - 1
 	return true
 }
 
@@ -561,9 +597,10 @@ func (s *portScan) taken(j uint32) {
 	atomic.AddUint32(s.slot, i+s.step)
 }
 
-// isWildcard reports whether addr is 0.0.0.0, ::ffff:0.0.0.0 or ::.
+// isWildcard reports whether addr is 0.0.0.0, ::ffff:0.0.0.0 or ::, with
+// any zone.
 func isWildcard(addr netip.Addr) bool {
-	return addr.Unmap().IsUnspecified()
+	return addr.Unmap().WithZone("").IsUnspecified()
 }
 
 // wildcardOf returns the 16-byte form of the wildcard address of addr's

@@ -467,31 +467,59 @@ func TestSelectPortExhaustion(t *testing.T) {
 	require.False(t, ok)
 }
 
-// TestSelectPortOddRange checks the kernel's rounding of an odd-sized range
-// under the odd/even policy: each scan has size-1 candidates, all distinct,
-// and the one left out is the low or the high port.
+// TestSelectPortOddRange checks a range of odd size under the odd/even
+// policy: the kernel's two passes, of size-1 candidates, leave out the low
+// or the high port, which the scan then tries last, so that every port is
+// tried once.
 func TestSelectPortOddRange(t *testing.T) {
-	a := newTestAllocator(t, WithPortRange(PortRange{3000, 3100}))
-	require.Equal(t, 101, a.Range().Size())
-	for _, dst := range []netip.AddrPort{paDstA, paDstB} {
-		calls := 0
-		tried := map[uint16]bool{}
-		_, ok := a.selectPort(paLocal, dst, nil, func(p uint16) bool {
-			calls++
-			require.False(t, tried[p], p)
-			tried[p] = true
-			return false
-		})
-		require.False(t, ok)
-		require.Equal(t, 100, calls)
-		var missing []uint16
-		for p := uint16(3000); p <= 3100; p++ {
-			if !tried[p] {
-				missing = append(missing, p)
+	for _, r := range []PortRange{{3000, 3100}, {5000, 5010}, {5000, 5002}, {65533, 65535}} {
+		for seed := range uint64(8) {
+			a := newTestAllocator(t, WithPortRange(r), WithPerturbSeed(seed))
+			for _, dst := range []netip.AddrPort{paDstA, paDstB} {
+				var order []uint16
+				_, ok := a.selectPort(paLocal, dst, nil, func(p uint16) bool {
+					order = append(order, p)
+					return false
+				})
+				require.False(t, ok)
+				slices.Sort(order)
+				require.Equal(t, r.Size(), len(slices.Compact(order)), "%v: every port once", r)
+				require.Len(t, order, r.Size(), "%v: every port once", r)
+				last := order[len(order)-1]
+				// The kernel's first pass begins at low, and leaves
+				// out high, whenever the range has 3 ports.
+				require.Contains(t, []uint16{r.Low, r.High}, last, "%v: tried last", r)
+				if r.Size() == 3 {
+					require.Equal(t, r.High, last, "%v: tried last", r)
+				}
 			}
 		}
-		require.Len(t, missing, 1)
-		require.Contains(t, []uint16{3000, 3100}, missing[0])
+	}
+}
+
+// TestConnectOddRangeLastFreePort: under the odd/even policy, Connect in a
+// range of odd size finds the one free port whichever it is, including the
+// one the kernel's passes leave out (the last port of a 3-port range, up to
+// 65535), and the perturb slot advances as for a port found in the passes.
+func TestConnectOddRangeLastFreePort(t *testing.T) {
+	for _, r := range []PortRange{{5000, 5002}, {65533, 65535}, {5000, 5010}} {
+		for free := int(r.Low); free <= int(r.High); free++ {
+			for seed := range uint64(4) {
+				a := newTestAllocator(t, WithPortRange(r), WithPerturbSeed(seed))
+				tb := New[int]()
+				dst := netip.AddrPortFrom(paDstA.Addr(), uint16(1000+seed))
+				for p := int(r.Low); p <= int(r.High); p++ {
+					if p != free {
+						require.NoError(t, tb.Insert(Tuple{netip.AddrPortFrom(paLocal, uint16(p)), dst}, new(int)))
+					}
+				}
+				tup, err := tb.Connect(a, paLocal, dst, new(int))
+				require.NoError(t, err, "%v, port %d free", r, free)
+				require.Equal(t, uint16(free), tup.Local.Port(), "%v", r)
+				_, err = tb.Connect(a, paLocal, dst, new(int))
+				require.ErrorIs(t, err, ErrNoPorts, "%v: full", r)
+			}
+		}
 	}
 }
 
@@ -636,7 +664,15 @@ func TestPortAllocatorBind(t *testing.T) {
 	require.NoError(t, err)
 	_, err = a.Bind(ap("[fe80::1%eth1]:8080")) // zones are not part of the address
 	require.ErrorIs(t, err, ErrPortInUse)
+	// Nor of the wildcard: ::%eth0 is ::, which conflicts with fe80::1.
+	_, err = a.Bind(ap("[::%eth0]:8080"))
+	require.ErrorIs(t, err, ErrPortInUse)
 	r2()
+	rz, err := a.Bind(ap("[::%eth0]:8080"))
+	require.NoError(t, err)
+	_, err = a.Bind(ap("[2001:db8::1]:8080"))
+	require.ErrorIs(t, err, ErrPortInUse)
+	rz()
 
 	// The wildcard holds the port for its family only.
 	relW, err := a.Bind(ap("0.0.0.0:9000"))
@@ -667,6 +703,9 @@ func TestPortAllocatorNotMade(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidPortRange, name)
 		_, _, err = a.BindEphemeral(netip.MustParseAddr("10.0.0.1"))
 		require.ErrorIs(t, err, ErrInvalidPortRange, name)
+		require.Equal(t, PortRange{}, a.Range(), name)
+		require.Equal(t, OddEven, a.Policy(), name)
+		require.False(t, a.Reserved(80), name)
 	}
 }
 
@@ -692,6 +731,18 @@ func TestPortAllocatorBindEphemeral(t *testing.T) {
 		starts[p] = true
 	}
 	require.Greater(t, len(starts), 10)
+
+	// The IPv6 wildcard with a zone is the wildcard: it avoids ports held
+	// for any IPv6 address.
+	a6 := newTestAllocator(t, WithPortRange(PortRange{5000, 5001}))
+	for _, p := range []uint16{5000, 5001} {
+		_, err := a6.Bind(netip.AddrPortFrom(netip.MustParseAddr("2001:db8::1"), p))
+		require.NoError(t, err)
+	}
+	for _, w := range []string{"::", "::%eth0"} {
+		_, _, err := a6.BindEphemeral(netip.MustParseAddr(w))
+		require.ErrorIs(t, err, ErrNoPorts, w)
+	}
 
 	// Exhaustion: the other parity first, then the rest; every free port
 	// once; reserved and held ports never.
@@ -738,6 +789,8 @@ func TestPortAllocatorBindEphemeral(t *testing.T) {
 		// A wildcard BindEphemeral avoids ports held for any address.
 		_, _, err = a.BindEphemeral(netip.IPv4Unspecified())
 		require.ErrorIs(t, err, ErrNoPorts)
+		_, _, err = a.BindEphemeral(netip.MustParseAddr("::ffff:0.0.0.0"))
+		require.ErrorIs(t, err, ErrNoPorts)
 		releases[0]()
 		heldRel()
 		p, _, err := a.BindEphemeral(paLocal)
@@ -749,8 +802,7 @@ func TestPortAllocatorBindEphemeral(t *testing.T) {
 // TestSelectPortProperties checks, over random ranges, reservations, binds,
 // policies and per-call ranges, that the picks until exhaustion are
 // distinct, inside the effective range, never reserved nor held, each scan
-// bounded, and that they cover every other port of the effective range but
-// the one port an odd-sized odd/even range leaves out.
+// bounded, and that they cover every other port of the effective range.
 func TestSelectPortProperties(t *testing.T) {
 	prop := func(seed uint64) bool {
 		r := rand.New(rand.NewPCG(seed, 0))
@@ -806,10 +858,7 @@ func TestSelectPortProperties(t *testing.T) {
 		}
 
 		var cc *connectConfig
-		effLow, effHigh, step := low, high, 2
-		if pol == Flat {
-			step = 1
-		}
+		effLow, effHigh := low, high
 		if r.IntN(3) == 0 {
 			cr := PortRange{uint16(r.IntN(65536)), uint16(r.IntN(65536))}
 			if r.IntN(2) == 0 {
@@ -824,7 +873,6 @@ func TestSelectPortProperties(t *testing.T) {
 				if int(cr.High) >= effLow && int(cr.High) <= effHigh {
 					effHigh = int(cr.High)
 				}
-				step = 1
 			}
 		}
 		size := effHigh - effLow + 1
@@ -852,14 +900,7 @@ func TestSelectPortProperties(t *testing.T) {
 				missing = append(missing, p)
 			}
 		}
-		if step == 2 && size%2 == 1 && size > 1 {
-			require.LessOrEqual(t, len(missing), 1)
-			if len(missing) == 1 {
-				require.Contains(t, []int{effLow, effHigh}, missing[0])
-			}
-		} else {
-			require.Empty(t, missing, "%v %v %v %v", pr, pol, cc, heldForLocal)
-		}
+		require.Empty(t, missing, "%v %v %v %v", pr, pol, cc, heldForLocal)
 		return true
 	}
 	require.NoError(t, quick.Check(prop, &quick.Config{MaxCount: 300}))
@@ -967,18 +1008,21 @@ func TestPortAllocatorBindConcurrent(t *testing.T) {
 }
 
 // selectPortReference is the candidate scan of __inet_hash_connect written
-// as one plain loop, port by port, as RFC 6056 algorithm 5 states it, from
-// the start that startScan computes: the reference that portScan's runs
-// are checked against.
+// as one plain loop, port by port, as RFC 6056 algorithm 4 states it, from
+// the start that startScan computes, then, in a range of odd size under
+// step 2, the one port that loop never reaches, found by looking for it:
+// the reference that portScan's runs are checked against.
 func (a *PortAllocator) selectPortReference(local netip.Addr, remote netip.AddrPort, cc *connectConfig, try func(port uint16) bool) (uint16, bool) {
 	s := a.startScan(local, remote, cc)
 	low, high, step, remaining, offset := s.low, s.high, s.step, s.remaining, s.offset
+	visited := map[uint32]bool{}
 	for {
 		port := low + offset
 		for i := uint32(0); i < remaining; i, port = i+step, port+step {
 			if port >= high {
 				port -= remaining
 			}
+			visited[port] = true
 			p := uint16(port)
 			if a.Reserved(p) || a.mayBeHeld(p) && a.heldFor(local, p) {
 				continue
@@ -999,6 +1043,24 @@ func (a *PortAllocator) selectPortReference(local netip.Addr, remote netip.AddrP
 		if offset&1 == 0 || remaining <= 1 {
 			break
 		}
+	}
+	if step != 2 || remaining <= 1 || (high-low)%2 == 0 {
+		return 0, false
+	}
+	// The port of low's parity that the first pass left out.
+	for p := low; p < high; p += 2 {
+		if visited[p] {
+			continue
+		}
+		if a.Reserved(uint16(p)) || a.mayBeHeld(uint16(p)) && a.heldFor(local, uint16(p)) || !try(uint16(p)) {
+			return 0, false
+		}
+		i := remaining - 1
+		if r := a.random8(s.index, s.perturb) * step; r > i {
+			i = r
+		}
+		atomic.AddUint32(s.slot, i+step)
+		return uint16(p), true
 	}
 	return 0, false
 }
