@@ -59,8 +59,9 @@ type bindConfig struct {
 // SO_REUSEPORT: a Bind of an address and port already bound succeeds only if
 // every socket on it, the new one included, asked for it. Among such sockets
 // that a packet matches equally well, Lookup picks one by the packet's flow
-// hash, so a given 4-tuple always reaches the same socket while the set of
-// sockets does not change.
+// hash (see UDPTable), so a given 4-tuple keeps reaching the same socket
+// while no socket binds to or closes on that address and port; when one of
+// them connects or disconnects, only the flows that reach that one move.
 func WithReusePort() BindOption { return func(c *bindConfig) { c.reusePort = true } }
 
 // WithIPv6Only makes a socket bound to an IPv6 address receive IPv6 packets
@@ -103,13 +104,24 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 // to the packet's destination address; (3) the best-scoring socket bound to
 // the wildcard address. The highest score wins. Ties can only be between
 // sockets bound to the same address and port, which all asked for port
-// reuse: among them the packet's flow hash (UDPEhashfn, UDP6Ehashfn) picks
-// the k-th in bind order, k = hash*n>>32 for n tied sockets (the kernel's
-// reciprocal_scale over its reuseport group). Step 1 returns a socket only
-// when the 4-tuple matches exactly one connected socket; it falls through to
-// scoring when it matches several (reuseport sockets connected to the same
-// peer), so that the tie is broken the same way. Step 1 is a shortcut: the
-// answer is always the one scoring would give.
+// reuse: their reuseport group, every socket bound to that address and
+// port, in bind order. The packet's flow hash (UDPEhashfn, UDP6Ehashfn)
+// picks the group's k-th socket, k = hash*n>>32 for a group of n (the
+// kernel's reciprocal_scale), and the answer is the first of the tied
+// sockets from there on, wrapping around, as the kernel's
+// reuseport_select_sock_by_hash skips the connected sockets of a group. So
+// a flow moves only when a socket binds to or closes on that address and
+// port, or when the socket it reaches, or one it skipped, connects or
+// disconnects. Step 1 returns a socket only when the 4-tuple matches
+// exactly one connected socket; it falls through to scoring when it matches
+// several (reuseport sockets connected to the same peer), so that the tie
+// is broken the same way. Step 1 is a shortcut: the answer is always the
+// one scoring would give.
+//
+// While sockets connect and disconnect, Lookup scores the sockets on the
+// packet's address and port again if a score changed between its first
+// look at them and its choice among the tied ones, so that it returns a
+// socket that takes the packet, with the score that won.
 type UDPTable[T any] struct {
 	slots []udpSlot[T] // hash2
 	mask  uint32
@@ -122,6 +134,7 @@ type UDPTable[T any] struct {
 
 	ids      atomic.Uint64 // bind sequence numbers
 	restarts atomic.Uint64 // hash4 walks started again
+	rescores atomic.Uint64 // scorings started again (pickTied)
 
 	// hash4Off, set only by tests and benchmarks before the table is used,
 	// makes Lookup skip step 1 (hash4).
@@ -639,43 +652,91 @@ func (s *UDPSocket[T]) score(p *udpPacket, wild bool) int {
 }
 
 // scoreSlot returns the value of the best-scoring socket of slot for p, as
-// the kernel's udp4_lib_lookup2: the highest score wins; n > 1 sockets tied
-// at it are reuseport sockets of one address and port, and the flow hash
-// picks the k-th of them in bind order, k = reciprocal_scale(hash, n).
+// the kernel's udp4_lib_lookup2: the highest score wins, and n > 1 sockets
+// tied at it are sockets of one reuseport group, among which pickTied
+// chooses.
 func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, bool) {
 	sp := slot.socks.Load()
 	if sp == nil {
 		return nil, false
 	}
 	socks := *sp
-	best, n := -1, 0
-	var first *UDPSocket[T]
-	for _, s := range socks {
-		switch sc := s.score(p, wild); {
-		case sc > best:
-			best, n, first = sc, 1, s
-		case sc == best && sc >= 0:
-			n++
-		}
-	}
-	if n <= 1 {
-		if first == nil {
-			return nil, false
-		}
-		return first.val, true
-	}
-	k := reciprocalScale(t.flowHash(p), n)
-	for _, s := range socks {
-		if s.score(p, wild) == best {
-			if k == 0 {
-				return s.val, true
+	for {
+		best, n := -1, 0
+		var first *UDPSocket[T]
+		for _, s := range socks {
+			switch sc := s.score(p, wild); {
+			case sc > best:
+				best, n, first = sc, 1, s
+			case sc == best && sc >= 0:
+				n++
 			}
-			k--
+		}
+		if n <= 1 {
+			if first == nil {
+				return nil, false
+			}
+			return first.val, true
+		}
+		if v, ok := t.pickTied(socks, first, p, wild, best, n); ok {
+			return v, true
+		}
+		t.rescores.Add(1)
+	}
+}
+
+// pickTied returns the value of the socket that the flow hash of p picks
+// among the n sockets of socks that score best for it, first the first of
+// them: the first of those from the k-th socket of their reuseport group on,
+// cyclically, k = reciprocal_scale(hash, size of the group), as the
+// kernel's reuseport_select_sock_by_hash. It reports false if the sockets
+// tied at best are no longer n, as a socket connected or disconnected since
+// they were counted: the caller scores again.
+func (t *UDPTable[T]) pickTied(socks []*UDPSocket[T], first *UDPSocket[T], p *udpPacket, wild bool, best, n int) (*T, bool) {
+	size := 0
+	for _, s := range socks {
+		if s.inGroupOf(first) {
+			size++
 		}
 	}
-	// A socket changed its peer between the two passes; any of the
-	// winners of the first pass is an answer of that moment.
-	return first.val, true
+	k := reciprocalScale(t.flowHash(p), size)
+	var pick, wrapped *UDPSocket[T]
+	i, tied := 0, 0
+	for _, s := range socks {
+		// N.B. sockets outside the group are scored too: no two groups
+		// tie (their addresses score differently), but were they to, a
+		// count of the group alone would never equal n.
+		sc := s.score(p, wild)
+		if sc == best {
+			tied++
+		}
+		if !s.inGroupOf(first) {
+			continue
+		}
+		if sc == best {
+			if wrapped == nil {
+				wrapped = s
+			}
+			if pick == nil && i >= k {
+				pick = s
+			}
+		}
+		i++
+	}
+	if pick == nil {
+		pick = wrapped
+	}
+	if tied != n || pick == nil {
+		return nil, false
+	}
+	return pick.val, true
+}
+
+// inGroupOf reports whether s is in the reuseport group of g: bound to the
+// same address and port. (Two sockets on one address and port both asked
+// for port reuse, or the second could not have bound.)
+func (s *UDPSocket[T]) inGroupOf(g *UDPSocket[T]) bool {
+	return s.port == g.port && s.lw == g.lw
 }
 
 // reciprocalScale maps hash to [0, n) as the kernel's reciprocal_scale.

@@ -5,10 +5,12 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -337,6 +339,108 @@ func TestUDPReusePortFlowHash(t *testing.T) {
 	}
 }
 
+// TestUDPReusePortConnectMovesOnlyItsFlows: when one socket of a reuseport
+// group connects to an unrelated peer, only the flows it took move, each to
+// the next unconnected socket of the group in bind order, as the kernel's
+// reuseport_select_sock_by_hash skips connected sockets; when it
+// disconnects, they come back. For a group on the wildcard address and one
+// on a concrete address (whose connected sockets are in hash4).
+func TestUDPReusePortConnectMovesOnlyItsFlows(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0", "10.0.0.1"} {
+		tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+		const n = 4
+		vals := make([]int, n)
+		socks := make([]*UDPSocket[int], n)
+		for i := range vals {
+			vals[i] = i
+			var err error
+			socks[i], err = tbl.Bind(netip.AddrPortFrom(netip.MustParseAddr(addr), 53), &vals[i], WithReusePort())
+			require.NoError(t, err)
+		}
+		owners := func() []int {
+			var got []int
+			for i := range 400 {
+				remote := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))
+				v, ok := tbl.Lookup(Tuple{Local: dmxAP("10.0.0.1:53"), Remote: remote})
+				require.True(t, ok, addr)
+				got = append(got, *v)
+			}
+			return got
+		}
+		before := owners()
+		peer := dmxAP("203.0.113.1:9") // sends none of the flows
+		require.NoError(t, socks[1].Connect(peer))
+		require.NoError(t, socks[3].Connect(peer))
+		moved := 0
+		for i, o := range owners() {
+			switch before[i] {
+			case 1:
+				require.Equal(t, 2, o, "%s: flow %d of socket 1", addr, i)
+				moved++
+			case 3: // wraps past the end to socket 0
+				require.Equal(t, 0, o, "%s: flow %d of socket 3", addr, i)
+				moved++
+			default:
+				require.Equal(t, before[i], o, "%s: flow %d stays", addr, i)
+			}
+		}
+		require.Positive(t, moved, addr)
+		require.NoError(t, socks[1].Disconnect())
+		require.NoError(t, socks[3].Disconnect())
+		require.Equal(t, before, owners(), addr)
+	}
+}
+
+// TestUDPReusePortTieRace: while socket A of a reuseport pair connects to
+// and disconnects from a peer that sends none of the flow's packets,
+// lookups of a flow that B takes in both states (the hash picks B when A
+// is unconnected, and A does not take the flow when connected) must
+// always return B: never A, scored before its Connect and chosen after.
+func TestUDPReusePortTieRace(t *testing.T) {
+	tbl := NewUDPTable[string](WithSecret(udpTestSecret))
+	names := []string{"A", "B"}
+	var a *UDPSocket[string]
+	for i := range names {
+		s, err := tbl.Bind(dmxAP("0.0.0.0:53"), &names[i], WithReusePort())
+		require.NoError(t, err)
+		if i == 0 {
+			a = s
+		}
+	}
+	var pkt Tuple
+	for i := range 1 << 16 {
+		pkt = Tuple{Local: dmxAP("10.0.0.1:53"),
+			Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), uint16(1000+i))}
+		if reciprocalScale(udpTestHash(pkt), 2) == 1 {
+			break
+		}
+	}
+	v, ok := tbl.Lookup(pkt)
+	require.True(t, ok)
+	require.Equal(t, "B", *v)
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for !stop.Load() {
+			a.Connect(dmxAP("192.0.2.1:9"))
+			a.Disconnect()
+		}
+	}()
+	wrong := 0
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
+		for range 1000 {
+			if v, ok := tbl.Lookup(pkt); !ok || *v != "B" {
+				wrong++
+			}
+		}
+	}
+	stop.Store(true)
+	<-done
+	t.Logf("%d scorings started again", tbl.rescores.Load())
+	require.Zero(t, wrong, "lookups that did not return B")
+}
+
 // TestUDPHash4Count checks hash4_cnt and hash4 membership through
 // Connect, reconnect, Disconnect and Close.
 func TestUDPHash4Count(t *testing.T) {
@@ -607,7 +711,22 @@ func (r *udpRef) lookup(pkt Tuple) *udpRefSock {
 		} else {
 			h = UDP6Ehashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash, r.secret.Ehash6Addr)
 		}
-		return winners[uint64(h)*uint64(len(winners))>>32]
+		// The winners' reuseport group: every socket on their address
+		// and port, in bind order. The first winner from its k-th on,
+		// cyclically.
+		var group []*udpRefSock
+		for _, s := range r.socks {
+			if s.local == winners[0].local {
+				group = append(group, s)
+			}
+		}
+		k := int(uint64(h) * uint64(len(group)) >> 32)
+		for j := range group {
+			if s := group[(k+j)%len(group)]; slices.Contains(winners, s) {
+				return s
+			}
+		}
+		panic("no winner in the winners' group")
 	}
 	return nil
 }
