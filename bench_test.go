@@ -19,6 +19,7 @@ package hash4
 
 import (
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
@@ -29,6 +30,7 @@ import (
 	"testing"
 	"unsafe"
 
+	cmap "github.com/orcaman/concurrent-map/v2"
 	"github.com/puzpuzpuz/xsync/v4"
 )
 
@@ -62,6 +64,7 @@ var benchImpls = []benchImpl{
 	{"rwmutex", func(n int) benchMap {
 		return &benchRWMap{m: make(map[Tuple]*benchVal, n)}
 	}},
+	{"cmap", func(int) benchMap { return newBenchCmap() }},
 }
 
 type benchHash4 struct{ t *Table[benchVal] }
@@ -99,6 +102,25 @@ type benchXsync struct{ m *xsync.Map[Tuple, *benchVal] }
 func (m benchXsync) Lookup(k Tuple) (*benchVal, bool) { return m.m.Load(k) }
 func (m benchXsync) Delete(k Tuple) (*benchVal, bool) { return m.m.LoadAndDelete(k) }
 func (m benchXsync) Insert(k Tuple, v *benchVal)      { m.m.Store(k, v) }
+
+// benchCmap is github.com/orcaman/concurrent-map/v2, the common sharded
+// map: 32 maps, each behind a sync.RWMutex, chosen by a hash of the key
+// (maphash here, as the package leaves the hash of a struct key to its
+// user). The maps start empty: the package has no presizing.
+type benchCmap struct {
+	m cmap.ConcurrentMap[Tuple, *benchVal]
+}
+
+func newBenchCmap() benchCmap {
+	seed := maphash.MakeSeed()
+	return benchCmap{cmap.NewWithCustomShardingFunction[Tuple, *benchVal](func(k Tuple) uint32 {
+		return uint32(maphash.Comparable(seed, k))
+	})}
+}
+
+func (m benchCmap) Lookup(k Tuple) (*benchVal, bool) { return m.m.Get(k) }
+func (m benchCmap) Delete(k Tuple) (*benchVal, bool) { return m.m.Pop(k) }
+func (m benchCmap) Insert(k Tuple, v *benchVal)      { m.m.Set(k, v) }
 
 type benchRWMap struct {
 	mu sync.RWMutex

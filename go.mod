@@ -3,6 +3,7 @@ module github.com/hash4/hash4
 go 1.26.0
 
 require (
+	github.com/orcaman/concurrent-map/v2 v2.0.1
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/stretchr/testify v1.12.1
 	github.com/zeebo/xxh3 v1.1.0

@@ -43,24 +43,24 @@ const connectOccupancies = 4
 var groupSpecs = []*groupSpec{
 	{
 		name: "lookup", bench: "BenchmarkLookup", title: "Lookup hits",
-		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"},
-		sized: true, perRow: 4,
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex", "cmap"},
+		sized: true, perRow: 5,
 		what: "Lookups of keys present in the table, by every goroutine at once.",
 		meaning: "Every packet a NAT gateway or proxy forwards first looks up its flow, so this cost " +
 			"bounds packets per second, and the goroutine axis shows whether more cores forward more packets.",
 	},
 	{
 		name: "mixed", bench: "BenchmarkMixed", title: "Mixed: 90% lookups, 10% delete+insert",
-		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"},
-		sized: true, perRow: 4,
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex", "cmap"},
+		sized: true, perRow: 5,
 		what: "Nine lookups to one delete+insert of the same key; the table stays full.",
 		meaning: "A loaded gateway mostly forwards packets of known flows while some flows open and close; " +
 			"this is the per-packet cost when writers run beside the readers.",
 	},
 	{
 		name: "churn", bench: "BenchmarkChurn", title: "Churn: delete+insert",
-		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"},
-		sized: true, perRow: 4,
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex", "cmap"},
+		sized: true, perRow: 5,
 		what: "Delete and reinsert of present keys only (two operations per op).",
 		meaning: "Short flows (DNS, HTTP/1.0, a SYN flood) are all setup and teardown: this bounds how many " +
 			"flows per second a proxy can create and expire, and allocations here become GC pauses under load.",
@@ -102,6 +102,16 @@ var groupSpecs = []*groupSpec{
 		meaning: "A UDP proxy that connects one socket per client on one port finds a datagram's socket " +
 			"directly with the 4-tuple hash, instead of scoring every socket on the port, so its cost stops growing with the number of clients.",
 	},
+}
+
+// tablePeers names the maps that Lookup, Mixed and Churn compare hash4
+// with, in the order of their columns, and says what each is.
+var tablePeers = []struct{ name, what string }{
+	{"syncmap", "sync.Map"},
+	{"xsync", "`github.com/puzpuzpuz/xsync/v4` Map, presized"},
+	{"rwmutex", "a map behind one sync.RWMutex, presized"},
+	{"cmap", "`github.com/orcaman/concurrent-map/v2`: 32 maps, each behind a sync.RWMutex, " +
+		"picked by a maphash of the key"},
 }
 
 // groupByName returns the spec named name, or nil.

@@ -122,11 +122,11 @@ func TestPlan(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("plan\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	// 3 groups x 1 size x 2 cpus x 4 impls + 1 size x 2 cpus x 3 batch
+	// 3 groups x 1 size x 2 cpus x 5 impls + 1 size x 2 cpus x 3 batch
 	// impls + 2 impls x 2 kinds of tables + 1 policy x 4 occupancies x 4
 	// impls + 3 cases x 2.
-	if total != 24+6+4+16+6 {
-		t.Errorf("expect %d results, want 56", total)
+	if total != 30+6+4+16+6 {
+		t.Errorf("expect %d results, want 62", total)
 	}
 
 	o, err = parseFlags([]string{"-groups", "churn,connect", "-count", "3", "-cpu", "1,2,4"}, 4, &bytes.Buffer{})
@@ -134,7 +134,7 @@ func TestPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	invs := plan(o)
-	if len(invs) != 2 || invs[0].expect != 2*3*4*3 || invs[1].expect != 2*16*3 ||
+	if len(invs) != 2 || invs[0].expect != 2*3*5*3 || invs[1].expect != 2*16*3 ||
 		!slices.Contains(invs[1].args, "-test.bench=^BenchmarkConnect$") {
 		t.Errorf("plan %+v", invs)
 	}
@@ -308,8 +308,8 @@ func TestCommandQuick(t *testing.T) {
 	}
 	// A line per finished benchmark (stderr is not a terminal here), the
 	// last one at the planned total.
-	if !regexp.MustCompile(`\[56/56\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
-		t.Errorf("progress lacks [56/56]:\n%s", stderr.String())
+	if !regexp.MustCompile(`\[62/62\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
+		t.Errorf("progress lacks [62/62]:\n%s", stderr.String())
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
 	for _, s := range []string{"`go run ./examples/benchreport -quick -out ", "## Lookup hits", "## UDP socket lookup", "GOMAXPROCS"} {

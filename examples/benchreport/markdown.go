@@ -167,6 +167,15 @@ func markdown(rep *report, charts []chartFile) string {
 	fmt.Fprintf(&b, "- **Cells:** time per op (%s%s), its ratio to the fastest implementation in the row "+
 		"(**bold**, 1.00×) and allocs/op. The last column compares hash4 with the fastest of the others. "+
 		"Charts show throughput, 10⁹ / (ns/op) ops per second over all goroutines.\n", runs, bt)
+	var peers []string
+	for _, p := range tablePeers {
+		if slices.ContainsFunc(rep.groups, func(gd *groupData) bool { return slices.Contains(gd.impls, p.name) }) {
+			peers = append(peers, p.name+": "+p.what)
+		}
+	}
+	if len(peers) > 0 {
+		fmt.Fprintf(&b, "- **Peers:** %s.\n", strings.Join(peers, "; "))
+	}
 	if rep.config["benchreport-command"] != "" {
 		b.WriteString("- **Raw output:** [benchmarks.txt](benchmarks.txt). Small differences may be noise: " +
 			"benchstat on it gives confidence intervals, and " +
