@@ -104,8 +104,10 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 // to the packet's destination address; (3) the best-scoring socket bound to
 // the wildcard address. The highest score wins. Ties can only be between
 // sockets bound to the same address and port, which all asked for port
-// reuse: their reuseport group, every socket bound to that address and
-// port, in bind order. The packet's flow hash (UDPEhashfn, UDP6Ehashfn)
+// reuse. Those of them that are IPv6-only, or those that are not, form a
+// reuseport group, in bind order; where sockets of both kinds on :: tie
+// for an IPv6 packet, the group of the one bound first takes it, as in
+// Linux, where each kind has a group of its own. The packet's flow hash (UDPEhashfn, UDP6Ehashfn)
 // picks the group's k-th socket, k = hash*n>>32 for a group of n (the
 // kernel's reciprocal_scale), and the answer is the first of the tied
 // sockets from there on, wrapping around, as the kernel's
@@ -156,8 +158,9 @@ type udpSlot[T any] struct {
 	hash4Cnt atomic.Int32
 	mu       sync.Mutex
 	// Pad to 32 bytes, so that no slot straddles a cache line: a lookup
-	// reads socks and hash4Cnt together.
-	_ [8]byte
+	// reads socks and hash4Cnt together. The fields take 12 bytes and a
+	// pointer.
+	_ [20 - ptrSize]byte
 }
 
 // UDPSocket is a socket bound in a UDPTable, made by UDPTable.Bind. Its
@@ -703,9 +706,9 @@ func (t *UDPTable[T]) pickTied(socks []*UDPSocket[T], first *UDPSocket[T], p *ud
 	var pick, wrapped *UDPSocket[T]
 	i, tied := 0, 0
 	for _, s := range socks {
-		// N.B. sockets outside the group are scored too: no two groups
-		// tie (their addresses score differently), but were they to, a
-		// count of the group alone would never equal n.
+		// N.B. sockets outside the group are scored too: the two
+		// groups on :: tie for IPv6 packets, and a count of first's
+		// group alone would never equal n.
 		sc := s.score(p, wild)
 		if sc == best {
 			tied++
@@ -733,10 +736,11 @@ func (t *UDPTable[T]) pickTied(socks []*UDPSocket[T], first *UDPSocket[T], p *ud
 }
 
 // inGroupOf reports whether s is in the reuseport group of g: bound to the
-// same address and port. (Two sockets on one address and port both asked
-// for port reuse, or the second could not have bound.)
+// same address and port, and IPv6-only if g is, as the kernel's
+// udp_reuseport_add_sock groups them. (Two sockets on one address and port
+// both asked for port reuse, or the second could not have bound.)
 func (s *UDPSocket[T]) inGroupOf(g *UDPSocket[T]) bool {
-	return s.port == g.port && s.lw == g.lw
+	return s.port == g.port && s.lw == g.lw && s.v6only == g.v6only
 }
 
 // reciprocalScale maps hash to [0, n) as the kernel's reciprocal_scale.

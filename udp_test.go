@@ -2,6 +2,7 @@ package hash4
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -391,6 +392,43 @@ func TestUDPReusePortConnectMovesOnlyItsFlows(t *testing.T) {
 	}
 }
 
+// TestUDPReusePortIPv6OnlyGroups: on ::, IPv6-only sockets and the others
+// are two reuseport groups, as in Linux. IPv6 packets, which both kinds
+// take, go to the group of the socket bound first, spread over it by flow
+// hash; IPv4 packets to the sockets that are not IPv6-only.
+func TestUDPReusePortIPv6OnlyGroups(t *testing.T) {
+	for _, v6onlyFirst := range []bool{true, false} {
+		tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+		vals := []int{0, 1, 2, 3}
+		v6only := func(i int) bool { return i%2 == 0 == v6onlyFirst }
+		for i := range vals {
+			opts := []BindOption{WithReusePort()}
+			if v6only(i) {
+				opts = append(opts, WithIPv6Only())
+			}
+			_, err := tbl.Bind(dmxAP("[::]:53"), &vals[i], opts...)
+			require.NoError(t, err)
+		}
+		got6, got4 := map[int]int{}, map[int]int{}
+		for i := range 200 {
+			v, ok := tbl.Lookup(Tuple{Local: dmxAP("[2001:db8::1]:53"),
+				Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)}), uint16(1000+i))})
+			require.True(t, ok)
+			got6[*v]++
+			v, ok = tbl.Lookup(Tuple{Local: dmxAP("10.0.0.1:53"),
+				Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))})
+			require.True(t, ok)
+			got4[*v]++
+		}
+		require.Equal(t, []int{0, 2}, slices.Sorted(maps.Keys(got6)), "IPv6 packets: the first-bound socket's group")
+		want4 := []int{0, 2}
+		if v6onlyFirst {
+			want4 = []int{1, 3}
+		}
+		require.Equal(t, want4, slices.Sorted(maps.Keys(got4)), "IPv4 packets: the sockets that are not IPv6-only")
+	}
+}
+
 // TestUDPReusePortTieRace: while socket A of a reuseport pair connects to
 // and disconnects from a peer that sends none of the flow's packets,
 // lookups of a flow that B takes in both states (the hash picks B when A
@@ -711,12 +749,13 @@ func (r *udpRef) lookup(pkt Tuple) *udpRefSock {
 		} else {
 			h = UDP6Ehashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash, r.secret.Ehash6Addr)
 		}
-		// The winners' reuseport group: every socket on their address
-		// and port, in bind order. The first winner from its k-th on,
+		// The first winner's reuseport group: every socket on its
+		// address and port that is IPv6-only if it is, in bind order.
+		// The first winner of the group from its k-th socket on,
 		// cyclically.
 		var group []*udpRefSock
 		for _, s := range r.socks {
-			if s.local == winners[0].local {
+			if s.local == winners[0].local && s.v6only == winners[0].v6only {
 				group = append(group, s)
 			}
 		}
@@ -1072,3 +1111,8 @@ func TestDemuxHashWords(t *testing.T) {
 func TestUDPSlotSize(t *testing.T) {
 	require.EqualValues(t, 32, unsafe.Sizeof(udpSlot[int]{}), "a slot must not straddle a cache line")
 }
+
+// A slot is 32 bytes on every architecture: checked when the tests are
+// compiled, so also by the vet of 32-bit targets, whose tests cannot run
+// here. A slot of any other size makes the index negative or too large.
+var _ = [1]struct{}{}[unsafe.Sizeof(udpSlot[int]{})-32]
