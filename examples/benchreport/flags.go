@@ -19,7 +19,7 @@ type options struct {
 	groups    []*groupSpec // in the order of groupSpecs
 	sizes     []string     // sized groups: values of n=, e.g. 1K
 	benchtime string       // -test.benchtime: a duration or Nx
-	count     int          // -test.count
+	count     int          // rounds: runs of each benchmark, each round in processes of its own
 	cpus      []int        // -test.cpu of the sized groups, ascending
 	policies  []string     // Connect policies; nil: all
 	out       string       // output directory; "" until resolved
@@ -77,7 +77,7 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 	fs.StringVar(&groups, "groups", strings.Join(names, ","), "comma-separated comparisons to run: "+strings.Join(names, ", "))
 	fs.StringVar(&sizes, "sizes", strings.Join(defaultSizes, ","), "comma-separated table sizes of lookup, mixed, churn and batch (the n= of their sub-benchmarks)")
 	fs.StringVar(&o.benchtime, "benchtime", defaultBenchtime, "run time of each benchmark: a duration (300ms) or an iteration count (2000x)")
-	fs.IntVar(&o.count, "count", defaultCount, "runs of each benchmark; the report shows the median")
+	fs.IntVar(&o.count, "count", defaultCount, "runs of each benchmark, in as many rounds of the whole plan; the report shows the median")
 	fs.StringVar(&cpus, "cpu", joinInts(defaultCPUs(gomaxprocs)), "comma-separated goroutine counts (GOMAXPROCS) of lookup, mixed, churn and batch; the others run at GOMAXPROCS")
 	fs.StringVar(&policies, "policies", "", "comma-separated port policies of connect (the policy= of its sub-benchmarks: odd-even, flat; default all)")
 	fs.StringVar(&o.out, "out", "", "output directory (default docs/ at the module root)")

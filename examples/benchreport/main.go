@@ -220,7 +220,7 @@ func runAll(ctx context.Context, o options, stderr io.Writer) ([]byte, error) {
 	invs := plan(o)
 	total := 0
 	for _, inv := range invs {
-		total += inv.expect
+		total += inv.expect * o.count
 	}
 	env, err := goEnv(ctx, o.pkg, "GOVERSION")
 	if err != nil {
@@ -238,7 +238,11 @@ func runAll(ctx context.Context, o options, stderr io.Writer) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(stderr, "benchreport: running %d benchmarks\n", total)
+	rounds := ""
+	if o.count > 1 {
+		rounds = fmt.Sprintf(", in %d rounds of", o.count)
+	}
+	fmt.Fprintf(stderr, "benchreport: running %d benchmarks%s\n", total, rounds)
 	for _, inv := range invs {
 		fmt.Fprintf(stderr, "  %s\n", inv.goTestCommand())
 	}
@@ -261,10 +265,12 @@ func runAll(ctx context.Context, o options, stderr io.Writer) ([]byte, error) {
 	} else {
 		prog = &lineProgress{w: stderr, total: total}
 	}
-	for _, inv := range invs {
-		if err := runBinary(ctx, bin, o.pkg, inv, &raw, prog); err != nil {
-			prog.close()
-			return nil, err
+	for range o.count {
+		for _, inv := range invs {
+			if err := runBinary(ctx, bin, o.pkg, inv, &raw, prog); err != nil {
+				prog.close()
+				return nil, err
+			}
 		}
 	}
 	prog.close()

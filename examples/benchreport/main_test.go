@@ -133,9 +133,11 @@ func TestPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One round: each benchmark once per invocation, whatever -count.
 	invs := plan(o)
-	if len(invs) != 2 || invs[0].expect != 2*3*5*3 || invs[1].expect != 2*16*3 ||
-		!slices.Contains(invs[1].args, "-test.bench=^BenchmarkConnect$") {
+	if len(invs) != 2 || invs[0].expect != 2*3*5 || invs[1].expect != 2*16 ||
+		!slices.Contains(invs[1].args, "-test.bench=^BenchmarkConnect$") ||
+		!slices.Contains(invs[0].args, "-test.count=1") || !slices.Contains(invs[1].args, "-test.count=1") {
 		t.Errorf("plan %+v", invs)
 	}
 }
@@ -273,6 +275,79 @@ func BenchmarkUDPLookup(b *testing.B) {
 	code = realMain(context.Background(), []string{"-pkg", dir, "-groups", "udp", "-out", t.TempDir()}, &stdout, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "undefined") {
 		t.Errorf("exit %d, stderr:\n%s", code, stderr.String())
+	}
+}
+
+// With -count 2 the plan runs twice, a round after the other, each
+// benchmark once per round.
+func TestCommandRounds(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"go.mod": "module example.com/rounds\n\ngo 1.26\n",
+		"rounds_test.go": `package rounds
+
+import "testing"
+
+func BenchmarkChurnSharing(b *testing.B) {
+	for _, name := range []string{"n=1K/impl=hash4/tables=shared", "n=1K/impl=hash4/tables=own",
+		"n=1K/impl=xsync/tables=shared", "n=1K/impl=xsync/tables=own"} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+			}
+		})
+	}
+}
+
+func BenchmarkUDPLookup(b *testing.B) {
+	for _, kind := range []string{"connected", "unconnected-exact", "unconnected-wildcard"} {
+		for _, on := range []string{"on", "off"} {
+			b.Run(kind+"/hash4="+on, func(b *testing.B) {
+				for b.Loop() {
+				}
+			})
+		}
+	}
+}
+`,
+	}
+	for name, s := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := realMain(context.Background(), []string{"-pkg", dir, "-groups", "sharing,udp", "-count", "2",
+		"-benchtime", "1x", "-out", out}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "running 20 benchmarks, in 2 rounds of") ||
+		!strings.Contains(stderr.String(), "[20/20]") {
+		t.Errorf("stderr:\n%s", stderr.String())
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "benchmarks.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The top-level benchmark of each result line, runs of one merged.
+	var order []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		name, _, ok := strings.Cut(line, "/")
+		if !ok || !strings.HasPrefix(name, "Benchmark") {
+			continue
+		}
+		if len(order) == 0 || order[len(order)-1] != name {
+			order = append(order, name)
+		}
+	}
+	want := []string{"BenchmarkChurnSharing", "BenchmarkUDPLookup", "BenchmarkChurnSharing", "BenchmarkUDPLookup"}
+	if !slices.Equal(order, want) {
+		t.Errorf("benchmarks ran in the order %v, want %v", order, want)
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
+	if !strings.Contains(string(md), "the median of 2 runs") {
+		t.Errorf("benchmarks.md does not say the median of 2 runs:\n%s", md)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/perf/benchfmt"
@@ -44,11 +43,15 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// plan returns the runs of the test binary that the options ask for: the
-// sized comparisons in one run at every -cpu value, then each other
-// comparison in a run of its own at GOMAXPROCS.
+// plan returns one round of the runs of the test binary that the options
+// ask for, each benchmark once: the sized comparisons in one run at every
+// -cpu value, then each other comparison in a run of its own at
+// GOMAXPROCS. The report runs -count rounds, one after another, rather
+// than -test.count repetitions in one process: the processors of a VM move
+// between cores from time to time, and a move then changes one round of
+// every implementation, not several runs of one.
 func plan(o options) []invocation {
-	common := []string{"-test.run=^$", "-test.benchtime=" + o.benchtime, "-test.count=" + strconv.Itoa(o.count), "-test.benchmem"}
+	common := []string{"-test.run=^$", "-test.benchtime=" + o.benchtime, "-test.count=1", "-test.benchmem"}
 	var invs []invocation
 	var sized []string
 	perSize := 0
@@ -61,7 +64,7 @@ func plan(o options) []invocation {
 	if len(sized) > 0 {
 		re := "^Benchmark(" + strings.Join(sized, "|") + ")$/^n=(" + strings.Join(o.sizes, "|") + ")$"
 		args := append(common[:len(common):len(common)], "-test.bench="+re, "-test.cpu="+joinInts(o.cpus))
-		invs = append(invs, invocation{args: args, expect: perSize * len(o.sizes) * len(o.cpus) * o.count})
+		invs = append(invs, invocation{args: args, expect: perSize * len(o.sizes) * len(o.cpus)})
 	}
 	for _, g := range o.groups {
 		if g.sized {
@@ -80,7 +83,7 @@ func plan(o options) []invocation {
 			}
 		}
 		args := append(common[:len(common):len(common)], "-test.bench="+re)
-		invs = append(invs, invocation{args: args, expect: n * o.count})
+		invs = append(invs, invocation{args: args, expect: n})
 	}
 	return invs
 }
