@@ -32,8 +32,8 @@ var (
 //
 // Lookup takes no lock and never allocates; it reads shared memory with
 // atomic loads only, and writes it only to count a restart
-// (Stats.LookupRestarts) on the rare path where its walk met an entry
-// recycled under it. Insert, Delete and CompareAndDelete lock one stripe;
+// (Stats.LookupRestarts) on the rare paths where its walk met an entry
+// recycled under it or missed while an entry of its stripe moved. Insert, Delete and CompareAndDelete lock one stripe;
 // LookupOrInsert looks up first, and locks one only to insert. All methods
 // are safe for concurrent use. A Table must be created with New.
 //
@@ -48,10 +48,12 @@ var (
 // Placement. Each bucket owns one entry slot, its home slot, and an entry
 // goes there when it can: Lookup reads the home slot in parallel with the
 // chain head, so a key held there costs one memory access. In tables of
-// 2^16 buckets or more, Lookup reads the home slots of a group of four
-// buckets, and an entry goes to any free one of them (see home.go): at one
-// entry per bucket, 80.5% of the entries of a table of random flows are in
-// a home slot of their group after inserts, and 76 to 77% after churn.
+// 2^16 buckets or more (with at most a quarter as many lock stripes as
+// buckets, which the default always gives), Lookup reads the home slots of
+// a group of four buckets, and an entry goes to any free one of them (see
+// home.go): at one entry per bucket, 80.5% of the entries of a table of
+// random flows are in a home slot of their group after inserts, and 76 to
+// 77% after churn.
 //
 // Memory: a table reserves, when it is made, 60 bytes and 1 bit per bucket:
 // a 4-byte chain head and a 56-byte entry slot. Up to one entry per bucket
@@ -156,7 +158,8 @@ func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n }
 // buckets each need nodes beyond the home slots. At one entry per bucket,
 // one stripe keeps a table of 2^10 entries at 61 bytes per entry instead of
 // 83, and two stripes one of 2^12 at 63 instead of 69; writers then meet on
-// fewer locks (README, Memory).
+// fewer locks (README, Memory). More stripes than a quarter of the buckets
+// turn home groups off (see Table, Placement).
 func WithLockStripes(n int) Option {
 	return func(c *tableConfig) { c.stripes, c.stripesSet = n, true }
 }
@@ -929,8 +932,9 @@ type Stats struct {
 	// ChainLengths[n] is the number of buckets whose chain holds n entries.
 	ChainLengths []int
 	// LookupRestarts counts lookups that started a chain walk again: they
-	// met an entry deleted or recycled under them, or ended on the nulls
-	// marker of another chain.
+	// met an entry deleted, recycled or moved under them, ended on the
+	// nulls marker of another chain, or missed while an entry of their
+	// stripe moved.
 	LookupRestarts uint64
 	// HomeEntries counts the entries found in their bucket's home slot,
 	// which a lookup reaches without walking the chain.
