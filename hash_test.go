@@ -356,3 +356,80 @@ func FuzzTupleHash(f *testing.F) {
 		}
 	})
 }
+
+// FuzzHashForms checks each hash of hash.go against its kernel definition
+// written with the general jhash functions over the raw words of the
+// addresses (s6_addr32, read from the 16-byte form as little-endian words,
+// as on x86): the byte and word forms of jhash agree on any whole words,
+// the fixed-size forms equal jhash2, and the socket hashes, whose fast
+// paths read netip.Addr's memory and spell the jhash steps out, equal
+// their definitions. The vectors of TestLinuxVectors pin these definitions
+// to the kernel.
+func FuzzHashForms(f *testing.F) {
+	f.Add([]byte("0123456789abcdef0123456789abcdef"), uint16(80), uint16(12345), uint64(0x1234))
+	f.Add(make([]byte, 40), uint16(0), uint16(65535), uint64(0))
+	f.Fuzz(func(t *testing.T, data []byte, lport, fport uint16, key uint64) {
+		iv, iv2 := uint32(key), uint32(key>>32)
+		words := make([]uint32, len(data)/4)
+		for i := range words {
+			words[i] = binary.LittleEndian.Uint32(data[4*i:])
+		}
+		if got, want := JHash(data[:4*len(words)], iv), JHash2(words, iv); got != want {
+			t.Fatalf("jhash of %d whole words %#x, jhash2 %#x", len(words), got, want)
+		}
+		var w [3]uint32
+		copy(w[:], words)
+		a, b, c := w[0], w[1], w[2]
+		if got, want := JHash3Words(a, b, c, iv), JHash2(w[:3], iv); got != want {
+			t.Fatalf("jhash_3words %#x, jhash2 %#x", got, want)
+		}
+		if got, want := JHash2Words(a, b, iv), JHash2(w[:2], iv); got != want {
+			t.Fatalf("jhash_2words %#x, jhash2 %#x", got, want)
+		}
+		if got, want := JHash1Word(a, iv), JHash2(w[:1], iv); got != want {
+			t.Fatalf("jhash_1word %#x, jhash2 %#x", got, want)
+		}
+
+		var lb, fb [16]byte
+		copy(lb[:], data)
+		if len(data) > 16 {
+			copy(fb[:], data[16:])
+		}
+		raw := func(b [16]byte) [4]uint32 {
+			var r [4]uint32
+			for i := range r {
+				r[i] = binary.LittleEndian.Uint32(b[4*i:])
+			}
+			return r
+		}
+		ports := uint32(lport)<<16 | uint32(fport>>8|fport<<8) // fport as the kernel's __be16
+		// IPv6, and IPv4 read through its IPv4-mapped form.
+		l6, f6 := netip.AddrFrom16(lb), netip.AddrFrom16(fb)
+		lr, fr := raw(lb), raw(fb)
+		fhash := JHash2(fr[:], iv2)
+		if got, want := Inet6Ehashfn(l6, lport, f6, fport, iv, iv2), uint32(lport)+JHash3Words(lr[3], fhash, ports&0xffff, iv); got != want {
+			t.Fatalf("inet6_ehashfn(%v, %v) %#x, want %#x", l6, f6, got, want)
+		}
+		if got, want := UDP6Ehashfn(l6, lport, f6, fport, iv, iv2), JHash3Words(lr[3], fhash, ports, iv); got != want {
+			t.Fatalf("udp6_ehashfn(%v, %v) %#x, want %#x", l6, f6, got, want)
+		}
+		want6 := JHash2(lr[:], iv) ^ uint32(lport)
+		if u := l6.Unmap(); u.Is4() || u.IsUnspecified() {
+			want6 = JHash1Word(raw(u.As16())[3], iv) ^ uint32(lport) // hashed as IPv4; :: as 0.0.0.0
+		}
+		if got := IPv6PortaddrHash(l6, lport, iv); got != want6 {
+			t.Fatalf("ipv6_portaddr_hash(%v) %#x, want %#x", l6, got, want6)
+		}
+		l4, f4 := netip.AddrFrom4([4]byte(lb[:4])), netip.AddrFrom4([4]byte(fb[:4]))
+		l4r, f4r := binary.LittleEndian.Uint32(lb[:4]), binary.LittleEndian.Uint32(fb[:4])
+		if got, want := InetEhashfn(l4, lport, f4, fport, iv), uint32(lport)+JHash3Words(l4r, f4r, ports&0xffff, iv); got != want {
+			t.Fatalf("inet_ehashfn(%v, %v) %#x, want %#x", l4, f4, got, want)
+		}
+		if got, want := UDPEhashfn(l4, lport, f4, fport, iv), JHash3Words(l4r, f4r, ports, iv); got != want {
+			t.Fatalf("udp_ehashfn(%v, %v) %#x, want %#x", l4, f4, got, want)
+		}
+		if got, want := IPv4PortaddrHash(l4, lport, iv), JHash1Word(l4r, iv)^uint32(lport); got != want {
+			t.Fatalf("ipv4_portaddr_hash(%v) %#x, want %#x", l4, got, want)
+		}
+	})
+}
