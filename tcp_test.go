@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -311,60 +312,87 @@ func (r *tcpRef) lookup(pkt Tuple) *int {
 // TestTCPLookupMatchesReference applies random Listen, release, Insert and
 // Delete to a table and the reference and compares lookups.
 func TestTCPLookupMatchesReference(t *testing.T) {
+	for seed := range 40 {
+		runTCPScenario(t, &opSource{rng: rand.New(rand.NewPCG(uint64(seed), 7))}, 150)
+	}
+}
+
+// FuzzTCPLookup drives a scenario with the fuzzer's bytes.
+func FuzzTCPLookup(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 2, 2, 0, 1, 3, 0, 4, 5, 6})
+	f.Add([]byte("listen insert delete release wildcard mapped"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		runTCPScenario(t, &opSource{data: data}, 64)
+	})
+}
+
+// runTCPScenario applies up to steps operations chosen by src (Listen,
+// release, Insert into the established table, Delete) to a table and the
+// reference, checks that they agree on each result, and after each step
+// compares eight lookups.
+func runTCPScenario(t testing.TB, src *opSource, steps int) {
 	locals := []string{"10.0.0.1", "10.0.0.2", "::ffff:10.0.0.1", "0.0.0.0", "::", "2001:db8::1", "fe80::1%eth0"}
 	ports := []uint16{80, 81}
 	remotes := []string{"192.0.2.1:1000", "192.0.2.2:1000", "[2001:db8::9]:1000", "[::ffff:192.0.2.1]:1000", "0.0.0.0:7"}
-	for seed := range 40 {
-		rng := rand.New(rand.NewPCG(uint64(seed), 7))
-		tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
-		ref := &tcpRef{est: map[Tuple]*int{}, listeners: map[netip.AddrPort]*int{}}
-		releases := map[netip.AddrPort]func(){}
-		pick := func(s []string) string { return s[rng.IntN(len(s))] }
-		randLocal := func() netip.AddrPort {
-			return netip.AddrPortFrom(netip.MustParseAddr(pick(locals)), ports[rng.IntN(len(ports))])
+	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
+	ref := &tcpRef{est: map[Tuple]*int{}, listeners: map[netip.AddrPort]*int{}}
+	// Listeners and flows in the order they came, so that a scenario is
+	// the same on every run.
+	type listener struct {
+		local   netip.AddrPort
+		release func()
+	}
+	var listening []listener
+	var flows []Tuple
+	pick := func(s []string) string { return s[src.pick(len(s))] }
+	randLocal := func() netip.AddrPort {
+		return netip.AddrPortFrom(netip.MustParseAddr(pick(locals)), ports[src.pick(len(ports))])
+	}
+	for step := 0; step < steps && !src.done; step++ {
+		v := new(step)
+		switch src.pick(4) {
+		case 0:
+			l := randLocal()
+			rel, err := tbl.Listen(l, v)
+			_, dup := ref.listeners[refNorm(l)]
+			require.Equal(t, dup, err != nil, "Listen(%v): %v", l, err)
+			if err == nil {
+				ref.listeners[refNorm(l)] = v
+				listening = append(listening, listener{refNorm(l), rel})
+			}
+		case 1:
+			if len(listening) > 0 {
+				i := src.pick(len(listening))
+				listening[i].release()
+				delete(ref.listeners, listening[i].local)
+				listening = slices.Delete(listening, i, i+1)
+			}
+		case 2:
+			tup := Tuple{randLocal(), dmxAP(pick(remotes))}
+			err := tbl.Established().Insert(tup, v)
+			norm := Tuple{refNorm(tup.Local), refNorm(tup.Remote)}
+			_, dup := ref.est[norm]
+			if validate(tup) != nil || dup {
+				require.Error(t, err)
+			} else {
+				require.NoError(t, err)
+				ref.est[norm] = v
+				flows = append(flows, norm)
+			}
+		case 3:
+			if len(flows) > 0 {
+				i := src.pick(len(flows))
+				got, ok := tbl.Established().Delete(flows[i])
+				require.True(t, ok)
+				require.Same(t, ref.est[flows[i]], got)
+				delete(ref.est, flows[i])
+				flows = slices.Delete(flows, i, i+1)
+			}
 		}
-		for step := range 150 {
-			v := new(step)
-			switch rng.IntN(4) {
-			case 0:
-				l := randLocal()
-				rel, err := tbl.Listen(l, v)
-				_, dup := ref.listeners[refNorm(l)]
-				require.Equal(t, dup, err != nil, "Listen(%v): %v", l, err)
-				if err == nil {
-					ref.listeners[refNorm(l)] = v
-					releases[refNorm(l)] = rel
-				}
-			case 1:
-				for l, rel := range releases {
-					rel()
-					delete(releases, l)
-					delete(ref.listeners, l)
-					break
-				}
-			case 2:
-				tup := Tuple{randLocal(), dmxAP(pick(remotes))}
-				err := tbl.Established().Insert(tup, v)
-				_, dup := ref.est[Tuple{refNorm(tup.Local), refNorm(tup.Remote)}]
-				if validate(tup) != nil || dup {
-					require.Error(t, err)
-				} else {
-					require.NoError(t, err)
-					ref.est[Tuple{refNorm(tup.Local), refNorm(tup.Remote)}] = v
-				}
-			case 3:
-				for tup := range ref.est {
-					_, ok := tbl.Established().Delete(tup)
-					require.True(t, ok)
-					delete(ref.est, tup)
-					break
-				}
-			}
-			for range 8 {
-				pkt := Tuple{randLocal(), dmxAP(pick(remotes))}
-				got, _ := tbl.Lookup(pkt)
-				require.Equal(t, ref.lookup(pkt), got, "seed %d step %d: Lookup(%v)", seed, step, pkt)
-			}
+		for range 8 {
+			pkt := Tuple{randLocal(), dmxAP(pick(remotes))}
+			got, _ := tbl.Lookup(pkt)
+			require.Equal(t, ref.lookup(pkt), got, "step %d: Lookup(%v)", step, pkt)
 		}
 	}
 }
