@@ -362,7 +362,13 @@ func (a *PortAllocator) Policy() Policy {
 // Reserved reports whether port is reserved, as the kernel's
 // inet_is_local_reserved_port; false for a nil allocator.
 func (a *PortAllocator) Reserved(port uint16) bool {
-	return a != nil && a.reserved[port/64]&(1<<(port%64)) != 0
+	return a != nil && a.isReserved(port)
+}
+
+// isReserved is Reserved for an allocator known to be made: the scans call
+// it for every candidate.
+func (a *PortAllocator) isReserved(port uint16) bool {
+	return a.reserved[port/64]&(1<<(port%64)) != 0
 }
 
 // connectConfig collects the ConnectOptions of one connect.
@@ -539,7 +545,7 @@ func (s *portScan) next() (first uint32, n uint32) {
 		if !s.a.anyReserved && !held {
 			n = limit
 		} else {
-			for n < limit && !s.a.Reserved(uint16(s.port+n*s.step)) &&
+			for n < limit && !s.a.isReserved(uint16(s.port+n*s.step)) &&
 				!(held && s.a.heldFor(s.local, uint16(s.port+n*s.step))) {
 				n++
 			}
@@ -747,7 +753,7 @@ func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release fu
 		count := (n - first + 1) / 2
 		for k := range count {
 			p := uint16(low + first + 2*((start/2+k)%count))
-			if a.Reserved(p) || a.conflictsLocked(local, p) {
+			if a.isReserved(p) || a.conflictsLocked(local, p) {
 				continue
 			}
 			return p, a.holdLocked(local, p), nil

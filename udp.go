@@ -107,14 +107,14 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 // reuse. Those of them that are IPv6-only, or those that are not, form a
 // reuseport group, in bind order; where sockets of both kinds on :: tie
 // for an IPv6 packet, the group of the one bound first takes it, as in
-// Linux, where each kind has a group of its own. The packet's flow hash (UDPEhashfn, UDP6Ehashfn)
-// picks the group's k-th socket, k = hash*n>>32 for a group of n (the
-// kernel's reciprocal_scale), and the answer is the first of the tied
-// sockets from there on, wrapping around, as the kernel's
-// reuseport_select_sock_by_hash skips the connected sockets of a group. So
-// a flow moves only when a socket binds to or closes on that address and
-// port, or when the socket it reaches, or one it skipped, connects or
-// disconnects. Step 1 returns a socket only when the 4-tuple matches
+// Linux, where each kind has a group of its own. The packet's flow hash
+// (UDPEhashfn, UDP6Ehashfn) picks the group's k-th socket, k = hash*n>>32
+// for a group of n (the kernel's reciprocal_scale), and the answer is the
+// first of the tied sockets from there on, wrapping around, as the
+// kernel's reuseport_select_sock_by_hash skips the connected sockets of a
+// group. So a flow moves only when a socket binds to or closes on that
+// address and port, or when the socket it reaches, or one it skipped,
+// connects or disconnects. Step 1 returns a socket only when the 4-tuple matches
 // exactly one connected socket; it falls through to scoring when it matches
 // several (reuseport sockets connected to the same peer), so that the tie
 // is broken the same way. Step 1 is a shortcut: the answer is always the
@@ -655,9 +655,8 @@ func (s *UDPSocket[T]) score(p *udpPacket, wild bool) int {
 }
 
 // scoreSlot returns the value of the best-scoring socket of slot for p, as
-// the kernel's udp4_lib_lookup2: the highest score wins, and n > 1 sockets
-// tied at it are sockets of one reuseport group, among which pickTied
-// chooses.
+// the kernel's udp4_lib_lookup2: the highest score wins, and among n > 1
+// sockets tied at it, all bound to one address and port, pickTied chooses.
 func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, bool) {
 	sp := slot.socks.Load()
 	if sp == nil {

@@ -240,6 +240,16 @@ func TestCommandFrom(t *testing.T) {
 }
 
 // A benchmark that fails: its output is reported and the exit status is 1.
+// writeFiles writes files, name to contents, into dir.
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, s := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestCommandChildFails(t *testing.T) {
 	dir := t.TempDir()
 	files := map[string]string{
@@ -253,11 +263,7 @@ func BenchmarkUDPLookup(b *testing.B) {
 }
 `,
 	}
-	for name, s := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeFiles(t, dir, files)
 	var stdout, stderr bytes.Buffer
 	code := realMain(context.Background(), []string{"-pkg", dir, "-groups", "udp", "-out", t.TempDir(), "-benchtime", "1x"}, &stdout, &stderr)
 	if code != 1 {
@@ -310,11 +316,7 @@ func BenchmarkUDPLookup(b *testing.B) {
 }
 `,
 	}
-	for name, s := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeFiles(t, dir, files)
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	code := realMain(context.Background(), []string{"-pkg", dir, "-groups", "sharing,udp", "-count", "2",
