@@ -95,5 +95,6 @@ func (x *entryKey) load() key {
 }
 
 // relUint64 is 8-byte aligned wherever it is built: this does not compile
-// otherwise. CI builds it for 386, where a uint64 alone is 4-byte aligned.
+// otherwise. CI builds and tests it for 386, where a uint64 alone is 4-byte
+// aligned.
 var _ [unsafe.Alignof(relUint64{}) - 8]struct{}

@@ -1113,6 +1113,6 @@ func TestUDPSlotSize(t *testing.T) {
 }
 
 // A slot is 32 bytes on every architecture: checked when the tests are
-// compiled, so also by the vet of 32-bit targets, whose tests cannot run
-// here. A slot of any other size makes the index negative or too large.
+// compiled, so also by the vet of 32-bit targets. A slot of any other size
+// makes the index negative or too large.
 var _ = [1]struct{}{}[unsafe.Sizeof(udpSlot[int]{})-32]

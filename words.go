@@ -29,7 +29,9 @@ var addrReprKnown = checkAddrRepr()
 // memory are those of As16, for an address of every kind.
 func checkAddrRepr() bool {
 	var a netip.Addr
-	if unsafe.Sizeof(a) < 16 || unsafe.Alignof(a) < 8 {
+	// N.B. the words are read with plain loads, which need uint64's
+	// alignment only: 8 bytes on 64-bit targets, 4 on 386 and arm.
+	if unsafe.Sizeof(a) < 16 || unsafe.Alignof(a) < unsafe.Alignof(uint64(0)) {
 		return false
 	}
 	var fast, ref [2]uint64
