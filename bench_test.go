@@ -4,11 +4,15 @@ package hash4
 // xsync and the sync package: every implementation side by side in one
 // benchmark function, e.g. BenchmarkLookup/n=1M/impl=hash4. Compare them with
 //
-//	go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn|HashTuple)$' -count=6 . > bench.txt
+//	for i in 1 2 3 4 5 6; do
+//		go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn|HashTuple)$' -count 1 .
+//	done > bench.txt
 //	benchstat -filter '-.name:HashTuple' -col /impl bench.txt
 //	benchstat -filter '.name:HashTuple' -col /hasher bench.txt
 //
-// (anchored: a bare 'Lookup' also matches other files' benchmarks).
+// (anchored: a bare 'Lookup' also matches other files' benchmarks). Each
+// run is a process of its own, so that every implementation's samples
+// span the machine's changes of speed rather than fall in one of them.
 //
 // Every implementation gets the same keys: n distinct Tuples, half IPv4 and
 // half IPv6, generated deterministically (see benchKeySet). Key sets are
@@ -432,6 +436,63 @@ func BenchmarkLookupChained(b *testing.B) {
 // masks.
 var benchZero uintptr
 
+// BenchmarkMemoryReads measures the machine rather than a table: what a
+// read of a random line costs, and how far apart in the instruction stream
+// two independent reads may be and still overlap. It gives the figures in
+// the README's "What bounds the table".
+//
+// reads=chained follows a random cycle through mem bytes, each read's
+// address in the last read's line: the full latency of one read. In
+// reads=independent, each read's address is known in advance, and work=w
+// runs w rounds of four arithmetic instructions, unrelated to the reads,
+// after each: while the instructions from one read to the next fit in the
+// processor's reorder window, the reads overlap and an op costs a fraction
+// of a latency; beyond it each op waits out its own read.
+func BenchmarkMemoryReads(b *testing.B) {
+	const lineWords = 8 // uint64s in a 64-byte line
+	r := rand.New(rand.NewPCG(12, 34))
+	for _, mb := range []int{4, 64} {
+		mem := make([]uint64, mb<<20/8)
+		lines := len(mem) / lineWords
+		// The cycle: each line holds the word index of the next.
+		order := r.Perm(lines)
+		for i, l := range order {
+			mem[l*lineWords] = uint64(order[(i+1)%lines] * lineWords)
+		}
+		b.Run(fmt.Sprintf("reads=chained/mem=%dMB", mb), func(b *testing.B) {
+			p := uint64(0)
+			for b.Loop() {
+				p = mem[p]
+			}
+			benchSink += uint32(p)
+		})
+		if mb != 64 {
+			continue
+		}
+		addrs := make([]uint32, 1<<20)
+		for i := range addrs {
+			addrs[i] = uint32(r.IntN(lines) * lineWords)
+		}
+		for _, work := range []int{0, 8, 16, 24, 32, 48} {
+			b.Run(fmt.Sprintf("reads=independent/work=%d/mem=%dMB", work, mb), func(b *testing.B) {
+				var sum, out uint64
+				for i := 0; b.Loop(); i++ {
+					sum += mem[addrs[i&(len(addrs)-1)]]
+					x0, x1, x2, x3 := uint64(i), uint64(i)+1, uint64(i)+2, uint64(i)+3
+					for range work {
+						x0 += x1
+						x1 ^= x2
+						x2 += x3
+						x3 ^= x0
+					}
+					out ^= x0 ^ x3
+				}
+				benchSink += uint32(sum + out)
+			})
+		}
+	}
+}
+
 // BenchmarkMixed measures 90% lookups and 10% delete+insert of the same key
 // (one op each), so that occupancy stays constant.
 func BenchmarkMixed(b *testing.B) {
@@ -610,6 +671,7 @@ func BenchmarkAppendLookups(b *testing.B) {
 	}
 }
 
+// benchSink takes benchmark results that must not be optimized away.
 var benchSink uint32
 
 // BenchmarkHashTuple measures HashTuple per address family and hasher.
