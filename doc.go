@@ -8,8 +8,8 @@
 // in markers that name their bucket; writers under striped locks; entries
 // recycled at once without allocation. Lookup takes no lock and never
 // allocates; AppendLookups looks up a burst of tuples with their memory
-// misses overlapped. LookupOrInsert and CompareAndDelete are the atomic
-// steps of flow setup and expiry.
+// misses overlapped. LookupOrInsert, CompareAndSwap and CompareAndDelete
+// are the atomic steps of flow setup, takeover and expiry.
 //
 // Table.Connect picks a free ephemeral source port for a new outbound flow
 // and inserts the flow in one step, as the kernel's __inet_hash_connect

@@ -182,3 +182,27 @@ func ExampleTable_CompareAndDelete() {
 	// expired: false
 	// current: 203.0.113.1:40002
 }
+
+func ExampleTable_CompareAndSwap() {
+	type conn struct{ state string }
+	conns := hash4.New[conn]()
+	tup := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("192.0.2.10:80"),
+		Remote: netip.MustParseAddrPort("198.51.100.7:50000"),
+	}
+	timeWait := &conn{state: "TIME_WAIT"}
+	conns.Insert(tup, timeWait)
+
+	// A new SYN on the same 4-tuple: the connection it opens takes the
+	// TIME_WAIT socket's place, and segments that arrive meanwhile find
+	// the one or the other, never neither.
+	fmt.Println("took over:", conns.CompareAndSwap(tup, timeWait, &conn{state: "SYN_RECV"}))
+	// A second SYN handled at the same time loses the race.
+	fmt.Println("took over again:", conns.CompareAndSwap(tup, timeWait, &conn{state: "SYN_RECV"}))
+	cur, _ := conns.Lookup(tup)
+	fmt.Println("current:", cur.state)
+	// Output:
+	// took over: true
+	// took over again: false
+	// current: SYN_RECV
+}

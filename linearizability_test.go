@@ -22,24 +22,27 @@ const (
 	linDelete
 	linLookupOrInsert
 	linCompareAndDelete
+	linCompareAndSwap
 )
 
 func (o linOp) String() string {
-	return [...]string{"insert", "lookup", "delete", "lookupOrInsert", "compareAndDelete"}[o]
+	return [...]string{"insert", "lookup", "delete", "lookupOrInsert", "compareAndDelete", "compareAndSwap"}[o]
 }
 
 // linInput is one call: val is the value's id for an insert or
-// lookupOrInsert, and the id of the value compared for compareAndDelete.
+// lookupOrInsert, and the id of the value compared for compareAndDelete and
+// compareAndSwap; swap is the id of the value compareAndSwap offers.
 type linInput struct {
-	op  linOp
-	key int
-	val int
+	op   linOp
+	key  int
+	val  int
+	swap int
 }
 
 // linOutput is one answer: for an insert, ok reports success (false:
 // ErrExists); for lookup and delete, ok and val (0 when absent) as returned;
 // for lookupOrInsert, found and the value returned; for compareAndDelete,
-// deleted.
+// deleted; for compareAndSwap, swapped.
 type linOutput struct {
 	ok  bool
 	val int
@@ -83,11 +86,19 @@ var linModel = porcupine.Model{
 				return out.ok, 0
 			}
 			return !out.ok, s
+		case linCompareAndSwap:
+			if s != 0 && s == in.val {
+				return out.ok, in.swap
+			}
+			return !out.ok, s
 		}
 		return false, s
 	},
 	DescribeOperation: func(input, output any) string {
 		in, out := input.(linInput), output.(linOutput)
+		if in.op == linCompareAndSwap {
+			return fmt.Sprintf("%v(k%d, %d, %d) -> %v", in.op, in.key, in.val, in.swap, out.ok)
+		}
 		return fmt.Sprintf("%v(k%d, %d) -> %v %d", in.op, in.key, in.val, out.ok, out.val)
 	},
 }
@@ -133,7 +144,7 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsP
 				in := linInput{key: ki}
 				var out linOutput
 				var got *int
-				switch p := r.IntN(13); {
+				switch p := r.IntN(15); {
 				case p < 4:
 					in.op, in.val = linInsert, c*opsPerClient+i+1
 				case p < 7:
@@ -146,6 +157,9 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsP
 					// Mostly the value this client last saw, which may
 					// still be current; else any value.
 					in.op, in.val = linCompareAndDelete, 1+r.IntN(len(vals)-1)
+					if p >= 13 {
+						in.op, in.swap = linCompareAndSwap, c*opsPerClient+i+1
+					}
 					if seen[ki] != 0 && r.IntN(4) != 0 {
 						in.val = seen[ki]
 					}
@@ -167,11 +181,15 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsP
 					}
 				case linCompareAndDelete:
 					out.ok = tab.CompareAndDelete(k, vals[in.val])
+				case linCompareAndSwap:
+					out.ok = tab.CompareAndSwap(k, vals[in.val], vals[in.swap])
 				}
 				ret := clock.Add(1)
 				switch {
 				case in.op == linInsert && out.ok:
 					seen[ki] = in.val
+				case in.op == linCompareAndSwap && out.ok:
+					seen[ki] = in.swap
 				case got != nil:
 					seen[ki] = *got
 				}
@@ -231,7 +249,7 @@ func TestLinearizability(t *testing.T) {
 	if testing.Short() {
 		runs = 8
 	}
-	overlapping := 0
+	overlapping, swapped := 0, 0
 	// On a loaded machine the clients may happen to run one at a time; keep
 	// going (bounded) until some history is really concurrent.
 	for run := 0; run < runs || (overlapping == 0 && run < 10*runs); run++ {
@@ -239,6 +257,11 @@ func TestLinearizability(t *testing.T) {
 		hist := linRun(t, uint64(run+1), stripes, grouped, 4, ops, 4)
 		require.Len(t, hist, 4*ops)
 		overlapping += linOverlapping(hist)
+		for _, op := range hist {
+			if op.Input.(linInput).op == linCompareAndSwap && op.Output.(linOutput).ok {
+				swapped++
+			}
+		}
 		res := porcupine.CheckOperationsTimeout(linModel, hist, 30*time.Second)
 		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v): history not linearizable", run, stripes, grouped)
 		if run%5 == 0 {
@@ -246,8 +269,9 @@ func TestLinearizability(t *testing.T) {
 		}
 	}
 	// The histories are concurrent, not a sequence of isolated calls.
-	t.Logf("%d operations overlap another client's", overlapping)
+	t.Logf("%d operations overlap another client's; %d swaps succeeded", overlapping, swapped)
 	require.Positive(t, overlapping)
+	require.Positive(t, swapped, "the histories hold successful swaps")
 }
 
 // linOverlapping counts operations whose interval overlaps that of an
@@ -336,6 +360,23 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 		linOpAt(1, linInput{op: linCompareAndDelete, key: 1, val: 9}, linOutput{ok: true}, 2, 3),
 	}
 	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, wrong, 10*time.Second))
+
+	// compareAndSwap: a lookup after it finds the new value, never the old
+	// nor none, and a swap from the value held does not fail.
+	cas := linInput{op: linCompareAndSwap, key: 1, val: 7, swap: 8}
+	for _, c := range []struct {
+		ops  []porcupine.Operation
+		want porcupine.CheckResult
+	}{
+		{[]porcupine.Operation{linOpAt(1, cas, linOutput{ok: true}, 2, 3), linOpAt(0, look, linOutput{ok: true, val: 8}, 4, 5)}, porcupine.Ok},
+		{[]porcupine.Operation{linOpAt(1, cas, linOutput{ok: true}, 2, 3), linOpAt(0, look, found, 4, 5)}, porcupine.Illegal},
+		{[]porcupine.Operation{linOpAt(1, cas, linOutput{ok: true}, 2, 3), linOpAt(0, look, linOutput{}, 4, 5)}, porcupine.Illegal},
+		{[]porcupine.Operation{linOpAt(1, cas, linOutput{ok: false}, 2, 3)}, porcupine.Illegal},
+		{[]porcupine.Operation{linOpAt(1, linInput{op: linCompareAndSwap, key: 1, val: 9, swap: 8}, linOutput{ok: true}, 2, 3)}, porcupine.Illegal},
+	} {
+		ops := append([]porcupine.Operation{linOpAt(0, ins, linOutput{ok: true}, 0, 1)}, c.ops...)
+		require.Equal(t, c.want, porcupine.CheckOperationsTimeout(linModel, ops, 10*time.Second), "%v", c.ops)
+	}
 
 	// A real history made wrong by one edit: the last lookup that found a
 	// value is changed to return a value never inserted.

@@ -53,7 +53,10 @@ func stressSpell(k Tuple, r *rand.Rand) Tuple {
 // TestStress churns a small table (long chains, constant recycling) from
 // several writers while readers check that keys that are never deleted are
 // always found and that every value returned belongs to the key asked for,
-// by Lookup and by AppendLookups; with and without home groups.
+// by Lookup and by AppendLookups; with and without home groups. Meanwhile
+// a swapper changes the values of the keys never deleted with
+// CompareAndSwap, so that readers also check that a swap never leaves a key
+// missing.
 func TestStress(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprint("groups=", grouped), func(t *testing.T) { stress(t, grouped) })
@@ -75,12 +78,16 @@ func stress(t *testing.T, grouped bool) {
 	require.Equal(t, grouped, tab.home.grouped())
 
 	perm := make([]Tuple, nPerm)
-	permVal := make([]*stressVal, nPerm)
+	// permVal[i] holds key i's two values, which the swapper alternates;
+	// permCur[i] (the swapper's, read after Wait) is the one it holds.
+	permVal := make([][2]*stressVal, nPerm)
+	permCur := make([]int, nPerm)
 	for i := range perm {
 		perm[i] = stressKey(i)
-		permVal[i] = &stressVal{tup: tblCanon(perm[i])}
-		require.NoError(t, tab.Insert(perm[i], permVal[i]))
+		permVal[i] = [2]*stressVal{{tup: tblCanon(perm[i])}, {tup: tblCanon(perm[i])}}
+		require.NoError(t, tab.Insert(perm[i], permVal[i][0]))
 	}
+	isPermVal := func(i int, v *stressVal) bool { return v != nil && (v == permVal[i][0] || v == permVal[i][1]) }
 	churn := make([]Tuple, nWriters*perWriter) // writer w owns churn[w*perWriter:]
 	for i := range churn {
 		churn[i] = stressKey(nPerm + i)
@@ -95,6 +102,7 @@ func stress(t *testing.T, grouped bool) {
 		churnHits atomic.Int64
 		// batchLookups counts the AppendLookups calls of the readers.
 		batchLookups atomic.Int64
+		swaps        atomic.Int64
 	)
 	fail := func(format string, args ...any) {
 		if failures.Add(1) <= 10 {
@@ -138,6 +146,22 @@ func stress(t *testing.T, grouped bool) {
 			}
 		})
 	}
+	wg.Go(func() { // the swapper
+		r := rand.New(rand.NewPCG(0x5a, 0x5a))
+		for !stop.Load() {
+			i := r.IntN(nPerm)
+			k := stressSpell(perm[i], r)
+			cur, next := permVal[i][permCur[i]], permVal[i][1-permCur[i]]
+			if tab.CompareAndSwap(k, next, cur) {
+				fail("swapper: %v swapped from a value it does not hold", k)
+			}
+			if !tab.CompareAndSwap(k, cur, next) {
+				fail("swapper: %v did not swap from the value it holds", k)
+			}
+			permCur[i] = 1 - permCur[i]
+			swaps.Add(1)
+		}
+	})
 	for rd := range nReaders {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(rd), 0x7ead))
@@ -158,7 +182,7 @@ func stress(t *testing.T, grouped bool) {
 					got = tab.AppendLookups(got[:0], batch)
 					for j, v := range got {
 						switch i := batchIdx[j]; {
-						case i >= 0 && v != permVal[i]:
+						case i >= 0 && !isPermVal(i, v):
 							fail("reader %d: batch: permanent %v: got %+v", rd, batch[j], v)
 						case i < 0 && v != nil && (v.tup != tblCanon(batch[j]) || v.gen == 0):
 							fail("reader %d: batch: %v returned value %+v of another key", rd, batch[j], v)
@@ -171,7 +195,7 @@ func stress(t *testing.T, grouped bool) {
 					v, ok := tab.Lookup(k)
 					if !ok {
 						fail("reader %d: permanent %v not found", rd, k)
-					} else if v != permVal[i] {
+					} else if !isPermVal(i, v) {
 						fail("reader %d: permanent %v: got value of %v", rd, k, v.tup)
 					}
 				} else {
@@ -207,7 +231,7 @@ func stress(t *testing.T, grouped bool) {
 
 	want := map[Tuple]*stressVal{}
 	for i, k := range perm {
-		want[tblCanon(k)] = permVal[i]
+		want[tblCanon(k)] = permVal[i][permCur[i]]
 	}
 	for _, model := range present {
 		for _, v := range model {
@@ -225,11 +249,12 @@ func stress(t *testing.T, grouped bool) {
 	st := tab.Stats()
 	require.Equal(t, len(want), st.Entries)
 	require.Greater(t, st.LongestChain, 4, "chains are long")
-	t.Logf("inserts %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d",
-		inserts.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes)
+	t.Logf("inserts %d, swaps %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d",
+		inserts.Load(), swaps.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes)
 	require.Greater(t, inserts.Load(), int64(nWriters*perWriter), "the writers churned")
 	require.Positive(t, churnHits.Load())
 	require.Positive(t, batchLookups.Load())
+	require.Positive(t, swaps.Load())
 	// Recycling: every insert beyond the live set reused a node (or a
 	// home slot, reserved per bucket).
 	require.LessOrEqual(t, st.Nodes, st.Buckets+nPerm+len(churn)+st.LockStripes*(slabCacheMax+slabBatch))

@@ -33,7 +33,8 @@ var (
 // Lookup takes no lock and never allocates; it reads shared memory with
 // atomic loads only, and writes it only to count a restart
 // (Stats.LookupRestarts) on the rare paths where its walk met an entry
-// recycled under it or missed while an entry of its stripe moved. Insert, Delete and CompareAndDelete lock one stripe;
+// recycled under it or missed while an entry of its stripe moved. Insert,
+// Delete, CompareAndSwap and CompareAndDelete lock one stripe;
 // LookupOrInsert looks up first, and locks one only to insert. All methods
 // are safe for concurrent use. A Table must be created with New.
 //
@@ -92,7 +93,9 @@ type Table[T any] struct {
 // chain of its key, so a reader may trust an entry it reaches without the
 // chain (a home slot). A reader that matches a key reads seq before the key
 // and again after the value, and trusts the match only if seq was odd and
-// did not change: otherwise the entry was deleted or recycled under it.
+// did not change: otherwise the entry was deleted or recycled under it. A
+// live entry's value may change without seq (CompareAndSwap): the reader
+// returns the value it loaded, which the flow held at that moment.
 // seq returns to a value only after 2^31 reuses of the entry: to be fooled,
 // a reader would have to stall between its two loads through minutes of
 // churn on that one entry. Chain walkers skip entries whose seq is even.
@@ -854,6 +857,38 @@ func (t *Table[T]) CompareAndDelete(tup Tuple, old *T) (deleted bool) {
 	t.tupleKey(&k, tup)
 	_, deleted = t.delete(&k, old)
 	return deleted
+}
+
+// CompareAndSwap sets the value of tup to new if it is old (the same
+// pointer), and reports whether it did, as sync.Map's CompareAndSwap. The
+// entry stays in its chain and only its value changes, so a lookup running
+// meanwhile finds old or new, never neither: a connection can take over the
+// 4-tuple of a TIME_WAIT socket with no moment at which its segments find
+// no socket, as they would between a Delete and an Insert. (Linux's
+// inet_ehash_insert likewise puts the new socket in the place of the old,
+// osk, under the bucket lock.) A nil old or new swaps nothing.
+func (t *Table[T]) CompareAndSwap(tup Tuple, old, new *T) (swapped bool) {
+	if old == nil || new == nil {
+		return false
+	}
+	var k key
+	t.tupleKey(&k, tup)
+	st := t.b.stripe(uint32(k.meta >> 32))
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	_, l := t.findLocked(&k)
+	if l.isNulls() {
+		return false
+	}
+	e := t.nodes.at(l.index())
+	if e.val.Load() != old {
+		return false
+	}
+	// N.B. seq stays odd: a reader that loaded the value before this store
+	// returns old, one after it new, and both were the entry's value while
+	// it read.
+	e.val.Store(new)
+	return true
 }
 
 // delete removes k if its value is old, or whatever its value if old is

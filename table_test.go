@@ -227,6 +227,7 @@ func TestTableBadInput(t *testing.T) {
 			require.False(t, found)
 			require.Nil(t, got)
 			require.False(t, tab.CompareAndDelete(c.tup, v))
+			require.False(t, tab.CompareAndSwap(c.tup, v, new(8)))
 			require.Equal(t, before, tblCollect(t, tab))
 			st := tab.Stats()
 			require.Equal(t, beforeStats.Entries, st.Entries)
@@ -254,6 +255,10 @@ func TestTableBadInput(t *testing.T) {
 	require.False(t, found)
 	require.Nil(t, got)
 	require.False(t, tab.CompareAndDelete(k, nil))
+	cur, ok := tab.Lookup(k)
+	require.True(t, ok)
+	require.False(t, tab.CompareAndSwap(k, nil, new(99)))
+	require.False(t, tab.CompareAndSwap(k, cur, nil))
 	require.Equal(t, before, tblCollect(t, tab))
 }
 
@@ -357,6 +362,44 @@ func TestTableCompareAndDelete(t *testing.T) {
 	require.False(t, ok)
 	require.Zero(t, tab.Len())
 	require.False(t, tab.CompareAndDelete(k, newer), "deleted twice")
+}
+
+// TestTableCompareAndSwap checks that CompareAndSwap replaces a tuple's
+// value only while it holds the value given, in either spelling of the
+// tuple, and leaves the entry in place: the count, the chain and the home
+// slot stay as they were.
+func TestTableCompareAndSwap(t *testing.T) {
+	tab := New[string](WithSecret(tblSecret))
+	k := tblTuple("192.0.2.1:40000", "198.51.100.2:443")
+	timeWait, conn, later := new("time-wait"), new("connection"), new("later")
+
+	require.False(t, tab.CompareAndSwap(k, timeWait, conn), "absent")
+	_, ok := tab.Lookup(k)
+	require.False(t, ok, "a failed swap inserts nothing")
+	require.NoError(t, tab.Insert(k, timeWait))
+	before := tab.Stats()
+
+	require.False(t, tab.CompareAndSwap(k, new("time-wait"), conn), "an equal value is not the same value")
+	require.False(t, tab.CompareAndSwap(k, conn, later), "the tuple does not hold conn")
+	v, ok := tab.Lookup(k)
+	require.True(t, ok)
+	require.Same(t, timeWait, v)
+
+	require.True(t, tab.CompareAndSwap(tblMapped(k), timeWait, conn), "IPv4-mapped spelling")
+	v, ok = tab.Lookup(k)
+	require.True(t, ok)
+	require.Same(t, conn, v)
+	require.False(t, tab.CompareAndSwap(k, timeWait, later), "swapped twice")
+	require.True(t, tab.CompareAndSwap(k, conn, conn), "to the value it holds")
+
+	after := tab.Stats()
+	require.Equal(t, before.Entries, after.Entries)
+	require.Equal(t, before.HomeEntries, after.HomeEntries)
+	require.Equal(t, before.Nodes, after.Nodes)
+	require.Equal(t, map[Tuple]*string{tblCanon(k): conn}, tblCollect(t, tab))
+	require.False(t, tab.CompareAndDelete(k, timeWait))
+	require.True(t, tab.CompareAndDelete(k, conn))
+	require.Zero(t, tab.Len())
 }
 
 // TestTableLookupOrInsertRace has goroutines race to create the same flows,
@@ -1059,6 +1102,11 @@ func FuzzTable(f *testing.F) {
 					require.ErrorIs(rt, err, ErrNilValue, msg)
 					require.False(rt, tab.CompareAndDelete(bad, new(-1)), msg)
 					require.False(rt, tab.CompareAndDelete(tup, nil), msg)
+					require.False(rt, tab.CompareAndSwap(bad, new(-1), new(-1)), msg)
+					require.False(rt, tab.CompareAndSwap(tup, nil, new(-1)), msg)
+					if cur, ok := model[ki]; ok {
+						require.False(rt, tab.CompareAndSwap(tup, cur, nil), msg)
+					}
 					_, ok := tab.Lookup(bad)
 					require.False(rt, ok, msg)
 					want, wok := model[ki]
@@ -1076,10 +1124,18 @@ func FuzzTable(f *testing.F) {
 					}
 					check(old, true, got, true, msg)
 					require.Equal(rt, ok, found, msg)
-				case 9: // CompareAndDelete, with the value held or another
+				case 9: // CompareAndDelete or CompareAndSwap, with the value held or another
 					old, ok := model[ki]
 					if arg&64 != 0 {
 						old, ok = new(serial), false
+					}
+					if arg&128 != 0 {
+						v := new(serial)
+						require.Equal(rt, ok, tab.CompareAndSwap(tup, old, v), msg)
+						if ok {
+							model[ki] = v
+						}
+						break
 					}
 					require.Equal(rt, ok, tab.CompareAndDelete(tup, old), msg)
 					if ok {
@@ -1737,8 +1793,8 @@ func TestTableNullsReadersKeyRecycled(t *testing.T) {
 	}
 }
 
-// TestTableAllocs pins Lookup, steady-state Insert+Delete and
-// LookupOrInsert+CompareAndDelete at zero allocations.
+// TestTableAllocs pins Lookup, steady-state Insert+Delete,
+// LookupOrInsert+CompareAndDelete and CompareAndSwap at zero allocations.
 func TestTableAllocs(t *testing.T) {
 	for _, h := range hashers {
 		tab := New[int](WithHasher(h), WithCapacity(256))
@@ -1793,12 +1849,17 @@ func TestTableAllocs(t *testing.T) {
 		require.Zero(t, allocs, "%v: Insert+Delete", h)
 
 		// The same with LookupOrInsert and CompareAndDelete, and
-		// LookupOrInsert of a present key.
+		// LookupOrInsert of a present key and CompareAndSwap there and
+		// back.
 		pair = func(i int) {
 			if v, found, err := tab.LookupOrInsert(keys[i], vals[i]); err != nil || found || v != vals[i] {
 				bad.Add(1)
 			}
 			if v, found, _ := tab.LookupOrInsert(keys[i], vals[0]); !found || v != vals[i] {
+				bad.Add(1)
+			}
+			other := vals[(i+1)%len(vals)]
+			if !tab.CompareAndSwap(keys[i], vals[i], other) || !tab.CompareAndSwap(keys[i], other, vals[i]) {
 				bad.Add(1)
 			}
 			if !tab.CompareAndDelete(keys[i], vals[i]) {
@@ -1810,7 +1871,7 @@ func TestTableAllocs(t *testing.T) {
 			n++
 		})
 		require.Zero(t, bad.Load())
-		require.Zero(t, allocs, "%v: LookupOrInsert+CompareAndDelete", h)
+		require.Zero(t, allocs, "%v: LookupOrInsert+CompareAndSwap+CompareAndDelete", h)
 	}
 }
 
