@@ -206,3 +206,124 @@ func ExampleTable_CompareAndSwap() {
 	// took over again: false
 	// current: SYN_RECV
 }
+
+func ExampleTable_Connect() {
+	flows := hash4.New[natMapping]()
+	ports, err := hash4.NewPortAllocator(
+		hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40003}),
+		hash4.WithPolicy(hash4.Flat),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	local := netip.MustParseAddr("203.0.113.1")
+	dns := netip.MustParseAddrPort("198.51.100.53:53")
+
+	// Each Connect picks a port that makes the 4-tuple unique and inserts
+	// the flow, in one step.
+	used := map[uint16]bool{}
+	for range 4 {
+		tup, err := flows.Connect(ports, local, dns, &natMapping{})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		used[tup.Local.Port()] = true
+	}
+	fmt.Println("ports used toward", dns, "->", len(used))
+
+	// The range is spent toward that destination...
+	_, err = flows.Connect(ports, local, dns, &natMapping{})
+	fmt.Println("fifth:", errors.Is(err, hash4.ErrNoPorts))
+
+	// ...but not toward another: a port is taken per 4-tuple.
+	tup, err := flows.Connect(ports, local, netip.MustParseAddrPort("198.51.100.54:53"), &natMapping{})
+	fmt.Println("other destination:", err == nil, used[tup.Local.Port()])
+	// Output:
+	// ports used toward 198.51.100.53:53 -> 4
+	// fifth: true
+	// other destination: true true
+}
+
+func ExamplePortAllocator_Bind() {
+	ports, err := hash4.NewPortAllocator()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// A server socket holds its port: Connect will not hand it out.
+	release, err := ports.Bind(netip.MustParseAddrPort("0.0.0.0:8080"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, err = ports.Bind(netip.MustParseAddrPort("192.0.2.1:8080"))
+	fmt.Println("second bind:", errors.Is(err, hash4.ErrPortInUse))
+
+	release()
+	_, err = ports.Bind(netip.MustParseAddrPort("192.0.2.1:8080"))
+	fmt.Println("after release:", err)
+	// Output:
+	// second bind: true
+	// after release: <nil>
+}
+
+func ExampleTCPTable() {
+	type sock struct{ name string }
+	socks := hash4.NewTCPTable[sock]()
+	if _, err := socks.Listen(netip.MustParseAddrPort("0.0.0.0:443"), &sock{"listener"}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	// An accepted connection, as the segment that arrives for it names
+	// it: Local is the receiving end.
+	conn := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("192.0.2.10:443"),
+		Remote: netip.MustParseAddrPort("198.51.100.7:50000"),
+	}
+	if err := socks.Established().Insert(conn, &sock{"connection"}); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	for _, from := range []string{"198.51.100.7:50000", "198.51.100.8:50000"} {
+		s, _ := socks.Lookup(hash4.Tuple{Local: conn.Local, Remote: netip.MustParseAddrPort(from)})
+		fmt.Println(from, "->", s.name)
+	}
+	// Output:
+	// 198.51.100.7:50000 -> connection
+	// 198.51.100.8:50000 -> listener
+}
+
+func ExampleUDPTable() {
+	type sock struct{ name string }
+	socks := hash4.NewUDPTable[sock]()
+	if _, err := socks.Bind(netip.MustParseAddrPort("0.0.0.0:5353"), &sock{"wildcard"}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	// A socket bound to one address of the same port and connected to one
+	// peer. (Linux would require SO_REUSEADDR on both; here other
+	// addresses never conflict.)
+	s, err := socks.Bind(netip.MustParseAddrPort("192.0.2.10:5353"), &sock{"connected"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := s.Connect(netip.MustParseAddrPort("198.51.100.7:5353")); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	for _, from := range []string{"198.51.100.7:5353", "198.51.100.8:5353"} {
+		got, _ := socks.Lookup(hash4.Tuple{
+			Local:  netip.MustParseAddrPort("192.0.2.10:5353"),
+			Remote: netip.MustParseAddrPort(from),
+		})
+		fmt.Println(from, "->", got.name)
+	}
+	// Output:
+	// 198.51.100.7:5353 -> connected
+	// 198.51.100.8:5353 -> wildcard
+}
