@@ -865,8 +865,8 @@ func (t *Table[T]) CompareAndDelete(tup Tuple, old *T) (deleted bool) {
 // meanwhile finds old or new, never neither: a connection can take over the
 // 4-tuple of a TIME_WAIT socket with no moment at which its segments find
 // no socket, as they would between a Delete and an Insert. (Linux's
-// inet_ehash_insert likewise puts the new socket in the place of the old,
-// osk, under the bucket lock.) A nil old or new swaps nothing.
+// inet_ehash_insert makes this takeover, from the old socket osk to the
+// new, under the bucket lock.) A nil old or new swaps nothing.
 func (t *Table[T]) CompareAndSwap(tup Tuple, old, new *T) (swapped bool) {
 	if old == nil || new == nil {
 		return false
