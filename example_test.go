@@ -269,6 +269,27 @@ func ExamplePortAllocator_Bind() {
 	// after release: <nil>
 }
 
+func ExampleParsePortRange() {
+	// The sysctl's own form, as /proc/sys/net/ipv4/ip_local_port_range reads.
+	r, err := hash4.ParsePortRange("32768\t60999\n")
+	fmt.Println(r, r.Size(), err)
+
+	r, err = hash4.ParsePortRange("20000-20999")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ports, err := hash4.NewPortAllocator(hash4.WithPortRange(r))
+	fmt.Println(ports.Range() == r, err)
+
+	_, err = hash4.ParsePortRange("60999-32768")
+	fmt.Println(errors.Is(err, hash4.ErrInvalidPortRange))
+	// Output:
+	// {32768 60999} 28232 <nil>
+	// true <nil>
+	// true
+}
+
 func ExampleTCPTable() {
 	type sock struct{ name string }
 	socks := hash4.NewTCPTable[sock]()

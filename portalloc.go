@@ -95,6 +95,32 @@ func (r PortRange) Size() int {
 	return int(r.High) - int(r.Low) + 1
 }
 
+// ParsePortRange parses a port range as "low-high", as the sysctl
+// ip_local_port_range shows it ("low high", the two ports separated by
+// spaces or a tab), or as a single port. Spaces around the ports are
+// ignored. Anything else, or a range that Validate rejects, gives an error
+// that wraps ErrInvalidPortRange and quotes s.
+func ParsePortRange(s string) (PortRange, error) {
+	lo, hi, isRange := strings.Cut(s, "-")
+	if !isRange {
+		if f := strings.Fields(s); len(f) == 2 {
+			lo, hi = f[0], f[1]
+		} else {
+			hi = lo
+		}
+	}
+	l, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	h, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if err1 != nil || err2 != nil {
+		return PortRange{}, fmt.Errorf("%w %q: want low-high, such as 32768-60999, with ports in 1-65535", ErrInvalidPortRange, s)
+	}
+	r := PortRange{Low: uint16(l), High: uint16(h)}
+	if err := r.Validate(); err != nil {
+		return PortRange{}, err
+	}
+	return r, nil
+}
+
 // text returns r as "low-high".
 func (r PortRange) text() string {
 	return strconv.Itoa(int(r.Low)) + "-" + strconv.Itoa(int(r.High))

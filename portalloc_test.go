@@ -97,6 +97,34 @@ func TestPortRangeValidate(t *testing.T) {
 	}
 }
 
+func TestParsePortRange(t *testing.T) {
+	good := []struct {
+		in   string
+		want PortRange
+	}{
+		{"32768-60999", DefaultPortRange},
+		{"32768\t60999\n", DefaultPortRange}, // as /proc/sys/net/ipv4/ip_local_port_range reads
+		{" 1 - 2 ", PortRange{1, 2}},
+		{"1  65535", PortRange{1, 65535}},
+		{"80", PortRange{80, 80}},
+		{" 80\n", PortRange{80, 80}},
+	}
+	for _, tt := range good {
+		r, err := ParsePortRange(tt.in)
+		require.NoError(t, err, "%q", tt.in)
+		require.Equal(t, tt.want, r, "%q", tt.in)
+	}
+	for _, in := range []string{"", " ", "-", "-5", "5-", "0-10", "0", "10-5", "1-65536", "65536", "a-b",
+		"1-2-3", "1 2 3", "+1-2", "0x10-0x20", "1_000-2_000", "1,2", "1-2,3"} {
+		r, err := ParsePortRange(in)
+		require.ErrorIs(t, err, ErrInvalidPortRange, "%q", in)
+		require.Zero(t, r, "%q", in)
+		if in != "" {
+			require.Contains(t, err.Error(), strings.TrimSpace(in), "the error quotes the input")
+		}
+	}
+}
+
 func TestParseReservedPorts(t *testing.T) {
 	tests := []struct {
 		in   string

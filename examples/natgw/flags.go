@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/examples/internal/cmdline"
 )
 
 // Defaults of the flags.
@@ -31,9 +30,6 @@ type options struct {
 	demo bool
 	dc   demoConfig // with demo
 }
-
-// errUsage is returned for -h: print usage, exit 0.
-var errUsage = errors.New("usage requested")
 
 // parseFlags parses args (without the program name). Errors describe the
 // offending flag; usage goes to out.
@@ -57,20 +53,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		fmt.Fprintf(fs.Output(), "usage: natgw -inside addr:port -upstream addr:port [flags]\n       natgw -demo [flags]\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return options{}, errUsage
-		}
+	set, err := cmdline.Parse(fs, args)
+	if err != nil {
 		return options{}, err
 	}
-	if fs.NArg() > 0 {
-		return options{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
 	o := options{demo: *demo}
-	var err error
 	if *inside == "" {
 		if !o.demo {
 			return o, errors.New("-inside is required (or use -demo)")
@@ -86,7 +74,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if o.gw.outside, err = netip.ParseAddr(*outside); err != nil || o.gw.outside.Unmap().IsUnspecified() {
 		return o, fmt.Errorf("-outside %q: want a concrete IP address, such as 127.0.0.1", *outside)
 	}
-	if o.gw.ports, err = parsePortRange(*ports); err != nil {
+	if o.gw.ports, err = hash4.ParsePortRange(*ports); err != nil {
 		return o, fmt.Errorf("-ports %q: %v", *ports, err)
 	}
 	o.gw.idle = *idle
@@ -145,22 +133,4 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			o.dc.clients, need, o.gw.maxFlows, o.gw.ports.Size())
 	}
 	return o, nil
-}
-
-// parsePortRange parses "low-high" (or a single port).
-func parsePortRange(s string) (hash4.PortRange, error) {
-	lo, hi, isRange := strings.Cut(strings.TrimSpace(s), "-")
-	if !isRange {
-		hi = lo
-	}
-	l, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
-	h, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
-	if err1 != nil || err2 != nil {
-		return hash4.PortRange{}, errors.New("want low-high, such as 20000-20999, with ports in 1-65535")
-	}
-	r := hash4.PortRange{Low: uint16(l), High: uint16(h)}
-	if err := r.Validate(); err != nil {
-		return r, errors.New("want 1 <= low <= high <= 65535")
-	}
-	return r, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/examples/internal/porttest"
 )
 
 // Many clients at once, each with a window of datagrams in flight: every
@@ -20,7 +21,7 @@ import (
 func TestManyClientsEchoToSender(t *testing.T) {
 	const clients, perClient, window = 32, 60, 4
 	up := startUpstream(t)
-	ports := testPorts(64)
+	ports := porttest.Ports(64)
 	gw, _ := startGateway(t, testConfig(up.addr(), ports))
 
 	var wg sync.WaitGroup
@@ -105,7 +106,7 @@ func TestManyClientsEchoToSender(t *testing.T) {
 func TestIdleFlowsExpireAndPortsAreReused(t *testing.T) {
 	const idle = 500 * time.Millisecond
 	up := startUpstream(t)
-	ports := testPorts(4)
+	ports := porttest.Ports(4)
 	cfg := testConfig(up.addr(), ports)
 	cfg.idle = idle
 	gw, _ := startGateway(t, cfg)
@@ -167,7 +168,7 @@ func TestIdleFlowsExpireAndPortsAreReused(t *testing.T) {
 func TestFlowLimit(t *testing.T) {
 	const limit, clients, flood = 5, 10, 40
 	up := startUpstream(t)
-	cfg := testConfig(up.addr(), testPorts(64))
+	cfg := testConfig(up.addr(), porttest.Ports(64))
 	cfg.maxFlows = limit
 	gw, _ := startGateway(t, cfg)
 
@@ -229,7 +230,7 @@ func TestOversizeDropped(t *testing.T) {
 		}
 		return p
 	}, nil)
-	cfg := testConfig(up.addr(), testPorts(8))
+	cfg := testConfig(up.addr(), porttest.Ports(8))
 	cfg.maxDatagram = limit
 	gw, _ := startGateway(t, cfg)
 	c := newClient(t, gw.addr())
@@ -272,7 +273,7 @@ func TestVanishedClient(t *testing.T) {
 		}
 		return 0
 	})
-	cfg := testConfig(up.addr(), testPorts(8))
+	cfg := testConfig(up.addr(), porttest.Ports(8))
 	cfg.idle = 500 * time.Millisecond
 	gw, _ := startGateway(t, cfg)
 
@@ -315,7 +316,7 @@ func TestPortRefusedByOS(t *testing.T) {
 	// A 4-port range whose ports are all free but one, which we take.
 	var occupier *net.UDPConn
 	var taken uint16
-	ports := testPorts(4)
+	ports := porttest.Ports(4)
 	for try := 0; occupier == nil; try++ {
 		if try == 10 {
 			t.Fatal("no free 4-port range found")
@@ -325,13 +326,13 @@ func TestPortRefusedByOS(t *testing.T) {
 			free = free && canBind(netip.AddrPortFrom(loopback, p))
 		}
 		if !free {
-			ports = testPorts(4)
+			ports = porttest.Ports(4)
 			continue
 		}
 		taken = ports.Low + 1
 		c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(loopback, taken)))
 		if err != nil {
-			ports = testPorts(4)
+			ports = porttest.Ports(4)
 			continue
 		}
 		occupier = c
@@ -395,7 +396,7 @@ func TestPortRefusedByOS(t *testing.T) {
 // Shutdown closes every socket and ends every goroutine.
 func TestShutdownLeavesNothing(t *testing.T) {
 	up := startUpstream(t)
-	ports := testPorts(32)
+	ports := porttest.Ports(32)
 	before := runtime.NumGoroutine()
 	cfg := testConfig(up.addr(), ports)
 	gw, stop := startGateway(t, cfg)
@@ -478,7 +479,7 @@ func TestConfigRefusesMappedWildcard(t *testing.T) {
 		"outside":  func(c *config) { c.outside = mapped },
 		"upstream": func(c *config) { c.upstream = netip.AddrPortFrom(mapped, 53) },
 	} {
-		cfg := testConfig(netip.MustParseAddrPort("127.0.0.1:53"), testPorts(1))
+		cfg := testConfig(netip.MustParseAddrPort("127.0.0.1:53"), porttest.Ports(1))
 		change(&cfg)
 		if err := cfg.check(); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s %v: check() = %v, want an error naming %s", name, mapped, err, name)

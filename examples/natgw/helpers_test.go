@@ -5,11 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,22 +15,6 @@ import (
 )
 
 var loopback = netip.MustParseAddr("127.0.0.1")
-
-// Outside port ranges for tests: consecutive blocks from a random start in
-// 21000-28999 (clear of the OS's ephemeral range), so that concurrent runs
-// of these tests rarely share ports.
-var (
-	portBase = 21000 + 100*rand.IntN(70)
-	portNext atomic.Int32
-)
-
-func testPorts(n int) hash4.PortRange {
-	start := portBase + int(portNext.Add(int32(n))) - n
-	if start+n > 29999 {
-		panic("test port blocks exhausted")
-	}
-	return hash4.PortRange{Low: uint16(start), High: uint16(start + n - 1)}
-}
 
 // testConfig returns a gateway config on loopback toward upstream.
 func testConfig(upstream netip.AddrPort, ports hash4.PortRange) config {

@@ -73,6 +73,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/hash4/hash4/examples/internal/cmdline"
 )
 
 func main() {
@@ -85,7 +87,7 @@ func main() {
 // failure, 2 for bad flags.
 func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
-	if errors.Is(err, errUsage) {
+	if errors.Is(err, cmdline.ErrUsage) {
 		return 0
 	}
 	if err != nil {

@@ -8,11 +8,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hash4/hash4/examples/internal/porttest"
 )
 
 // The demo's own function, short and small, succeeds and shows expiry.
 func TestDemo(t *testing.T) {
-	ports := testPorts(32)
+	ports := porttest.Ports(32)
 	cfg := testConfig(netip.AddrPort{}, ports) // the demo sets the upstream
 	cfg.idle = 300 * time.Millisecond
 	var out, progress bytes.Buffer
@@ -43,7 +45,7 @@ func TestDemo(t *testing.T) {
 
 // The command runs the demo and exits 0.
 func TestCommandDemo(t *testing.T) {
-	ports := testPorts(16)
+	ports := porttest.Ports(16)
 	var stdout, stderr bytes.Buffer
 	code := realMain(context.Background(), []string{"-demo", "-clients", "3", "-duration", "1s", "-rate", "20",
 		"-ports", fmt.Sprintf("%d-%d", ports.Low, ports.High)}, &stdout, &stderr)
@@ -108,7 +110,7 @@ func TestBadFlags(t *testing.T) {
 // counts and exits 0.
 func TestCommandGateway(t *testing.T) {
 	up := startUpstream(t)
-	ports := testPorts(8)
+	ports := porttest.Ports(8)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
