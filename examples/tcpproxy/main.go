@@ -1,0 +1,243 @@
+// Command tcpproxy is a TCP proxy built on hash4: it forwards client
+// connections to upstreams in turn, and picks the source port of each
+// upstream connection itself with Table.Connect, so that one source port
+// carries a connection to every upstream at once, as the kernel's connect()
+// does, and a few ports carry many connections.
+//
+// Run the self-contained demo (loopback only; exits 0 only on PASS):
+//
+//	go run ./examples/tcpproxy -demo
+//
+// Run a proxy (stop it with Ctrl-C or SIGTERM: it stops accepting, gives
+// the connections it forwards -drain to finish, and prints its counts):
+//
+//	go run ./examples/tcpproxy -listen 127.0.0.1:8080 -upstream 127.0.0.1:8081,127.0.0.1:8082
+//
+// # How it works
+//
+// For each client connection the proxy takes the next upstream, and
+// Table.Connect picks a source port of -ports whose 4-tuple (source IP and
+// port, upstream) is free in the proxy's table and inserts it. The proxy
+// binds a socket to that address and port with SO_REUSEADDR, which lets
+// sockets toward other upstreams share the port, and connects; the kernel
+// checks the 4-tuple again at connect(). Then it copies both ways, passing
+// each side's end of data on to the other.
+//
+// The table mirrors the kernel's established table, TIME_WAIT included. A
+// connection whose end the proxy passed on to the upstream before the
+// upstream's came (an active close) leaves the kernel's socket in TIME_WAIT
+// for 60 seconds, and a connect() on its 4-tuple fails with EADDRNOTAVAIL
+// meanwhile; so the proxy keeps such a tuple in the table for -timewait,
+// and Connect passes it over. A tuple the kernel refuses anyway (a socket
+// of an earlier run or of another program on it) is held the same way, and
+// a port on which bind() fails (a listener on it) is held in the allocator
+// with Bind; the proxy then tries another tuple, up to 8 in all. A client
+// for whose upstream no tuple is free is refused: the proxy closes its
+// connection.
+//
+// # Flags
+//
+//	-listen addr:port    where clients connect (required; 127.0.0.1:0 with -demo)
+//	-upstream list       comma-separated addr:port of the upstreams (required; not with -demo)
+//	-source IP           address the upstream connections come from (default 127.0.0.1)
+//	-ports low-high      their source ports (default 20000-20999; 20000-20003 with -demo)
+//	-timewait d          how long a 4-tuple stays taken after an active close (default 60s,
+//	                     the kernel's TIME_WAIT)
+//	-drain d             once one side has ended its data, how long the other may go on;
+//	                     and at shutdown, how long open connections may go on (default 30s)
+//	-dial-timeout d      how long a connect to an upstream may take (default 10s)
+//	-demo                run the self-contained demo on loopback
+//	-size n              demo: bytes each client sends (default 262144)
+//
+// Invalid flags print a message and exit with status 2.
+//
+// # The demo
+//
+// The demo starts two echo servers as upstreams and a proxy with four
+// source ports, then connects eight clients, one per port and upstream, and
+// keeps all eight open at once: the proxy's table then holds eight 4-tuples
+// over the four ports. Each client sends -size bytes and checks the echo.
+// When the clients end their data, the proxy passes that on first, so it
+// holds all eight tuples for TIME_WAIT, and a ninth client is refused.
+// Last, the demo asks the kernel to connect() on one held tuple, and prints
+// what it says: EADDRNOTAVAIL, unless the kernel lets connect() take over
+// TIME_WAIT sockets there (net.ipv4.tcp_tw_reuse, by default on loopback
+// when TCP timestamps make it safe). The exit status is 0 only on PASS.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/examples/internal/cmdline"
+)
+
+// Defaults of the flags.
+const (
+	defaultPorts       = "20000-20999" // below Linux's 32768-60999 and the IANA 49152-65535 ephemeral ranges
+	defaultDemoPorts   = "20000-20003"
+	defaultTimeWait    = 60 * time.Second // the kernel's TCP_TIMEWAIT_LEN
+	defaultDrain       = 30 * time.Second
+	defaultDialTimeout = 10 * time.Second
+	defaultDemoSize    = 256 << 10
+	maxDemoSize        = 64 << 20
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(realMain(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options is the parsed command line.
+type options struct {
+	cfg      config
+	listen   netip.AddrPort
+	demo     bool
+	demoSize int
+}
+
+// realMain runs the command and returns its exit status: 0 on success, 1 on
+// failure, 2 for bad flags.
+func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, cmdline.ErrUsage) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tcpproxy: %v\nRun tcpproxy -h for the flags.\n", err)
+		return 2
+	}
+	if o.demo {
+		res, err := runDemo(o.cfg, o.demoSize, stdout)
+		if err != nil {
+			fmt.Fprintf(stderr, "tcpproxy: %v\n", err)
+			return 1
+		}
+		if !res.ok(o.cfg.ports.Size()) {
+			return 1
+		}
+		return 0
+	}
+
+	p, err := newProxy(o.cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tcpproxy: %v\n", err)
+		return 1
+	}
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(o.listen))
+	if err != nil {
+		fmt.Fprintf(stderr, "tcpproxy: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "tcpproxy: %v -> %v from %v ports %d-%d; TIME_WAIT %v\n",
+		ln.Addr(), o.cfg.upstreams, o.cfg.source, o.cfg.ports.Low, o.cfg.ports.High, o.cfg.timeWait)
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	p.serve(ln) // until SIGINT or SIGTERM
+	// The connections being forwarded get -drain to finish; those still
+	// open then end with the process.
+	if !p.waitFor(o.cfg.drain) {
+		fmt.Fprintf(stdout, "tcpproxy: connections still open after %v: %d, cut\n", o.cfg.drain, p.stats().Active)
+	}
+	s := p.stats()
+	fmt.Fprintf(stdout, "tcpproxy: stopped. accepted %d, forwarded %d, refused: no free 4-tuple %d, dial errors %d; kernel refusals %d, 4-tuples held %d; %d bytes up, %d down\n",
+		s.Accepted, s.Forwarded, s.NoPorts, s.DialErrors, s.KernelRefused, s.TimeWait, s.BytesUp, s.BytesDown)
+	return 0
+}
+
+// parseFlags parses args (without the program name). Errors name the
+// offending flag; usage goes to out.
+func parseFlags(args []string, out io.Writer) (options, error) {
+	fs := flag.NewFlagSet("tcpproxy", flag.ContinueOnError)
+	fs.SetOutput(out)
+	var (
+		listen      = fs.String("listen", "", "`addr:port` clients connect to (required; 127.0.0.1:0 with -demo)")
+		upstream    = fs.String("upstream", "", "comma-separated `addr:port` list of upstreams (required; not with -demo, which runs its own)")
+		source      = fs.String("source", "127.0.0.1", "`IP` the upstream connections come from")
+		ports       = fs.String("ports", defaultPorts, "source port range `low-high` of the upstream connections; "+defaultDemoPorts+" with -demo")
+		timeWait    = fs.Duration("timewait", defaultTimeWait, "the `duration` a 4-tuple stays taken after the proxy ended its connection first")
+		drain       = fs.Duration("drain", defaultDrain, "the `duration` one side may go on sending after the other has ended; at shutdown, open connections too")
+		dialTimeout = fs.Duration("dial-timeout", defaultDialTimeout, "the `duration` a connect to an upstream may take")
+		demo        = fs.Bool("demo", false, "run a self-contained demo on loopback: two echo upstreams, clients, proxy; exit 0 only on PASS")
+		size        = fs.Int("size", defaultDemoSize, "demo: `bytes` each client sends")
+	)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: tcpproxy -listen addr:port -upstream addr:port[,addr:port...] [flags]\n       tcpproxy -demo [flags]\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	set, err := cmdline.Parse(fs, args)
+	if err != nil {
+		return options{}, err
+	}
+
+	o := options{demo: *demo, demoSize: *size}
+	if o.cfg.source, err = netip.ParseAddr(*source); err != nil || o.cfg.source.Unmap().IsUnspecified() || o.cfg.source.Zone() != "" {
+		return o, fmt.Errorf("-source %q: want a concrete IP address, such as 127.0.0.1", *source)
+	}
+	if o.demo && !set["ports"] {
+		*ports = defaultDemoPorts
+	}
+	if o.cfg.ports, err = hash4.ParsePortRange(*ports); err != nil {
+		return o, fmt.Errorf("-ports: %v", err)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"timewait", *timeWait}, {"drain", *drain}, {"dial-timeout", *dialTimeout}} {
+		if d.v <= 0 {
+			return o, fmt.Errorf("-%s %v: must be positive", d.name, d.v)
+		}
+	}
+	o.cfg.timeWait, o.cfg.drain, o.cfg.dialWait = *timeWait, *drain, *dialTimeout
+
+	if o.demo {
+		switch {
+		case set["listen"] || set["upstream"]:
+			return o, errors.New("-listen and -upstream cannot be used with -demo: the demo runs its own proxy and upstreams on loopback")
+		case !o.cfg.source.Unmap().Is4() || !o.cfg.source.Unmap().IsLoopback():
+			return o, fmt.Errorf("-source %v: the demo runs on loopback, so -source must be an IPv4 loopback address", o.cfg.source)
+		case o.cfg.ports.Size() > maxDemoPorts:
+			return o, fmt.Errorf("-ports %v: the demo opens a connection per port and upstream at once; use at most %d ports", *ports, maxDemoPorts)
+		case o.demoSize < 1 || o.demoSize > maxDemoSize:
+			return o, fmt.Errorf("-size %d: must be in 1-%d", o.demoSize, maxDemoSize)
+		}
+		return o, nil
+	}
+	if set["size"] {
+		return o, errors.New("-size works only with -demo")
+	}
+	if *listen == "" {
+		return o, errors.New("-listen is required (or use -demo)")
+	}
+	if o.listen, err = netip.ParseAddrPort(*listen); err != nil {
+		return o, fmt.Errorf("-listen %q: want addr:port, such as 127.0.0.1:8080", *listen)
+	}
+	if *upstream == "" {
+		return o, errors.New("-upstream is required (or use -demo)")
+	}
+	for s := range strings.SplitSeq(*upstream, ",") {
+		u, err := netip.ParseAddrPort(strings.TrimSpace(s))
+		if err != nil || u.Port() == 0 || u.Addr().Unmap().IsUnspecified() {
+			return o, fmt.Errorf("-upstream %q: want a concrete addr:port, such as 127.0.0.1:8081", s)
+		}
+		if u.Addr().Unmap().Is4() != o.cfg.source.Unmap().Is4() {
+			return o, fmt.Errorf("-upstream %v and -source %v: different address families", u, o.cfg.source)
+		}
+		o.cfg.upstreams = append(o.cfg.upstreams, u)
+	}
+	return o, nil
+}

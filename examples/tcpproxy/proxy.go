@@ -1,0 +1,243 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hash4/hash4"
+)
+
+// config is what a proxy needs.
+type config struct {
+	source    netip.Addr       // the address upstream connections are made from
+	upstreams []netip.AddrPort // client connections go to these in turn
+	ports     hash4.PortRange  // source ports of upstream connections
+	timeWait  time.Duration    // how long a 4-tuple stays taken after an active close
+	drain     time.Duration    // how long one side may go on sending after the other finished
+	dialWait  time.Duration    // how long a connect to an upstream may take
+}
+
+// maxTries is how many 4-tuples a client connection may try before it is
+// refused: each try that the kernel refuses takes the tuple out of use for
+// a while, so a few tries pass over stale ones.
+const maxTries = 8
+
+// flow is one forwarded connection: the client's, and the upstream
+// connection made for it. The flows table holds it under the upstream
+// connection's 4-tuple (source address and port, upstream), as the kernel's
+// established table holds that socket, from the connect() until the socket
+// is gone, including its TIME_WAIT.
+type flow struct {
+	client, upstream netip.AddrPort
+}
+
+// proxy forwards TCP connections to upstreams, choosing the source port of
+// each upstream connection itself with Table.Connect, so that one port
+// carries a connection to each upstream at once.
+type proxy struct {
+	cfg   config
+	flows *hash4.Table[flow]
+	alloc *hash4.PortAllocator
+	next  atomic.Uint64 // client connections accepted: picks the upstream
+	conns sync.WaitGroup
+	c     counts
+}
+
+// counts are a proxy's counters; stats returns them as a Stats.
+type counts struct {
+	accepted, active, forwarded, noPorts, dialErrors, kernelRefused, timeWait, bytesUp, bytesDown atomic.Int64
+}
+
+// Stats are a proxy's counts at one moment.
+type Stats struct {
+	Accepted      int64 // client connections accepted
+	Active        int64 // of them, those not done yet
+	Forwarded     int64 // of them, connected to an upstream
+	NoPorts       int64 // refused: no 4-tuple toward their upstream was free
+	DialErrors    int64 // refused: the upstream did not accept (or too many tries)
+	KernelRefused int64 // 4-tuples the kernel refused (EADDRNOTAVAIL, EADDRINUSE), held and passed over
+	TimeWait      int64 // 4-tuples held now after an active close or a kernel refusal
+	BytesUp       int64 // bytes from clients to upstreams
+	BytesDown     int64 // bytes from upstreams to clients
+}
+
+func (p *proxy) stats() Stats {
+	return Stats{
+		Accepted: p.c.accepted.Load(), Active: p.c.active.Load(), Forwarded: p.c.forwarded.Load(), NoPorts: p.c.noPorts.Load(),
+		DialErrors: p.c.dialErrors.Load(), KernelRefused: p.c.kernelRefused.Load(),
+		TimeWait: p.c.timeWait.Load(), BytesUp: p.c.bytesUp.Load(), BytesDown: p.c.bytesDown.Load(),
+	}
+}
+
+// newProxy returns a proxy for cfg, whose addresses parseFlags checked.
+func newProxy(cfg config) (*proxy, error) {
+	if len(cfg.upstreams) == 0 {
+		return nil, errors.New("no upstream")
+	}
+	alloc, err := hash4.NewPortAllocator(hash4.WithPortRange(cfg.ports))
+	if err != nil {
+		return nil, err
+	}
+	// At most a 4-tuple per port and upstream, live or held.
+	n := cfg.ports.Size() * len(cfg.upstreams)
+	return &proxy{cfg: cfg, flows: hash4.New[flow](hash4.WithCapacity(min(n, 1<<20))), alloc: alloc}, nil
+}
+
+// serve accepts client connections on ln and forwards each, until ln is
+// closed; then it returns, with the connections it accepted still being
+// forwarded (wait waits for them).
+func (p *proxy) serve(ln *net.TCPListener) {
+	backoff := time.Millisecond
+	for {
+		c, err := ln.AcceptTCP()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil {
+			// Out of file descriptors and the like: wait, as net/http does.
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
+		p.c.accepted.Add(1)
+		p.c.active.Add(1)
+		p.conns.Add(1)
+		go func() {
+			defer p.conns.Done()
+			defer p.c.active.Add(-1)
+			p.forward(c)
+		}()
+	}
+}
+
+// wait waits until the connections serve accepted are done. N.B. only
+// after serve has returned: a WaitGroup's Wait must not run while an Add
+// may start from zero.
+func (p *proxy) wait() { p.conns.Wait() }
+
+// waitFor waits as wait does, for d at most, and reports whether every
+// connection was done.
+func (p *proxy) waitFor(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		p.wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// forward connects client to the next upstream and copies both ways until
+// both are done.
+func (p *proxy) forward(client *net.TCPConn) {
+	defer client.Close()
+	up := p.cfg.upstreams[(p.next.Add(1)-1)%uint64(len(p.cfg.upstreams))]
+	f := &flow{client: client.RemoteAddr().(*net.TCPAddr).AddrPort(), upstream: up}
+	conn, tup, err := p.dial(f)
+	if err != nil {
+		if errors.Is(err, hash4.ErrNoPorts) {
+			p.c.noPorts.Add(1)
+		} else {
+			p.c.dialErrors.Add(1)
+		}
+		return
+	}
+	p.c.forwarded.Add(1)
+	active := p.pipe(client, conn)
+	conn.Close()
+	if active {
+		p.hold(tup, f)
+	} else {
+		p.flows.Delete(tup)
+	}
+}
+
+// dial connects to f's upstream from a 4-tuple that Table.Connect picks and
+// records for f: it binds the tuple's source address and port, with
+// SO_REUSEADDR so that the port may carry connections to other upstreams,
+// and connects.
+//
+// The kernel may still refuse the tuple: a socket that this proxy's last
+// run, or another program, left on it (connect: EADDRNOTAVAIL), or a
+// listener on the port (bind: EADDRINUSE). The proxy then keeps the tuple,
+// or the port, out of use for cfg.timeWait and tries another.
+func (p *proxy) dial(f *flow) (*net.TCPConn, hash4.Tuple, error) {
+	for range maxTries {
+		tup, err := p.flows.Connect(p.alloc, p.cfg.source, f.upstream, f)
+		if err != nil {
+			return nil, hash4.Tuple{}, err
+		}
+		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(tup.Local), Control: reuseAddr, Timeout: p.cfg.dialWait}
+		c, err := d.Dial("tcp", f.upstream.String())
+		switch {
+		case err == nil:
+			return c.(*net.TCPConn), tup, nil
+		case errors.Is(err, syscall.EADDRNOTAVAIL):
+			p.c.kernelRefused.Add(1)
+			p.hold(tup, f)
+		case errors.Is(err, syscall.EADDRINUSE):
+			p.c.kernelRefused.Add(1)
+			p.flows.Delete(tup)
+			if release, err := p.alloc.Bind(tup.Local); err == nil {
+				time.AfterFunc(p.cfg.timeWait, release)
+			}
+		default:
+			p.flows.Delete(tup)
+			return nil, hash4.Tuple{}, err
+		}
+	}
+	return nil, hash4.Tuple{}, fmt.Errorf("no usable 4-tuple toward %v in %d tries", f.upstream, maxTries)
+}
+
+// hold keeps tup, which f took, in the flows table for cfg.timeWait, so that
+// Connect does not give it out while the kernel still holds it, then frees
+// it.
+func (p *proxy) hold(tup hash4.Tuple, f *flow) {
+	p.c.timeWait.Add(1)
+	time.AfterFunc(p.cfg.timeWait, func() {
+		p.flows.CompareAndDelete(tup, f)
+		p.c.timeWait.Add(-1)
+	})
+}
+
+// pipe copies client to up and up to client until both directions are done,
+// passing each side's end of data on to the other (a half-close). It
+// reports whether the proxy may have ended the upstream connection first,
+// its FIN sent before the upstream's came: then the upstream socket is in
+// TIME_WAIT, and its 4-tuple taken, for the kernel's 60 seconds.
+//
+// N.B. the answer errs on the safe side: it is false only if the upstream's
+// end of data had arrived before the proxy passed on the client's.
+func (p *proxy) pipe(client, up *net.TCPConn) (activeClose bool) {
+	var upstreamDone atomic.Bool
+	down := make(chan struct{})
+	go func() {
+		defer close(down)
+		n, err := io.Copy(client, up)
+		p.c.bytesDown.Add(n)
+		if err == nil {
+			upstreamDone.Store(true)
+		}
+		client.CloseWrite()
+		client.SetReadDeadline(time.Now().Add(p.cfg.drain))
+	}()
+	n, _ := io.Copy(up, client)
+	p.c.bytesUp.Add(n)
+	activeClose = !upstreamDone.Load()
+	up.CloseWrite()
+	up.SetReadDeadline(time.Now().Add(p.cfg.drain))
+	<-down
+	return activeClose
+}

@@ -1,0 +1,327 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/examples/internal/porttest"
+)
+
+var loopback = netip.MustParseAddr("127.0.0.1")
+
+func testConfig(ports hash4.PortRange, upstreams ...netip.AddrPort) config {
+	return config{source: loopback, upstreams: upstreams, ports: ports,
+		timeWait: time.Minute, drain: 5 * time.Second, dialWait: 5 * time.Second}
+}
+
+// listen returns a loopback listener that the test closes at its end.
+func listen(t *testing.T) *net.TCPListener {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(loopback, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+func addrOf(ln *net.TCPListener) netip.AddrPort { return ln.Addr().(*net.TCPAddr).AddrPort() }
+
+// startProxy serves cfg on a loopback listener until the test ends, then
+// waits for its connections.
+func startProxy(t *testing.T, cfg config) (*proxy, string) {
+	t.Helper()
+	p, err := newProxy(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := listen(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.serve(ln)
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		p.wait()
+	})
+	return p, ln.Addr().String()
+}
+
+// roundTrip sends msg through the proxy at addr, ends its data and returns
+// what came back.
+func roundTrip(t *testing.T, addr string, msg []byte) []byte {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	go func() {
+		c.Write(msg)
+		c.(*net.TCPConn).CloseWrite()
+	}()
+	got, _ := io.ReadAll(c)
+	return got
+}
+
+// eventually fails the test unless cond holds within 5 seconds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The demo passes, and shows what its summary claims.
+func TestDemo(t *testing.T) {
+	var out bytes.Buffer
+	cfg := testConfig(porttest.Ports(4))
+	res, err := runDemo(cfg, 64<<10, &out)
+	t.Logf("summary:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.ok(4) || !strings.Contains(out.String(), "PASS") {
+		t.Fatalf("demo failed: %+v", res)
+	}
+	if res.clients != 8 || res.livePorts != 4 || res.heldTuples != 8 || res.proxy.Forwarded != 8 {
+		t.Errorf("clients %d over %d ports, %d held, %d forwarded; want 8, 4, 8, 8", res.clients, res.livePorts, res.heldTuples, res.proxy.Forwarded)
+	}
+	if want := int64(8 * 64 << 10); res.proxy.BytesUp != want || res.proxy.BytesDown != want {
+		t.Errorf("bytes up %d, down %d; want %d each", res.proxy.BytesUp, res.proxy.BytesDown, want)
+	}
+	if res.kernel == "" {
+		t.Error("the demo did not ask the kernel about a held tuple")
+	}
+}
+
+// The command runs the demo and exits 0; bad flags exit 2 and name the flag.
+func TestCommand(t *testing.T) {
+	ports := porttest.Ports(2)
+	var stdout, stderr bytes.Buffer
+	code := realMain(context.Background(), []string{"-demo", "-size", "1000", "-ports", fmt.Sprintf("%d-%d", ports.Low, ports.High)}, &stdout, &stderr)
+	if code != 0 || !strings.Contains(stdout.String(), "PASS") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "-listen is required"},
+		{[]string{"-listen", "127.0.0.1:1"}, "-upstream is required"},
+		{[]string{"-listen", "nonsense", "-upstream", "127.0.0.1:2"}, "-listen"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2,0.0.0.0:3"}, "-upstream"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:0"}, "-upstream"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "[::1]:2"}, "different address families"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-source", "0.0.0.0"}, "-source"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-ports", "5-1"}, "-ports"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-timewait", "0s"}, "-timewait"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-size", "5"}, "only with -demo"},
+		{[]string{"-demo", "-upstream", "127.0.0.1:2"}, "cannot be used with -demo"},
+		{[]string{"-demo", "-ports", "20000-20999"}, "at most 64"},
+		{[]string{"-demo", "-size", "0"}, "-size"},
+		{[]string{"-demo", "-source", "10.0.0.1"}, "loopback"},
+		{[]string{"-demo", "extra"}, "unexpected argument"},
+	} {
+		stdout.Reset()
+		stderr.Reset()
+		if code := realMain(context.Background(), tt.args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), tt.want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr.String(), tt.want)
+		}
+	}
+	stderr.Reset()
+	if code := realMain(context.Background(), []string{"-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "usage: tcpproxy") {
+		t.Errorf("-h: exit %d, output %q", code, stderr.String())
+	}
+}
+
+// The command forwards until its context ends, then prints its counts.
+func TestCommandServes(t *testing.T) {
+	up := listen(t)
+	go echoServer(up)
+	// A free port to listen on: the OS picks one, the command takes it.
+	probe := listen(t)
+	addr := probe.Addr().String()
+	probe.Close()
+	ports := porttest.Ports(3) // a port per connection: each is held after it
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- realMain(ctx, []string{"-listen", addr, "-upstream", addrOf(up).String(), "-drain", "300ms",
+			"-ports", fmt.Sprintf("%d-%d", ports.Low, ports.High)}, &stdout, &stderr)
+	}()
+	var got []byte
+	eventually(t, "a round trip through the command", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		got = roundTrip(t, addr, []byte("ping"))
+		return true
+	})
+	// A connection left open: shutdown waits -drain for it, then cuts it.
+	open, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	open.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := open.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(open, make([]byte, 1)); err != nil {
+		t.Fatalf("echo on the open connection: %v", err)
+	}
+	cancel()
+	if code := <-done; code != 0 || string(got) != "ping" {
+		t.Fatalf("exit %d, echo %q\nstderr:\n%s", code, got, stderr.String())
+	}
+	for _, want := range []string{"connections still open after 300ms: 1, cut", "stopped. accepted 3, forwarded 3"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+}
+
+// A connection the upstream ends first (a passive close for the proxy)
+// frees its 4-tuple at once; one the proxy ends first holds it for
+// timeWait, then frees it.
+func TestTimeWait(t *testing.T) {
+	// The upstream sends a greeting and ends its side first.
+	greeter := listen(t)
+	go func() {
+		for {
+			c, err := greeter.AcceptTCP()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hello"))
+			c.CloseWrite()
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	p, addr := startProxy(t, testConfig(porttest.Ports(2), addrOf(greeter)))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if got, _ := io.ReadAll(c); string(got) != "hello" {
+		t.Fatalf("got %q", got)
+	}
+	c.Close()
+	eventually(t, "the passive close's tuple freed", func() bool { return p.stats().Forwarded == 1 && p.flows.Len() == 0 })
+	if s := p.stats(); s.TimeWait != 0 {
+		t.Errorf("%d tuples held after a passive close", s.TimeWait)
+	}
+
+	echo := listen(t)
+	go echoServer(echo)
+	cfg := testConfig(porttest.Ports(2), addrOf(echo))
+	cfg.timeWait = 300 * time.Millisecond
+	p, addr = startProxy(t, cfg)
+	if got := roundTrip(t, addr, []byte("ping")); string(got) != "ping" {
+		t.Fatalf("echo %q", got)
+	}
+	eventually(t, "the active close's tuple held", func() bool { return p.stats().TimeWait == 1 })
+	if n := p.flows.Len(); n != 1 {
+		t.Errorf("table holds %d tuples during TIME_WAIT, want 1", n)
+	}
+	eventually(t, "the held tuple freed", func() bool { return p.stats().TimeWait == 0 && p.flows.Len() == 0 })
+}
+
+// A 4-tuple the kernel holds (here a connection the proxy did not make) is
+// refused at connect(); the proxy holds it and takes another, or refuses
+// the client when none is left. A port with a listener on it fails at
+// bind(); the proxy holds the port in its allocator.
+func TestKernelRefusals(t *testing.T) {
+	echo := listen(t)
+	go echoServer(echo)
+	ports := porttest.Ports(2)
+	outsider := netip.AddrPortFrom(loopback, ports.Low)
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(outsider), Control: reuseAddr}
+	held, err := d.Dial("tcp", addrOf(echo).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+
+	// One port, held by the outsider's connection: refused.
+	p, addr := startProxy(t, testConfig(hash4.PortRange{Low: ports.Low, High: ports.Low}, addrOf(echo)))
+	if got := roundTrip(t, addr, []byte("ping")); len(got) != 0 {
+		t.Errorf("forwarded %q with no usable tuple", got)
+	}
+	eventually(t, "the refusal counted", func() bool { return p.stats().NoPorts == 1 })
+	if s := p.stats(); s.KernelRefused != 1 || s.TimeWait != 1 || s.Forwarded != 0 {
+		t.Errorf("kernel refusals %d, held %d, forwarded %d; want 1, 1, 0", s.KernelRefused, s.TimeWait, s.Forwarded)
+	}
+	if _, ok := p.flows.Lookup(hash4.Tuple{Local: outsider, Remote: addrOf(echo)}); !ok {
+		t.Error("the refused tuple is not held")
+	}
+
+	// Two ports: the proxy passes over the refused one, if Connect offers
+	// it first.
+	p, addr = startProxy(t, testConfig(ports, addrOf(echo)))
+	if got := roundTrip(t, addr, []byte("ping")); string(got) != "ping" {
+		t.Fatalf("round trip: %q", got)
+	}
+	eventually(t, "the active close's tuple held", func() bool { return p.stats().TimeWait == 1+p.stats().KernelRefused })
+	if s := p.stats(); s.Forwarded != 1 || s.KernelRefused > 1 {
+		t.Errorf("forwarded %d, kernel refusals %d; want 1 and at most 1", s.Forwarded, s.KernelRefused)
+	}
+	if _, ok := p.flows.Lookup(hash4.Tuple{Local: netip.AddrPortFrom(loopback, ports.High), Remote: addrOf(echo)}); !ok {
+		t.Error("the forwarded connection did not use the free port")
+	}
+
+	// A listener on the only port: bind() fails; the port is held.
+	lport := porttest.Ports(1)
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(loopback, lport.Low)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	p, addr = startProxy(t, testConfig(lport, addrOf(echo)))
+	if got := roundTrip(t, addr, []byte("ping")); len(got) != 0 {
+		t.Errorf("forwarded %q through a port with a listener on it", got)
+	}
+	eventually(t, "the refusal counted", func() bool { return p.stats().NoPorts == 1 })
+	if s := p.stats(); s.KernelRefused != 1 || p.flows.Len() != 0 {
+		t.Errorf("kernel refusals %d, table %d; want 1 and 0", s.KernelRefused, p.flows.Len())
+	}
+	if _, err := p.alloc.Bind(netip.AddrPortFrom(loopback, lport.Low)); err == nil {
+		t.Error("the port with a listener is not held in the allocator")
+	}
+}
+
+// An upstream that refuses connections: the client is refused and the
+// tuple freed.
+func TestUpstreamDown(t *testing.T) {
+	down := listen(t)
+	upAddr := addrOf(down)
+	down.Close()
+	p, addr := startProxy(t, testConfig(porttest.Ports(2), upAddr))
+	if got := roundTrip(t, addr, []byte("ping")); len(got) != 0 {
+		t.Errorf("got %q from a closed upstream", got)
+	}
+	eventually(t, "the dial error counted", func() bool { return p.stats().DialErrors == 1 })
+	if n := p.flows.Len(); n != 0 {
+		t.Errorf("table holds %d tuples after a failed dial", n)
+	}
+}
