@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -323,5 +326,101 @@ func TestUpstreamDown(t *testing.T) {
 	eventually(t, "the dial error counted", func() bool { return p.stats().DialErrors == 1 })
 	if n := p.flows.Len(); n != 0 {
 		t.Errorf("table holds %d tuples after a failed dial", n)
+	}
+}
+
+// Many clients at once, over as many 4-tuples as there are ports and
+// upstreams: every byte comes back, the connections the upstream ended
+// first leave nothing behind, and those the proxy ended first stay held.
+// Each client picks who ends first with its first byte: 0 for the client
+// (the upstream echoes until the end of data), 1 for the upstream (it
+// echoes the length-prefixed message, then ends).
+func TestManyClients(t *testing.T) {
+	serve := func(c *net.TCPConn) {
+		defer c.Close()
+		var hdr [5]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		c.Write(hdr[:])
+		if hdr[0] == 0 {
+			io.Copy(c, c)
+			return
+		}
+		io.CopyN(c, c, int64(binary.BigEndian.Uint32(hdr[1:])))
+		c.CloseWrite()
+		io.Copy(io.Discard, c)
+	}
+	var upstreams []netip.AddrPort
+	for range 2 {
+		ln := listen(t)
+		upstreams = append(upstreams, addrOf(ln))
+		go func() {
+			for {
+				c, err := ln.AcceptTCP()
+				if err != nil {
+					return
+				}
+				go serve(c)
+			}
+		}()
+	}
+	const ports = 16
+	p, addr := startProxy(t, testConfig(porttest.Ports(ports), upstreams...))
+
+	const clients = ports * 2
+	var wg sync.WaitGroup
+	var clientFirst atomic.Int64
+	errs := make(chan error, clients)
+	for id := range clients {
+		wg.Go(func() {
+			mode := byte(id % 2)
+			if mode == 0 {
+				clientFirst.Add(1)
+			}
+			msg := make([]byte, 5+1000*(id+1))
+			msg[0] = mode
+			binary.BigEndian.PutUint32(msg[1:5], uint32(len(msg)-5))
+			for i := range msg[5:] {
+				msg[5+i] = byte(id + i)
+			}
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			go c.Write(msg)
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+				errs <- fmt.Errorf("client %d: echo differs (%v)", id, err)
+				return
+			}
+			if mode == 1 {
+				// The upstream ends first: wait for its end here.
+				if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+					errs <- fmt.Errorf("client %d: want the upstream's end, got %d bytes, %v", id, n, err)
+					return
+				}
+			}
+			c.(*net.TCPConn).CloseWrite()
+			if rest, err := io.ReadAll(c); len(rest) != 0 || err != nil {
+				errs <- fmt.Errorf("client %d: after the echo, %d bytes, %v", id, len(rest), err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	eventually(t, "every forward done", func() bool { return p.stats().Active == 0 })
+	s := p.stats()
+	if s.Forwarded != clients || s.NoPorts != 0 || s.KernelRefused != 0 {
+		t.Errorf("forwarded %d, no ports %d, kernel refusals %d; want %d, 0, 0", s.Forwarded, s.NoPorts, s.KernelRefused, clients)
+	}
+	if want := clientFirst.Load(); s.TimeWait != want || int64(p.flows.Len()) != want {
+		t.Errorf("held %d, table %d; want the %d the proxy ended first", s.TimeWait, p.flows.Len(), want)
 	}
 }
