@@ -98,8 +98,8 @@ func (r PortRange) Size() int {
 // ParsePortRange parses a port range as "low-high", as the sysctl
 // ip_local_port_range shows it ("low high", the two ports separated by
 // spaces or a tab), or as a single port. Spaces around the ports are
-// ignored. Anything else, or a range that Validate rejects, gives an error
-// that wraps ErrInvalidPortRange and quotes s.
+// ignored. Anything else gives an error that wraps ErrInvalidPortRange and
+// quotes s; a range that Validate rejects, Validate's error.
 func ParsePortRange(s string) (PortRange, error) {
 	lo, hi, isRange := strings.Cut(s, "-")
 	if !isRange {

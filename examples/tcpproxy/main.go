@@ -27,8 +27,10 @@
 // connection whose end the proxy passed on to the upstream before the
 // upstream's came (an active close) leaves the kernel's socket in TIME_WAIT
 // for 60 seconds, and a connect() on its 4-tuple fails with EADDRNOTAVAIL
-// meanwhile; so the proxy keeps such a tuple in the table for -timewait,
-// and Connect passes it over. A tuple the kernel refuses anyway (a socket
+// meanwhile (unless net.ipv4.tcp_tw_reuse lets the connect() take the
+// socket over: by default only on loopback, when TCP timestamps make it
+// safe); so the proxy keeps such a tuple in the table for -timewait, and
+// Connect passes it over. A tuple the kernel refuses anyway (a socket
 // of an earlier run or of another program on it) is held the same way, and
 // a port on which bind() fails (a listener on it) is held in the allocator
 // with Bind; the proxy then tries another tuple, up to 8 in all. A client
@@ -91,12 +93,17 @@ const (
 	defaultDrain       = 30 * time.Second
 	defaultDialTimeout = 10 * time.Second
 	defaultDemoSize    = 256 << 10
-	maxDemoSize        = 64 << 20
+	maxDemoSize        = 64 << 20 // bytes all the demo's clients send
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	go func() {
+		// After the first signal, a second one ends the process at once,
+		// even while open connections drain.
+		<-ctx.Done()
+		stop()
+	}()
 	os.Exit(realMain(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -149,9 +156,9 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}()
 	p.serve(ln) // until SIGINT or SIGTERM
 	// The connections being forwarded get -drain to finish; those still
-	// open then end with the process.
+	// open then end with the process, when main returns.
 	if !p.waitFor(o.cfg.drain) {
-		fmt.Fprintf(stdout, "tcpproxy: connections still open after %v: %d, cut\n", o.cfg.drain, p.stats().Active)
+		fmt.Fprintf(stdout, "tcpproxy: connections still open after %v: %d, left to end with the process\n", o.cfg.drain, p.stats().Active)
 	}
 	s := p.stats()
 	fmt.Fprintf(stdout, "tcpproxy: stopped. accepted %d, forwarded %d, refused: no free 4-tuple %d, dial errors %d; kernel refusals %d, 4-tuples held %d; %d bytes up, %d down\n",
@@ -212,8 +219,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			return o, fmt.Errorf("-source %v: the demo runs on loopback, so -source must be an IPv4 loopback address", o.cfg.source)
 		case o.cfg.ports.Size() > maxDemoPorts:
 			return o, fmt.Errorf("-ports %v: the demo opens a connection per port and upstream at once; use at most %d ports", *ports, maxDemoPorts)
-		case o.demoSize < 1 || o.demoSize > maxDemoSize:
-			return o, fmt.Errorf("-size %d: must be in 1-%d", o.demoSize, maxDemoSize)
+		case o.demoSize < 1 || o.demoSize > maxDemoSize/(2*o.cfg.ports.Size()):
+			// Each client holds what it sends and what comes back.
+			return o, fmt.Errorf("-size %d: must be in 1-%d with %d ports (%d MiB for all clients)",
+				o.demoSize, maxDemoSize/(2*o.cfg.ports.Size()), o.cfg.ports.Size(), maxDemoSize>>20)
 		}
 		return o, nil
 	}
@@ -236,6 +245,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		}
 		if u.Addr().Unmap().Is4() != o.cfg.source.Unmap().Is4() {
 			return o, fmt.Errorf("-upstream %v and -source %v: different address families", u, o.cfg.source)
+		}
+		if o.cfg.source.Unmap().IsLoopback() && !u.Addr().Unmap().IsLoopback() {
+			// The kernel refuses the connect() (EINVAL).
+			return o, fmt.Errorf("-upstream %v: not reachable from the loopback -source %v; give -source an address of this host", u, o.cfg.source)
 		}
 		o.cfg.upstreams = append(o.cfg.upstreams, u)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -63,7 +64,7 @@ type Stats struct {
 	NoPorts       int64 // refused: no 4-tuple toward their upstream was free
 	DialErrors    int64 // refused: the upstream did not accept (or too many tries)
 	KernelRefused int64 // 4-tuples the kernel refused (EADDRNOTAVAIL, EADDRINUSE), held and passed over
-	TimeWait      int64 // 4-tuples held now after an active close or a kernel refusal
+	TimeWait      int64 // 4-tuples held now, after an active close or a refused connect()
 	BytesUp       int64 // bytes from clients to upstreams
 	BytesDown     int64 // bytes from upstreams to clients
 }
@@ -76,11 +77,17 @@ func (p *proxy) stats() Stats {
 	}
 }
 
-// newProxy returns a proxy for cfg, whose addresses parseFlags checked.
+// newProxy returns a proxy for cfg, whose addresses parseFlags checked. It
+// fails if the source address is not one this host can bind.
 func newProxy(cfg config) (*proxy, error) {
 	if len(cfg.upstreams) == 0 {
 		return nil, errors.New("no upstream")
 	}
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(cfg.source, 0)))
+	if err != nil {
+		return nil, fmt.Errorf("source address %v: %w", cfg.source, err)
+	}
+	ln.Close()
 	alloc, err := hash4.NewPortAllocator(hash4.WithPortRange(cfg.ports))
 	if err != nil {
 		return nil, err
@@ -172,7 +179,9 @@ func (p *proxy) forward(client *net.TCPConn) {
 // The kernel may still refuse the tuple: a socket that this proxy's last
 // run, or another program, left on it (connect: EADDRNOTAVAIL), or a
 // listener on the port (bind: EADDRINUSE). The proxy then keeps the tuple,
-// or the port, out of use for cfg.timeWait and tries another.
+// or the port, out of use for cfg.timeWait and tries another. Any other
+// error ends the try, as does EADDRNOTAVAIL from bind (the source address
+// is not this host's), which no other tuple would cure.
 func (p *proxy) dial(f *flow) (*net.TCPConn, hash4.Tuple, error) {
 	for range maxTries {
 		tup, err := p.flows.Connect(p.alloc, p.cfg.source, f.upstream, f)
@@ -184,10 +193,10 @@ func (p *proxy) dial(f *flow) (*net.TCPConn, hash4.Tuple, error) {
 		switch {
 		case err == nil:
 			return c.(*net.TCPConn), tup, nil
-		case errors.Is(err, syscall.EADDRNOTAVAIL):
+		case errors.Is(err, syscall.EADDRNOTAVAIL) && failedIn(err, "connect"):
 			p.c.kernelRefused.Add(1)
 			p.hold(tup, f)
-		case errors.Is(err, syscall.EADDRINUSE):
+		case errors.Is(err, syscall.EADDRINUSE) && failedIn(err, "bind"):
 			p.c.kernelRefused.Add(1)
 			p.flows.Delete(tup)
 			if release, err := p.alloc.Bind(tup.Local); err == nil {
@@ -199,6 +208,12 @@ func (p *proxy) dial(f *flow) (*net.TCPConn, hash4.Tuple, error) {
 		}
 	}
 	return nil, hash4.Tuple{}, fmt.Errorf("no usable 4-tuple toward %v in %d tries", f.upstream, maxTries)
+}
+
+// failedIn reports whether err came from the system call named.
+func failedIn(err error, syscall string) bool {
+	var se *os.SyscallError
+	return errors.As(err, &se) && se.Syscall == syscall
 }
 
 // hold keeps tup, which f took, in the flows table for cfg.timeWait, so that
@@ -218,26 +233,52 @@ func (p *proxy) hold(tup hash4.Tuple, f *flow) {
 // its FIN sent before the upstream's came: then the upstream socket is in
 // TIME_WAIT, and its 4-tuple taken, for the kernel's 60 seconds.
 //
+// Once one direction has ended, the other has cfg.drain to finish, its
+// reads and writes alike, so that a peer that stops reading cannot keep the
+// forward and its tuple forever. A direction that fails (a reset, or the
+// drain deadline) aborts both connections with a reset, so that neither
+// peer takes the cut for a clean end of data.
+//
 // N.B. the answer errs on the safe side: it is false only if the upstream's
 // end of data had arrived before the proxy passed on the client's.
 func (p *proxy) pipe(client, up *net.TCPConn) (activeClose bool) {
 	var upstreamDone atomic.Bool
+	var aborted sync.Once
+	abort := func() {
+		aborted.Do(func() {
+			client.SetLinger(0) // a reset on Close, not a FIN
+			up.SetLinger(0)
+			client.Close()
+			up.Close()
+		})
+	}
+	drain := func() {
+		t := time.Now().Add(p.cfg.drain)
+		client.SetDeadline(t)
+		up.SetDeadline(t)
+	}
 	down := make(chan struct{})
 	go func() {
 		defer close(down)
 		n, err := io.Copy(client, up)
 		p.c.bytesDown.Add(n)
-		if err == nil {
-			upstreamDone.Store(true)
+		if err != nil {
+			abort()
+			return
 		}
+		upstreamDone.Store(true)
 		client.CloseWrite()
-		client.SetReadDeadline(time.Now().Add(p.cfg.drain))
+		drain()
 	}()
-	n, _ := io.Copy(up, client)
+	n, err := io.Copy(up, client)
 	p.c.bytesUp.Add(n)
 	activeClose = !upstreamDone.Load()
-	up.CloseWrite()
-	up.SetReadDeadline(time.Now().Add(p.cfg.drain))
+	if err != nil {
+		abort()
+	} else {
+		up.CloseWrite()
+		drain()
+	}
 	<-down
 	return activeClose
 }

@@ -130,6 +130,7 @@ func TestCommand(t *testing.T) {
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2,0.0.0.0:3"}, "-upstream"},
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:0"}, "-upstream"},
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "[::1]:2"}, "different address families"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "192.0.2.1:80"}, "not reachable from the loopback -source"},
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-source", "0.0.0.0"}, "-source"},
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-ports", "5-1"}, "-ports"},
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-timewait", "0s"}, "-timewait"},
@@ -137,6 +138,7 @@ func TestCommand(t *testing.T) {
 		{[]string{"-demo", "-upstream", "127.0.0.1:2"}, "cannot be used with -demo"},
 		{[]string{"-demo", "-ports", "20000-20999"}, "at most 64"},
 		{[]string{"-demo", "-size", "0"}, "-size"},
+		{[]string{"-demo", "-ports", "20000-20063", "-size", "1000000"}, "-size 1000000: must be in 1-524288 with 64 ports"},
 		{[]string{"-demo", "-source", "10.0.0.1"}, "loopback"},
 		{[]string{"-demo", "extra"}, "unexpected argument"},
 	} {
@@ -195,7 +197,7 @@ func TestCommandServes(t *testing.T) {
 	if code := <-done; code != 0 || string(got) != "ping" {
 		t.Fatalf("exit %d, echo %q\nstderr:\n%s", code, got, stderr.String())
 	}
-	for _, want := range []string{"connections still open after 300ms: 1, cut", "stopped. accepted 3, forwarded 3"} {
+	for _, want := range []string{"connections still open after 300ms: 1, left to end with the process", "stopped. accepted 3, forwarded 3"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}
@@ -422,5 +424,76 @@ func TestManyClients(t *testing.T) {
 	}
 	if want := clientFirst.Load(); s.TimeWait != want || int64(p.flows.Len()) != want {
 		t.Errorf("held %d, table %d; want the %d the proxy ended first", s.TimeWait, p.flows.Len(), want)
+	}
+}
+
+// A source address that is not this host's is refused at start.
+func TestSourceNotLocal(t *testing.T) {
+	cfg := testConfig(porttest.Ports(1), netip.MustParseAddrPort("192.0.2.2:80"))
+	cfg.source = netip.MustParseAddr("192.0.2.1") // TEST-NET-1: on no interface here
+	if _, err := newProxy(cfg); err == nil || !strings.Contains(err.Error(), "source address 192.0.2.1") {
+		t.Errorf("newProxy with a foreign source: %v", err)
+	}
+}
+
+// Once the client has ended its data, the upstream has -drain to finish:
+// an upstream that goes on too slowly is cut, and the client sees a reset,
+// not a clean end; a client that stops reading is cut too. Either way the
+// forward ends.
+func TestDrain(t *testing.T) {
+	// The upstream reads to the end of the client's data, then sends size
+	// bytes in chunks, pausing between them.
+	slow := func(size, chunk int, pause time.Duration) netip.AddrPort {
+		ln := listen(t)
+		go func() {
+			for {
+				c, err := ln.AcceptTCP()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					io.Copy(io.Discard, c)
+					for sent := 0; sent < size; sent += chunk {
+						if _, err := c.Write(make([]byte, chunk)); err != nil {
+							return
+						}
+						time.Sleep(pause)
+					}
+				}()
+			}
+		}()
+		return addrOf(ln)
+	}
+	cfg := testConfig(porttest.Ports(2), slow(20, 1, 100*time.Millisecond))
+	cfg.drain = 300 * time.Millisecond
+	p, addr := startProxy(t, cfg)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(c)
+	if len(got) >= 20 || err == nil {
+		t.Errorf("read %d of 20 bytes, err %v; want the cut to show as an error", len(got), err)
+	}
+	eventually(t, "the slow forward ended", func() bool { return p.stats().Active == 0 })
+
+	// A client that ends its data, then reads nothing while the upstream
+	// sends far more than the socket buffers hold.
+	cfg = testConfig(porttest.Ports(2), slow(64<<20, 64<<10, 0))
+	cfg.drain = 300 * time.Millisecond
+	p, addr = startProxy(t, cfg)
+	c, err = net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).CloseWrite()
+	eventually(t, "the forward to a client that does not read ended", func() bool { return p.stats().Active == 0 })
+	if s := p.stats(); s.BytesDown >= 64<<20 {
+		t.Errorf("forwarded %d bytes to a client that read none", s.BytesDown)
 	}
 }

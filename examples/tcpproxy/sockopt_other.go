@@ -1,4 +1,4 @@
-//go:build !unix
+//go:build !linux
 
 package main
 
@@ -7,8 +7,9 @@ import (
 	"syscall"
 )
 
-// reuseAddr refuses to dial: the proxy needs SO_REUSEADDR's Unix meaning,
-// a bound port that connected sockets toward other upstreams share.
+// reuseAddr refuses to dial: the proxy relies on SO_REUSEADDR's meaning on
+// Linux, a bound port that connected sockets toward other upstreams share,
+// and has been tried only there.
 func reuseAddr(network, address string, c syscall.RawConn) error {
-	return errors.New("tcpproxy: binding a source port shared between upstreams needs a Unix system")
+	return errors.New("tcpproxy: sharing a bound source port between upstreams is built for Linux only")
 }

@@ -1,13 +1,12 @@
-//go:build unix
-
 package main
 
 import "syscall"
 
 // reuseAddr sets SO_REUSEADDR on a socket before it binds (a
-// net.Dialer.Control function): a port bound this way may carry connected
-// sockets toward several upstreams, and the kernel refuses a 4-tuple only at
-// connect(), if a socket already holds it.
+// net.Dialer.Control function). On Linux, a port bound this way may carry
+// connected sockets toward several upstreams, as long as no socket listens
+// on it, and the kernel refuses a 4-tuple only at connect(), if a socket
+// already holds it.
 func reuseAddr(network, address string, c syscall.RawConn) error {
 	var err error
 	if cerr := c.Control(func(fd uintptr) {
