@@ -59,12 +59,29 @@ type demoCounts struct {
 	sent, received, wrong, dup, lost, throttled atomic.Int64
 }
 
-// runDemo starts an echo upstream and a gateway on loopback, drives
-// dc.clients clients through the gateway for dc.duration, writes progress to
-// progress (in place if it is a terminal) and the summary to out.
+// loopbackOf returns the loopback address of a's family.
+func loopbackOf(a netip.Addr) netip.Addr {
+	if a.Unmap().Is4() {
+		return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	return netip.IPv6Loopback()
+}
+
+// listenLoopback returns a UDP socket on the loopback address of gw's
+// family, from which to send to gw.
+func listenLoopback(gw netip.AddrPort) (*net.UDPConn, error) {
+	at := loopbackOf(gw.Addr())
+	return net.ListenUDP(udpNetwork(at), net.UDPAddrFromAddrPort(netip.AddrPortFrom(at, 0)))
+}
+
+// runDemo starts an echo upstream on the loopback address of cfg.outside's
+// family and a gateway, drives dc.clients clients, on the loopback address
+// of cfg.inside's family, through the gateway for dc.duration, writes
+// progress to progress (in place if it is a terminal) and the summary to out.
 func runDemo(ctx context.Context, cfg config, dc demoConfig, out, progress io.Writer) (demoResult, error) {
 	var res demoResult
-	echo, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	echoAt := loopbackOf(cfg.outside)
+	echo, err := net.ListenUDP(udpNetwork(echoAt), net.UDPAddrFromAddrPort(netip.AddrPortFrom(echoAt, 0)))
 	if err != nil {
 		return res, fmt.Errorf("echo upstream: %w", err)
 	}
@@ -117,7 +134,7 @@ func runDemo(ctx context.Context, cfg config, dc demoConfig, out, progress io.Wr
 		if cfg.maxDatagram >= maxUDPPayload {
 			return // nothing larger can be sent
 		}
-		conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		conn, err := listenLoopback(gw.addr())
 		if err != nil {
 			return
 		}
@@ -263,7 +280,7 @@ func (c *demoClient) run(ctx context.Context, first time.Time, interval time.Dur
 
 // phase runs one source port until end.
 func (c *demoClient) phase(ctx context.Context, interval time.Duration, end time.Time) {
-	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	conn, err := listenLoopback(c.gw)
 	if err != nil {
 		return
 	}

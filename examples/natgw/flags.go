@@ -112,9 +112,6 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if *upstream != "" {
 		return o, errors.New("-upstream cannot be used with -demo: the demo runs its own echo upstream")
 	}
-	if !o.gw.outside.Unmap().Is4() {
-		return o, fmt.Errorf("-outside %v: the demo's upstream is on 127.0.0.1, so -outside must be IPv4", o.gw.outside)
-	}
 	o.dc = demoConfig{clients: *clients, duration: *duration, rate: *rate}
 	switch {
 	case o.dc.clients < 1 || o.dc.clients > 10000:

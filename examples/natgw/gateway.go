@@ -135,10 +135,7 @@ func newGateway(cfg config) (*gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	network := "udp4"
-	if !cfg.outside.Unmap().Is4() {
-		network = "udp6"
-	}
+	network := udpNetwork(cfg.outside)
 	// Probe the outside address: a bind to port 0 fails now, with a clear
 	// error, if the address is not one of this host's.
 	probe, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(cfg.outside, 0)))
@@ -146,11 +143,7 @@ func newGateway(cfg config) (*gateway, error) {
 		return nil, fmt.Errorf("outside address %v: %w", cfg.outside, err)
 	}
 	probe.Close()
-	inNet := "udp4"
-	if !cfg.inside.Addr().Unmap().Is4() {
-		inNet = "udp6"
-	}
-	in, err := net.ListenUDP(inNet, net.UDPAddrFromAddrPort(cfg.inside))
+	in, err := net.ListenUDP(udpNetwork(cfg.inside.Addr()), net.UDPAddrFromAddrPort(cfg.inside))
 	if err != nil {
 		return nil, fmt.Errorf("inside address %v: %w", cfg.inside, err)
 	}
@@ -482,6 +475,16 @@ func (g *gateway) flows() map[netip.AddrPort]uint16 {
 	return m
 }
 
+// udpNetwork returns "udp4" for an IPv4 or IPv4-mapped address, "udp6"
+// for any other: a mapped address is bound as the IPv4 address it maps.
+func udpNetwork(a netip.Addr) string {
+	if a.Unmap().Is4() {
+		return "udp4"
+	}
+	return "udp6"
+}
+
+// unmap returns a with an IPv4-mapped address in its IPv4 form.
 func unmap(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }

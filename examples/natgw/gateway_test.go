@@ -486,3 +486,70 @@ func TestConfigRefusesMappedWildcard(t *testing.T) {
 		}
 	}
 }
+
+// needIPv6Loopback skips the test on a host without ::1.
+func needIPv6Loopback(t *testing.T) {
+	t.Helper()
+	c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.IPv6Loopback(), 0)))
+	if err != nil {
+		t.Skipf("no IPv6 loopback on this host: %v", err)
+	}
+	c.Close()
+}
+
+// The gateway forwards between IPv6 clients and an IPv6 upstream, and
+// between the families, either way round: every echo comes back to its
+// sender, each flow has its own outside port, and the upstream sees every
+// flow come from the outside address.
+func TestIPv6(t *testing.T) {
+	needIPv6Loopback(t)
+	v4, v6 := loopback, netip.IPv6Loopback()
+	for _, tc := range []struct {
+		name            string
+		inside, outside netip.Addr
+	}{
+		{"6to6", v6, v6},
+		{"4to6", v4, v6},
+		{"6to4", v6, v4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const clients, perClient = 4, 3
+			up := startUpstreamOn(t, tc.outside, nil, nil)
+			cfg := testConfig(up.addr(), porttest.Ports(8))
+			cfg.inside, cfg.outside = netip.AddrPortFrom(tc.inside, 0), tc.outside
+			gw, _ := startGateway(t, cfg)
+			if got := gw.addr().Addr(); got != tc.inside {
+				t.Fatalf("gateway listens on %v, want %v", got, tc.inside)
+			}
+			var addrs []netip.AddrPort
+			for i := range clients {
+				c := newClient(t, gw.addr())
+				addrs = append(addrs, c.addr())
+				for k := range perClient {
+					if err := c.roundTrip(fmt.Appendf(nil, "client %d seq %d", i, k), 5*time.Second); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			flows := gw.flows()
+			seen := map[uint16]bool{}
+			for _, a := range addrs {
+				p, ok := flows[a]
+				if !ok || !inRange(cfg.ports, p) || seen[p] {
+					t.Errorf("client %v: outside port %d (found %v), want a port of its own in %d-%d", a, p, ok, cfg.ports.Low, cfg.ports.High)
+				}
+				seen[p] = true
+			}
+			up.mu.Lock()
+			defer up.mu.Unlock()
+			if len(up.sources) != clients {
+				t.Errorf("upstream saw %d sources, want %d", len(up.sources), clients)
+			}
+			for src, n := range up.sources {
+				if src.Addr().Unmap() != tc.outside || !seen[src.Port()] || n != perClient {
+					t.Errorf("upstream got %d datagrams from %v; want %d from %v at a flow's port", n, src, perClient, tc.outside)
+				}
+			}
+		})
+	}
+}

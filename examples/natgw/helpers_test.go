@@ -70,11 +70,16 @@ type upstream struct {
 // startUpstream starts an echo upstream.
 func startUpstream(t *testing.T) *upstream { return startUpstreamWith(t, nil, nil) }
 
-// startUpstreamWith starts an upstream that answers with reply(p) (p if
-// reply is nil), after delay(p) if delay is not nil.
+// startUpstreamWith starts an upstream on 127.0.0.1 that answers with
+// reply(p) (p if reply is nil), after delay(p) if delay is not nil.
 func startUpstreamWith(t *testing.T, reply func(p []byte) []byte, delay func(p []byte) time.Duration) *upstream {
+	return startUpstreamOn(t, loopback, reply, delay)
+}
+
+// startUpstreamOn is startUpstreamWith on the address at.
+func startUpstreamOn(t *testing.T, at netip.Addr, reply func(p []byte) []byte, delay func(p []byte) time.Duration) *upstream {
 	t.Helper()
-	conn, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(loopback, 0)))
+	conn, err := net.ListenUDP(udpNetwork(at), net.UDPAddrFromAddrPort(netip.AddrPortFrom(at, 0)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,9 +143,10 @@ type client struct {
 	gw   netip.AddrPort
 }
 
+// newClient returns a client of gw on the loopback address of gw's family.
 func newClient(t testing.TB, gw netip.AddrPort) *client {
 	t.Helper()
-	conn, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(loopback, 0)))
+	conn, err := listenLoopback(gw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +215,7 @@ func inRange(r hash4.PortRange, p uint16) bool { return r.Low <= p && p <= r.Hig
 
 // canBind reports whether a UDP socket can bind local now.
 func canBind(local netip.AddrPort) bool {
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(local))
+	c, err := net.ListenUDP(udpNetwork(local.Addr()), net.UDPAddrFromAddrPort(local))
 	if err != nil {
 		return false
 	}

@@ -39,7 +39,7 @@
 //
 // # Flags
 //
-//	-listen addr:port    where clients connect (required; 127.0.0.1:0 with -demo)
+//	-listen addr:port    where clients connect (required; with -demo, -source port 0)
 //	-upstream list       comma-separated addr:port of the upstreams (required; not with -demo)
 //	-source IP           address the upstream connections come from (default 127.0.0.1)
 //	-ports low-high      their source ports (default 20000-20999; 20000-20003 with -demo)
@@ -56,9 +56,10 @@
 // # The demo
 //
 // The demo starts two echo servers as upstreams and a proxy with four
-// source ports, then connects eight clients, one per port and upstream, and
-// keeps all eight open at once: the proxy's table then holds eight 4-tuples
-// over the four ports. Each client sends -size bytes and checks the echo.
+// source ports, all on the -source address (127.0.0.1, or ::1 for IPv6),
+// then connects eight clients, one per port and upstream, and keeps all
+// eight open at once: the proxy's table then holds eight 4-tuples over the
+// four ports. Each client sends -size bytes and checks the echo.
 // When the clients end their data, the proxy passes that on first, so it
 // holds all eight tuples for TIME_WAIT, and a ninth client is refused.
 // Last, the demo asks the kernel to connect() on one held tuple, and prints
@@ -172,7 +173,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs := flag.NewFlagSet("tcpproxy", flag.ContinueOnError)
 	fs.SetOutput(out)
 	var (
-		listen      = fs.String("listen", "", "`addr:port` clients connect to (required; 127.0.0.1:0 with -demo)")
+		listen      = fs.String("listen", "", "`addr:port` clients connect to (required; with -demo, -source port 0)")
 		upstream    = fs.String("upstream", "", "comma-separated `addr:port` list of upstreams (required; not with -demo, which runs its own)")
 		source      = fs.String("source", "127.0.0.1", "`IP` the upstream connections come from")
 		ports       = fs.String("ports", defaultPorts, "source port range `low-high` of the upstream connections; "+defaultDemoPorts+" with -demo")
@@ -215,8 +216,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		switch {
 		case set["listen"] || set["upstream"]:
 			return o, errors.New("-listen and -upstream cannot be used with -demo: the demo runs its own proxy and upstreams on loopback")
-		case !o.cfg.source.Unmap().Is4() || !o.cfg.source.Unmap().IsLoopback():
-			return o, fmt.Errorf("-source %v: the demo runs on loopback, so -source must be an IPv4 loopback address", o.cfg.source)
+		case !o.cfg.source.Unmap().IsLoopback():
+			return o, fmt.Errorf("-source %v: the demo runs on loopback, so -source must be a loopback address, such as 127.0.0.1 or ::1", o.cfg.source)
 		case o.cfg.ports.Size() > maxDemoPorts:
 			return o, fmt.Errorf("-ports %v: the demo opens a connection per port and upstream at once; use at most %d ports", *ports, maxDemoPorts)
 		case o.demoSize < 1 || o.demoSize > maxDemoSize/(2*o.cfg.ports.Size()):

@@ -112,6 +112,30 @@ func TestDemo(t *testing.T) {
 	}
 }
 
+// The command runs the demo on IPv6 loopback: the same counts, with every
+// address, 4-tuples included, on ::1.
+func TestDemoIPv6(t *testing.T) {
+	ln, err := net.ListenTCP("tcp6", net.TCPAddrFromAddrPort(netip.AddrPortFrom(netip.IPv6Loopback(), 0)))
+	if err != nil {
+		t.Skipf("no IPv6 loopback on this host: %v", err)
+	}
+	ln.Close()
+	ports := porttest.Ports(4)
+	var stdout, stderr bytes.Buffer
+	code := realMain(context.Background(), []string{"-demo", "-source", "::1", "-size", "4096",
+		"-ports", fmt.Sprintf("%d-%d", ports.Low, ports.High)}, &stdout, &stderr)
+	t.Logf("stdout:\n%s", stdout.String())
+	if code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
+	}
+	for _, want := range []string{"PASS", "proxy [::1]:", "source ::1 ", "8 4-tuples over 4 source ports",
+		"asked for [::1]:"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("no %q in the summary", want)
+		}
+	}
+}
+
 // The command runs the demo and exits 0; bad flags exit 2 and name the flag.
 func TestCommand(t *testing.T) {
 	ports := porttest.Ports(2)
@@ -140,12 +164,15 @@ func TestCommand(t *testing.T) {
 		{[]string{"-demo", "-size", "0"}, "-size"},
 		{[]string{"-demo", "-ports", "20000-20063", "-size", "1000000"}, "-size 1000000: must be in 1-524288 with 64 ports"},
 		{[]string{"-demo", "-source", "10.0.0.1"}, "loopback"},
+		{[]string{"-demo", "-source", "fd00::1"}, "loopback"},
 		{[]string{"-demo", "extra"}, "unexpected argument"},
 	} {
 		stdout.Reset()
 		stderr.Reset()
-		if code := realMain(context.Background(), tt.args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), tt.want) {
-			t.Errorf("%q: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr.String(), tt.want)
+		// One line for the error, one pointing to -h: no usage dump.
+		code := realMain(context.Background(), tt.args, &stdout, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), tt.want) || strings.Count(stderr.String(), "\n") != 2 {
+			t.Errorf("%q: exit %d, stderr %q; want 2 and %q in two lines", tt.args, code, stderr.String(), tt.want)
 		}
 	}
 	stderr.Reset()

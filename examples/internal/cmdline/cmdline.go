@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 )
 
 // ErrUsage is returned by Parse for -h or -help: the usage has been
@@ -13,11 +14,25 @@ var ErrUsage = errors.New("usage requested")
 
 // Parse parses args (without the program name) with fs, whose error
 // handling must be flag.ContinueOnError, and returns the names of the flags
-// given. It returns ErrUsage for -h, fs's error for a bad flag, and an
-// error naming the first argument left after the flags, if any.
+// given. For -h it prints fs's usage to fs's output and returns ErrUsage.
+// For a bad flag it prints nothing and returns fs's error, which the
+// command prints once, in its own words (the flag package would print the
+// error and the whole usage too). For an argument left after the flags it
+// returns an error naming the first.
 func Parse(fs *flag.FlagSet, args []string) (set map[string]bool, err error) {
-	if err := fs.Parse(args); err != nil {
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err = fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			if usage != nil {
+				usage()
+			} else {
+				fs.PrintDefaults()
+			}
 			return nil, ErrUsage
 		}
 		return nil, err
