@@ -441,7 +441,7 @@ func connBucketMates(t *testing.T, tb *Table[int], local netip.Addr, remote neti
 		require.Equal(t, tb.b.bucket(h0+p), tb.b.bucket(HashTuple(tup, tb.hasher, tb.secret)))
 		require.NoError(t, tb.Insert(tup, new(int)))
 		var k key
-		tb.tupleKey(&k, tup)
+		tb.tupleKey(&k, &tup)
 		_, l := tb.findLocked(&k)
 		require.False(t, l.isNulls())
 		sentinels[l.index()] = uint16(p)
@@ -968,7 +968,8 @@ func TestTablePresent(t *testing.T) {
 	check := func(i int, want bool) {
 		t.Helper()
 		var k key
-		tab.tupleKey(&k, tblKey(i, i%2 == 0))
+		tup := tblKey(i, i%2 == 0)
+		tab.tupleKey(&k, &tup)
 		_, found := tab.Lookup(tblKey(i, i%2 == 0))
 		require.Equal(t, want, found, "Lookup of key %d", i)
 		require.Equal(t, want, tab.present(&k), "present of key %d", i)

@@ -18,7 +18,7 @@ import (
 // group, without the chain.
 func tblGroupFind(f *tblNulls, tup Tuple) (*string, bool) {
 	var k key
-	f.tab.tupleKey(&k, tup)
+	f.tab.tupleKey(&k, &tup)
 	return f.tab.lookupGroup(&k, f.tab.b.bucket(uint32(k.meta>>32)))
 }
 

@@ -1258,7 +1258,7 @@ func newTblNulls(t *testing.T, opts ...Option) *tblNulls {
 	require.GreaterOrEqual(t, len(f.byBkt[f.b]), 8)
 	for _, tup := range f.byBkt[f.a] {
 		var k key
-		tab.tupleKey(&k, tup)
+		tab.tupleKey(&k, &tup)
 		require.Equal(t, f.a, tab.b.bucket(uint32(k.meta>>32)))
 	}
 	for b := range uint32(16) {

@@ -183,7 +183,7 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// listener chain.
 	if pkt.Remote.Port() != 0 {
 		var k key
-		t.est.tupleKey(&k, pkt)
+		t.est.tupleKey(&k, &pkt)
 		if v, ok := t.est.lookup(&k); ok {
 			return v, true
 		}

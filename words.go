@@ -15,18 +15,21 @@ import (
 //
 // It reads a netip.Addr's bits through unsafe.Pointer (setWords), since
 // As16 costs a copy of its result that stalls on store-to-load forwarding:
-// 4 ns a conversion, two of which every table operation makes. Nothing else
-// in the package does so; release.go uses unsafe.Pointer only as the type of
-// a pointer field.
+// 4 ns a conversion, two of which every table operation makes; and it reads
+// a netip.AddrPort's address in place (setWordsReprAt), so that a tuple need
+// not be copied to be converted. Nothing else in the package does so;
+// release.go uses unsafe.Pointer only as the type of a pointer field.
 
 // addrReprKnown reports whether a netip.Addr starts with its 128 bits as
-// two uint64s, the high half first, as it has since Go 1.18: checked once,
-// against As16, on addresses of every kind. If a Go release changes that,
-// setWords falls back to As16 (and TestAddrReprKnown fails, to tell).
+// two uint64s, the high half first, as it has since Go 1.18, and a
+// netip.AddrPort with its Addr: checked once, against As16, on addresses of
+// every kind. If a Go release changes that, setWords and Table.tupleKey
+// fall back to As16 (and TestAddrReprKnown fails, to tell).
 var addrReprKnown = checkAddrRepr()
 
 // checkAddrRepr reports whether the words setWords reads from a netip.Addr's
-// memory are those of As16, for an address of every kind.
+// memory, and setWordsReprAt from a netip.AddrPort's, are those of As16, for an
+// address of every kind.
 func checkAddrRepr() bool {
 	var a netip.Addr
 	// N.B. the words are read with plain loads, which need uint64's
@@ -48,6 +51,11 @@ func checkAddrRepr() bool {
 		a := netip.MustParseAddr(s)
 		setWordsRepr(&fast, a)
 		setWordsAs16(&ref, a)
+		if fast != ref {
+			return false
+		}
+		ap := netip.AddrPortFrom(a, 0xfedc)
+		setWordsReprAt(&fast, &ap)
 		if fast != ref {
 			return false
 		}
@@ -76,6 +84,15 @@ func setWords(w *[2]uint64, a netip.Addr) {
 // bytes read as little-endian words are the byte-swapped halves.
 func setWordsRepr(w *[2]uint64, a netip.Addr) {
 	u := (*[2]uint64)(unsafe.Pointer(&a))
+	w[0], w[1] = bits.ReverseBytes64(u[0]), bits.ReverseBytes64(u[1])
+}
+
+// setWordsReprAt sets *w to the words of ap's address, read where *ap
+// holds it: ap's memory starts with its Addr. N.B. table operations read
+// their tuple's addresses through this (Table.tupleKey), to spare a copy
+// of the tuple.
+func setWordsReprAt(w *[2]uint64, ap *netip.AddrPort) {
+	u := (*[2]uint64)(unsafe.Pointer(ap))
 	w[0], w[1] = bits.ReverseBytes64(u[0]), bits.ReverseBytes64(u[1])
 }
 

@@ -53,3 +53,54 @@ func TestSetWordsAllocs(t *testing.T) {
 		t.Fatalf("setWords allocates %v times", n)
 	}
 }
+
+// TestTupleKey checks the key a table makes of a tuple, reading the tuple
+// in place and hashing in line, against the reference: the words of As16
+// and HashTuple, for both hashers, on tuples of every kind of address and
+// port, with the fast path and with the As16 fallback. N.B. it must not
+// run in parallel with other tests: it sets addrReprKnown for the fallback.
+func TestTupleKey(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 57))
+	addr := func(v4 bool) netip.Addr {
+		var b [16]byte
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		switch {
+		case v4:
+			return netip.AddrFrom4([4]byte(b[:4]))
+		case r.IntN(4) == 0:
+			return netip.AddrFrom16(netip.AddrFrom4([4]byte(b[:4])).As16()) // IPv4-mapped
+		case r.IntN(4) == 0:
+			return netip.AddrFrom16(b).WithZone("eth0")
+		}
+		return netip.AddrFrom16(b)
+	}
+	var tups []Tuple
+	for i := range 2000 {
+		v4 := i%2 == 0
+		tups = append(tups, Tuple{
+			Local:  netip.AddrPortFrom(addr(v4), uint16(r.Uint32())),
+			Remote: netip.AddrPortFrom(addr(v4), uint16(r.Uint32())),
+		})
+	}
+	for _, fast := range []bool{true, false} {
+		saved := addrReprKnown
+		addrReprKnown = fast && saved
+		for _, h := range []Hasher{LinuxHasher, XXH3Hasher} {
+			tab := New[int](WithCapacity(16), WithSecret(tblSecret), WithHasher(h))
+			for _, tup := range tups {
+				var got, want key
+				tab.tupleKey(&got, &tup)
+				setWordsAs16(&want.local, tup.Local.Addr())
+				setWordsAs16(&want.remote, tup.Remote.Addr())
+				want.meta = uint64(HashTuple(tup, h, tblSecret))<<32 | uint64(tup.Local.Port())<<16 | uint64(tup.Remote.Port())
+				if got != want {
+					addrReprKnown = saved
+					t.Fatalf("fast path %v, %v: key of %v = %#x, want %#x", fast, h, tup, got, want)
+				}
+			}
+		}
+		addrReprKnown = saved
+	}
+}
