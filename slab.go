@@ -36,6 +36,9 @@ const (
 	slabBatch = 16
 	// slabCacheMax is the most free indexes a cache keeps.
 	slabCacheMax = 4 * slabBatch
+	// slabDirMinChunks is the fewest chunk headers a directory has room
+	// for (see grow).
+	slabDirMinChunks = 16
 	// slabMaxNodes bounds the index space: indexes are link indexes.
 	slabMaxNodes = maxNullsValue
 )
@@ -70,9 +73,17 @@ type slab[N any] struct {
 // N.B. counting from index 1 keeps the reserved nodes of a table of 2^k
 // buckets at 2^k nodes, a whole number of the allocator's pages (2^k+1
 // nodes took one page more).
+// slabDir is a store's directory of chunks. N.B. every walk past the
+// reserved nodes reads it, and the slice of chunk headers it points to, so
+// both fill whole cache lines of their own (TestSlabDirLines): the heap
+// packs small objects of one size side by side, and a neighbor that
+// another core writes would cost each such read a miss. Before, a
+// benchmark's per-goroutine counters, 32-byte objects like the directory,
+// landed in its line in some runs, and lookups at 1K took twice as long.
 type slabDir[N any] struct {
 	chunks [][]N
 	shift  uint32
+	_      [cacheLineSize - 3*ptrSize - 4]byte
 }
 
 // setChunk sets the nodes in a chunk: n rounded up to a power of two,
@@ -270,6 +281,14 @@ func (s *slab[N]) grow() {
 	d := &slabDir[N]{shift: s.shift()}
 	if old := s.dir.Load(); old != nil {
 		d.chunks = old.chunks
+	}
+	if len(d.chunks) == cap(d.chunks) {
+		// Room for 16 chunk headers, then doublings: a multiple of 192
+		// bytes, in a size class whose slots start on a cache line and
+		// fill whole lines (see slabDir).
+		grown := make([][]N, len(d.chunks), max(slabDirMinChunks, 2*cap(d.chunks)))
+		copy(grown, d.chunks)
+		d.chunks = grown
 	}
 	d.chunks = append(d.chunks, make([]N, 1<<d.shift))
 	s.dir.Store(d)

@@ -2,6 +2,7 @@ package hash4
 
 import (
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -122,5 +123,41 @@ func TestSlabChunks(t *testing.T) {
 		require.Same(t, s.at(i), v.at(i))
 		require.Same(t, s.at(i), early.at(i))
 		require.Equal(t, i, *v.at(i), "node %d", i)
+	}
+}
+
+// TestSlabDirLines checks that what every walk past the reserved nodes
+// reads fills whole cache lines of its own: the directory, the slice of
+// chunk headers it points to, at every size it grows through, and the
+// read-mostly fields of a Table, padded on both sides. The heap's
+// placement is checked on 64-bit targets only, the ones whose speed
+// counts: on 32-bit ones the runtime puts a header before objects with
+// pointers from 128 bytes, and their slots do not always start on a line.
+func TestSlabDirLines(t *testing.T) {
+	require.Equal(t, uintptr(cacheLineSize), unsafe.Sizeof(slabDir[entry[int]]{}))
+	var tab Table[int]
+	require.GreaterOrEqual(t, unsafe.Offsetof(tab.b), uintptr(cacheLineSize))
+	require.GreaterOrEqual(t, unsafe.Sizeof(tab)-unsafe.Offsetof(tab.visit)-unsafe.Sizeof(tab.visit), uintptr(cacheLineSize))
+	if ptrSize != 8 {
+		return
+	}
+	var s slab[entry[int]]
+	s.setChunk(1) // the smallest chunks, so that the directory grows often
+	s.reserve(8)
+	for range 100 {
+		s.grow()
+		d := s.dir.Load()
+		require.Zero(t, uintptr(unsafe.Pointer(d))%cacheLineSize, "directory at %p", d)
+		hdrs := d.chunks[:cap(d.chunks)]
+		size := uintptr(cap(hdrs)) * unsafe.Sizeof(hdrs[0])
+		require.Zero(t, size%cacheLineSize, "room for %d chunk headers", cap(hdrs))
+		// Past 512 bytes, the runtime puts an 8-byte type header before an
+		// object that holds pointers, in the object's own slot, which
+		// starts on a line.
+		at := uintptr(unsafe.Pointer(&hdrs[0])) % cacheLineSize
+		if size > 512 && at == 8 {
+			at = 0
+		}
+		require.Zero(t, at, "%d chunk headers at %p", cap(hdrs), &hdrs[0])
 	}
 }

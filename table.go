@@ -69,6 +69,10 @@ var (
 // they have fewer stripes (see WithLockStripes). The bucket count is fixed
 // when the table is made (WithCapacity).
 type Table[T any] struct {
+	// N.B. the pads keep the fields that every lookup reads off the cache
+	// lines of the objects the heap puts before and after the table (see
+	// slabDir).
+	_        [cacheLineSize]byte
 	b        buckets
 	nodes    slab[entry[T]]
 	home     homeSlots
@@ -80,6 +84,7 @@ type Table[T any] struct {
 	// visit, when set (by tests only), is called by lookups on each entry
 	// of a chain before they read its next link.
 	visit func(index uint32)
+	_     [cacheLineSize]byte
 }
 
 // entry is one flow. Its fields are shared by lock-free readers and by
@@ -221,14 +226,14 @@ type moveCount struct {
 
 // tupleKey sets *k to the key of *tup, hashed with the table's hasher: the
 // hash with local port 0, plus the port. Every operation on a tuple comes
-// here. N.B. it is written for Lookup, whose tuple arrives in memory (with the
-// receiver and the generic dictionary, its eight words overflow the
-// argument registers): it reads the addresses where they lie and hashes
-// in line, where a copy of the tuple and a call to hashPort0 cost 40 of a
-// lookup's 418 instructions and 12% of its time at 1K entries. Keys are
-// filled in place and passed by pointer: returning a 40-byte key just
-// written field by field costs a copy that stalls on store-to-load
-// forwarding.
+// here. N.B. it is written for Lookup, whose tuple arrives in memory (with
+// the receiver and the generic dictionary, its eight words overflow the
+// argument registers): it reads the addresses where they lie and hashes in
+// line, where a copy of the tuple and the calls to convert and hash it
+// cost 37 of a lookup's 418 instructions and 9 to 12% of its time at 1K
+// entries. Keys are filled in place and passed by pointer: returning a
+// 40-byte key just written field by field costs a copy that stalls on
+// store-to-load forwarding.
 func (t *Table[T]) tupleKey(k *key, tup *Tuple) {
 	if addrReprKnown { // setWords, in line
 		setWordsReprAt(&k.remote, &tup.Remote)
@@ -247,10 +252,19 @@ func (t *Table[T]) tupleKey(k *key, tup *Tuple) {
 	k.setPort(h, tup.Local.Port(), rport)
 }
 
-// setKey sets *k to the key of the flow (local:localPort, remote), hashed.
+// setKey sets *k to the key of the flow (local:localPort, remote), hashed,
+// as tupleKey does for the tuple. N.B. it converts the addresses it is
+// given: building a tuple of them to pass to tupleKey made each call 8 ns
+// slower, as the loads of the words just stored stall.
 func (t *Table[T]) setKey(k *key, local netip.Addr, localPort uint16, remote netip.AddrPort) {
-	tup := Tuple{Local: netip.AddrPortFrom(local, localPort), Remote: remote}
-	t.tupleKey(k, &tup)
+	if addrReprKnown { // setWords, in line
+		setWordsRepr(&k.remote, remote.Addr())
+		setWordsRepr(&k.local, local)
+	} else {
+		setWordsAs16(&k.remote, remote.Addr())
+		setWordsAs16(&k.local, local)
+	}
+	k.setPort(hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port()), localPort, remote.Port())
 }
 
 // setPort sets the local port of k, given the hash of k with local port 0.
