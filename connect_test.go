@@ -311,6 +311,46 @@ func TestConnectProperties(t *testing.T) {
 	require.Greater(t, connects, 400*20)
 }
 
+// connFuzzSource is a rand.Source that plays back fuzz input: each draw
+// takes the next two bytes, then zeros once the input runs out. Int31 sees
+// them as a value below 2^16, so Intn(n) is the bytes' value modulo n (or
+// masked, for a power of two), and every draw of Generate, whose largest n
+// is 2^20, is one the fuzzer can steer.
+type connFuzzSource struct{ data []byte }
+
+func (s *connFuzzSource) Int63() int64 {
+	var v uint64
+	if len(s.data) >= 2 {
+		v = uint64(s.data[0]) | uint64(s.data[1])<<8
+		s.data = s.data[2:]
+	} else {
+		s.data = nil
+	}
+	return int64(v << 32) // Int31 is Int63 >> 32
+}
+
+func (*connFuzzSource) Seed(int64) {}
+
+// FuzzConnect runs TestConnectProperties's scenarios, drawn from the fuzz
+// input instead of a seeded generator, and checks every step against the
+// same model.
+func FuzzConnect(f *testing.F) {
+	f.Add([]byte{})
+	r := rand.New(rand.NewSource(7))
+	for _, n := range []int{64, 256, 1024, 4096} {
+		b := make([]byte, n)
+		r.Read(b)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 8192 {
+			data = data[:8192]
+		}
+		s := connScenario{}.Generate(rand.New(&connFuzzSource{data}), 0).Interface().(connScenario)
+		s.run(t)
+	})
+}
+
 // TestConnectPortReusedPerDestination: uniqueness is per 4-tuple, not per
 // port. With a one-port range, each destination (address or port differing)
 // and each local address gets that port once.
