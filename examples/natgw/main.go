@@ -67,7 +67,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -87,12 +86,8 @@ func main() {
 // failure, 2 for bad flags.
 func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
-	if errors.Is(err, cmdline.ErrUsage) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "natgw: %v\nRun natgw -h for the flags.\n", err)
-		return 2
+		return cmdline.FlagExit(stderr, "natgw", err)
 	}
 	if o.demo {
 		res, err := runDemo(ctx, o.gw, o.dc, stdout, stderr)

@@ -120,12 +120,8 @@ type options struct {
 // failure, 2 for bad flags.
 func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
-	if errors.Is(err, cmdline.ErrUsage) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "tcpproxy: %v\nRun tcpproxy -h for the flags.\n", err)
-		return 2
+		return cmdline.FlagExit(stderr, "tcpproxy", err)
 	}
 	if o.demo {
 		res, err := runDemo(o.cfg, o.demoSize, stdout)

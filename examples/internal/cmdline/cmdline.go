@@ -44,3 +44,15 @@ func Parse(fs *flag.FlagSet, args []string) (set map[string]bool, err error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	return set, nil
 }
+
+// FlagExit returns the exit code of command name for err, an error from
+// Parse or from the command's own checks of its flags: 0 for ErrUsage,
+// whose usage Parse has printed, and 2 for any other, after printing it to
+// stderr on one line with a pointer to -h on the next.
+func FlagExit(stderr io.Writer, name string, err error) int {
+	if errors.Is(err, ErrUsage) {
+		return 0
+	}
+	fmt.Fprintf(stderr, "%s: %v\nRun %s -h for the flags.\n", name, err, name)
+	return 2
+}

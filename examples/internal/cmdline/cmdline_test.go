@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"testing"
 )
 
@@ -47,5 +48,16 @@ func TestParse(t *testing.T) {
 	fs.Usage = nil
 	if _, err := Parse(fs, []string{"-h"}); !errors.Is(err, ErrUsage) || !bytes.Contains(out.Bytes(), []byte("-n int")) {
 		t.Errorf("-h without Usage: err %v, output %q", err, out.String())
+	}
+}
+
+func TestFlagExit(t *testing.T) {
+	var out bytes.Buffer
+	if code := FlagExit(&out, "cmd", ErrUsage); code != 0 || out.Len() != 0 {
+		t.Errorf("ErrUsage: code %d, output %q; want 0 and nothing printed", code, out.String())
+	}
+	err := fmt.Errorf("-n %q: want a number", "x")
+	if code := FlagExit(&out, "cmd", err); code != 2 || out.String() != "cmd: -n \"x\": want a number\nRun cmd -h for the flags.\n" {
+		t.Errorf("flag error: code %d, output %q", code, out.String())
 	}
 }
