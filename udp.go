@@ -24,8 +24,9 @@ import (
 //     bound to its (address, port) pairs as an immutable slice, published
 //     with one atomic store and replaced whole (copy-on-write) under the
 //     slot's mutex by Bind and Close. Readers load it once and score the
-//     sockets in it without locks. The slice is in bind order, which is the
-//     order that breaks ties between reuseport sockets.
+//     sockets in it without locks. Within a reuseport group the slice is
+//     in the order of the kernel's reuseport array, which breaks ties
+//     between the group's sockets (see withoutSocket).
 //   - hash4 is a bucket array (bucket.go) of hlist_nulls chains (nulls.go),
 //     as many as hash2 has slots, keyed by UDPEhashfn / UDP6Ehashfn. Its
 //     nodes are entries (table.go) in a node store (slab.go): each socket
@@ -105,9 +106,11 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 // the wildcard address. The highest score wins. Ties can only be between
 // sockets bound to the same address and port, which all asked for port
 // reuse. Those of them that are IPv6-only, or those that are not, form a
-// reuseport group, in bind order; where sockets of both kinds on :: tie
-// for an IPv6 packet, the group of the one bound first takes it, as in
-// Linux, where each kind has a group of its own. The packet's flow hash
+// reuseport group, in the order of the kernel's reuseport array: bind
+// order, but when a socket closes, the group's last socket takes its place
+// (reuseport_detach_sock). Where sockets of both kinds on :: tie for an
+// IPv6 packet, the group of the one bound first takes it, as in Linux,
+// where each kind has a group of its own. The packet's flow hash
 // (UDPEhashfn, UDP6Ehashfn) picks the group's k-th socket, k = hash*n>>32
 // for a group of n (the kernel's reciprocal_scale), and the answer is the
 // first of the tied sockets from there on, wrapping around, as the
@@ -148,7 +151,8 @@ type UDPTable[T any] struct {
 
 // udpSlot is one hash2 slot.
 type udpSlot[T any] struct {
-	// socks is the slot's sockets in bind order; never changed once
+	// socks is the slot's sockets, each reuseport group in the order of
+	// the kernel's reuseport array (see withoutSocket); never changed once
 	// published. N.B. written only under mu, read without it.
 	socks atomic.Pointer[[]*UDPSocket[T]]
 	// hash4Cnt counts the slot's sockets that are linked in hash4. N.B. it
@@ -455,12 +459,7 @@ func (s *UDPSocket[T]) Close() error {
 	if p := slot.socks.Load(); p != nil {
 		old = *p // s is in it
 	}
-	socks := make([]*UDPSocket[T], 0, max(len(old)-1, 0))
-	for _, o := range old {
-		if o != s {
-			socks = append(socks, o)
-		}
-	}
+	socks := withoutSocket(old, s)
 	if len(socks) == 0 {
 		slot.socks.Store(nil)
 	} else {
@@ -471,6 +470,35 @@ func (s *UDPSocket[T]) Close() error {
 		t.putNode(s.h2, s.node)
 	}
 	return nil
+}
+
+// withoutSocket returns a copy of socks, a slot's sockets, without s, and
+// with s's reuseport group in the order the kernel's reuseport_detach_sock
+// leaves it: the group's last socket takes s's place, and the others keep
+// theirs, so that after a Close each flow reaches the socket it would
+// reach in Linux. Within a group the slice's order is the reuseport
+// array's; across groups it does not matter (see scoreSlot).
+func withoutSocket[T any](socks []*UDPSocket[T], s *UDPSocket[T]) []*UDPSocket[T] {
+	at, last := -1, -1
+	for i, o := range socks {
+		switch {
+		case o == s:
+			at = i
+		case s.reuse && o.inGroupOf(s):
+			last = i
+		}
+	}
+	out := make([]*UDPSocket[T], 0, max(len(socks)-1, 0))
+	for i, o := range socks {
+		switch {
+		case i == at && last > at:
+			out = append(out, socks[last])
+		case i == at, i == last && last > at:
+		default:
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // hash4 links s's node into hash4 under the key (s.local, peer), as the
@@ -671,6 +699,13 @@ func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, 
 			case sc > best:
 				best, n, first = sc, 1, s
 			case sc == best && sc >= 0:
+				// N.B. first is the tied socket bound first, not the
+				// first in the slice: a Close reorders a group
+				// (withoutSocket), and first picks the group when
+				// two tie on :: (see UDPTable).
+				if s.id < first.id {
+					first = s
+				}
 				n++
 			}
 		}
@@ -688,8 +723,8 @@ func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, 
 }
 
 // pickTied returns the value of the socket that the flow hash of p picks
-// among the n sockets of socks that score best for it, first the first of
-// them: the first of those from the k-th socket of their reuseport group on,
+// among the n sockets of socks that score best for it, first the one of
+// them bound first: the first of those from the k-th socket of their reuseport group on,
 // cyclically, k = reciprocal_scale(hash, size of the group), as the
 // kernel's reuseport_select_sock_by_hash. It reports false if the sockets
 // tied at best are no longer n, as a socket connected or disconnected since

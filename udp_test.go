@@ -340,6 +340,61 @@ func TestUDPReusePortFlowHash(t *testing.T) {
 	}
 }
 
+// TestUDPReusePortCloseOrder: when a socket of a reuseport group closes,
+// the group's last socket takes its place, as the kernel's
+// reuseport_detach_sock leaves its array: after A, B, C, D bind and B
+// closes, the flow hash picks among A, D, C. And that reorder does not
+// change which group takes IPv6 packets on ::, where both groups tie: the
+// group of the socket bound first.
+func TestUDPReusePortCloseOrder(t *testing.T) {
+	for _, addr := range []string{"10.0.0.1", "0.0.0.0"} {
+		tbl := NewUDPTable[string](WithSecret(udpTestSecret))
+		names := []string{"A", "B", "C", "D"}
+		socks := make([]*UDPSocket[string], len(names))
+		for i := range names {
+			var err error
+			socks[i], err = tbl.Bind(netip.AddrPortFrom(netip.MustParseAddr(addr), 53), &names[i], WithReusePort())
+			require.NoError(t, err)
+		}
+		require.NoError(t, socks[1].Close())
+		want := []string{"A", "D", "C"}
+		seen := map[string]int{}
+		for i := range 300 {
+			pkt := Tuple{Local: dmxAP("10.0.0.1:53"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))}
+			v, ok := tbl.Lookup(pkt)
+			require.True(t, ok, addr)
+			require.Equal(t, want[reciprocalScale(udpTestHash(pkt), len(want))], *v, "%s: %v", addr, pkt)
+			seen[*v]++
+		}
+		require.Len(t, seen, len(want), addr)
+	}
+
+	// On ::, X (IPv6-only), Y, Z and W (IPv6-only) bind; X closes, and W
+	// takes its place in the IPv6-only group, ahead of Y in the slot's
+	// slice. Y, bound before Z and W, still decides the group.
+	tbl := NewUDPTable[string](WithSecret(udpTestSecret))
+	names := []string{"X", "Y", "Z", "W"}
+	var x *UDPSocket[string]
+	for i, v6only := range []bool{true, false, true, true} {
+		opts := []BindOption{WithReusePort()}
+		if v6only {
+			opts = append(opts, WithIPv6Only())
+		}
+		s, err := tbl.Bind(dmxAP("[::]:53"), &names[i], opts...)
+		require.NoError(t, err)
+		if i == 0 {
+			x = s
+		}
+	}
+	require.NoError(t, x.Close())
+	for i := range 50 {
+		v, ok := tbl.Lookup(Tuple{Local: dmxAP("[2001:db8::1]:53"),
+			Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)}), uint16(1000+i))})
+		require.True(t, ok)
+		require.Equal(t, "Y", *v, "IPv6 packets: the group of the socket bound first")
+	}
+}
+
 // TestUDPReusePortConnectMovesOnlyItsFlows: when one socket of a reuseport
 // group connects to an unrelated peer, only the flows it took move, each to
 // the next unconnected socket of the group in bind order, as the kernel's
@@ -652,10 +707,41 @@ type udpRefSock struct {
 }
 
 // udpRef is the obviously-correct reference: every open socket in bind
-// order, and a linear scan with the Linux score.
+// order, and a linear scan with the Linux score; and each reuseport group
+// as the kernel keeps its array (reuseport_add_sock appends,
+// reuseport_detach_sock moves the last socket into the gap).
 type udpRef struct {
 	secret Secret
 	socks  []*udpRefSock
+	groups map[udpRefGroup][]*udpRefSock
+}
+
+// udpRefGroup names a reuseport group: its sockets' address and port, and
+// whether they are IPv6-only.
+type udpRefGroup struct {
+	local  netip.AddrPort
+	v6only bool
+}
+
+func (s *udpRefSock) group() udpRefGroup { return udpRefGroup{s.local, s.v6only} }
+
+// bind adds s, bound.
+func (r *udpRef) bind(s *udpRefSock) {
+	r.socks = append(r.socks, s)
+	if r.groups == nil {
+		r.groups = map[udpRefGroup][]*udpRefSock{}
+	}
+	r.groups[s.group()] = append(r.groups[s.group()], s)
+}
+
+// close removes the i-th socket in bind order.
+func (r *udpRef) close(i int) {
+	s := r.socks[i]
+	r.socks = slices.Delete(r.socks, i, i+1)
+	g := r.groups[s.group()]
+	j := slices.Index(g, s)
+	g[j] = g[len(g)-1]
+	r.groups[s.group()] = g[:len(g)-1]
 }
 
 func refNorm(a netip.AddrPort) netip.AddrPort {
@@ -749,16 +835,11 @@ func (r *udpRef) lookup(pkt Tuple) *udpRefSock {
 		} else {
 			h = UDP6Ehashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash, r.secret.Ehash6Addr)
 		}
-		// The first winner's reuseport group: every socket on its
-		// address and port that is IPv6-only if it is, in bind order.
-		// The first winner of the group from its k-th socket on,
-		// cyclically.
-		var group []*udpRefSock
-		for _, s := range r.socks {
-			if s.local == winners[0].local && s.v6only == winners[0].v6only {
-				group = append(group, s)
-			}
-		}
+		// The reuseport group of the winner bound first: every socket on
+		// its address and port that is IPv6-only if it is, in the order
+		// of the kernel's array. The first winner of the group from its
+		// k-th socket on, cyclically.
+		group := r.groups[winners[0].group()]
 		k := int(uint64(h) * uint64(len(group)) >> 32)
 		for j := range group {
 			if s := group[(k+j)%len(group)]; slices.Contains(winners, s) {
@@ -865,7 +946,7 @@ func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
 				t.Fatalf("Bind(%v, v6only %v, reuse %v) = %v, want ok %v", local, v6only, reuse, err, ok)
 			}
 			if err == nil {
-				ref.socks = append(ref.socks, &udpRefSock{local: refNorm(local), v6only: v6only, reuse: reuse, s: s, val: &v})
+				ref.bind(&udpRefSock{local: refNorm(local), v6only: v6only, reuse: reuse, s: s, val: &v})
 			}
 		case op < 7: // connect
 			rs := ref.socks[src.pick(len(ref.socks))]
@@ -888,7 +969,7 @@ func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
 			if err := ref.socks[i].s.Close(); err != nil {
 				t.Fatalf("Close: %v", err)
 			}
-			ref.socks = append(ref.socks[:i], ref.socks[i+1:]...)
+			ref.close(i)
 		}
 		// The flows of every connected socket, then random packets.
 		for _, rs := range ref.socks {
