@@ -317,6 +317,44 @@ func ExampleTCPTable() {
 	// 198.51.100.8:50000 -> listener
 }
 
+func ExampleTCPTable_Listen() {
+	// Four workers listen on one address and port with SO_REUSEPORT; each
+	// new connection's SYN goes to the worker its 4-tuple hashes to.
+	type worker struct{ id int }
+	socks := hash4.NewTCPTable[worker]()
+	addr := netip.MustParseAddrPort("192.0.2.10:443")
+	release := make([]func(), 4)
+	for i := range release {
+		var err error
+		if release[i], err = socks.Listen(addr, &worker{i}, hash4.WithReusePort()); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	syn := func(i int) hash4.Tuple {
+		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), uint16(40000+i))
+		return hash4.Tuple{Local: addr, Remote: client}
+	}
+	taken := make([]int, 4)
+	for i := range 1000 {
+		w, _ := socks.Lookup(syn(i))
+		taken[w.id]++
+	}
+	fmt.Println("every worker takes connections:", !slices.Contains(taken, 0))
+
+	// Worker 1 stops listening; its share goes to the others.
+	release[1]()
+	clear(taken)
+	for i := range 1000 {
+		w, _ := socks.Lookup(syn(i))
+		taken[w.id]++
+	}
+	fmt.Println("connections for worker 1:", taken[1])
+	// Output:
+	// every worker takes connections: true
+	// connections for worker 1: 0
+}
+
 func ExampleUDPTable() {
 	type sock struct{ name string }
 	socks := hash4.NewUDPTable[sock]()

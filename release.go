@@ -83,6 +83,14 @@ func (x *entryKey) matches(k *key) bool {
 		x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
 }
 
+// matchesLocal reports whether x holds k's hash, ports and local address,
+// the parts of a listener's key that name it (see TCPTable): its remote
+// words hold its listen word instead of an address. The caller checks the
+// entry's seq around it.
+func (x *entryKey) matchesLocal(k *key) bool {
+	return x.meta.Load() == k.meta && x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
+}
+
 // load returns the words of x, loaded one at a time: a consistent key only
 // if x does not change meanwhile (the caller holds the lock that covers x,
 // or checks the entry's seq around the load).

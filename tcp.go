@@ -19,10 +19,27 @@ import (
 // either kind that strays into a chain of the other kind ends on a value
 // that is not its own and restarts. No false match is possible on the way:
 // a listener entry holds remote port 0, which no established key has.
+//
+// A listener node's key holds no remote address: its remote words are free,
+// and the first holds the listener's listen word (listenReuse,
+// listenV6Only, and its place in its reuseport group above bit 32). Listener
+// walks match a key on its hash, ports and local address alone
+// (entryKey.matchesLocal). The place is the only word of a live entry's
+// key that changes: when a listener of a group is released, the group's
+// last listener takes its place, under the stripe lock; readers take it
+// for a hint (see pickListener).
 
 // listenerNullsBase is added to the bucket index of a listener chain to make
 // its nulls value, as the kernel's LISTENING_NULLS_BASE.
 const listenerNullsBase = 1 << 29
+
+// Bits of a listener's listen word (the first remote word of its key).
+const (
+	listenReuse  = 1 << 0 // SO_REUSEPORT
+	listenV6Only = 1 << 1 // IPV6_V6ONLY
+	listenFlags  = listenReuse | listenV6Only
+	listenPlace  = 32 // the shift of its place in its reuseport group
+)
 
 // wordsAny4 is the 16-byte form of 0.0.0.0 (::ffff:0.0.0.0) as addrWords
 // gives it; that of :: is zero.
@@ -40,15 +57,30 @@ var wordsAny4 = addrWords(netip.IPv4Unspecified())
 // All methods are safe for concurrent use. A TCPTable must be created with
 // NewTCPTable.
 //
-// Listeners. At most one listener is bound to a given address and port (no
-// SO_REUSEPORT groups). A listener bound to 0.0.0.0 takes IPv4 segments for
-// its port, one bound to :: takes IPv6 segments and, as a dual-stack socket
-// (IPV6_V6ONLY off, the Linux and Go default), IPv4 segments too. 0.0.0.0
-// and :: on one port may both listen (Linux would refuse the second unless
-// the :: one were IPv6-only); an IPv4 segment then goes to 0.0.0.0, as the
-// kernel's compute_score prefers an IPv4 socket. Devices and network
-// namespaces are left out. Addresses are read as in Table: IPv4-mapped
-// addresses are IPv4, zones are ignored.
+// Listeners. A listener bound to 0.0.0.0 takes IPv4 segments for its port,
+// one bound to :: takes IPv6 segments and, as a dual-stack socket
+// (IPV6_V6ONLY off, the Linux and Go default), IPv4 segments too, unless it
+// is IPv6-only (WithIPv6Only). 0.0.0.0 and :: on one port may both listen
+// (Linux would refuse the second unless the :: one were IPv6-only); an IPv4
+// segment then goes to 0.0.0.0, as the kernel's compute_score prefers an
+// IPv4 socket. Devices and network namespaces are left out. Addresses are
+// read as in Table: IPv4-mapped addresses are IPv4, zones are ignored.
+//
+// Reuseport groups. Several listeners may share an address and port if all
+// of them asked for it (WithReusePort), as with SO_REUSEPORT. Those of them
+// that are IPv6-only, or those that are not, form a group, kept in the
+// order of the kernel's reuseport array: listen order, but when a listener
+// is released, the group's last listener takes its place
+// (reuseport_detach_sock). A segment that reaches the group goes to its
+// k-th listener, k = reciprocal_scale(hash, n) for a group of n, the hash
+// being the segment's established hash (InetEhashfn or Inet6Ehashfn with
+// the default hasher), as the kernel's inet_lookup_reuseport; so a given
+// 4-tuple keeps reaching one listener while none joins or leaves the
+// group. Where both groups on :: take an IPv6 segment, the group of the
+// listener that listened first takes it, as in the kernel, whose lhash2
+// chains keep IPv6 reuseport listeners in listen order. While listeners
+// join or leave a group, a lookup may return any listener of the group
+// that was listening during the lookup.
 type TCPTable[T any] struct {
 	est    *Table[T]
 	lb     buckets // listener chains (nulls base 2^29), keyed by the port+address hash
@@ -86,60 +118,89 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 // into it, directly or by its Connect, are found by Lookup before any
 // listener. Connect sees no listener: to keep it off a listener's port, as
 // the kernel's bind table does, hold the port with PortAllocator.Bind as
-// well (for a listener on ::, which takes IPv4 segments too, bind both ::
-// and 0.0.0.0 on its port). Its Stats count the listeners' nodes among
+// well (for a listener on :: that is not IPv6-only, which takes IPv4
+// segments too, bind both :: and 0.0.0.0 on its port). Its Stats count the listeners' nodes among
 // Nodes, since listeners share its node store.
 func (t *TCPTable[T]) Established() *Table[T] { return t.est }
 
 // listenerKey returns the key of a listener on (addr, port), addr in the
-// form normAddr gives: hash and local port in meta, remote left zero.
-func (t *TCPTable[T]) listenerKey(addr netip.Addr, port uint16) key {
+// form normAddr gives: hash and local port in meta, the listen word in the
+// first remote word.
+func (t *TCPTable[T]) listenerKey(addr netip.Addr, port uint16, word uint64) key {
 	w := addrWords(addr)
 	h := portaddrHashWords(&w, addr.Is4(), port, t.mix)
-	return key{meta: uint64(h)<<32 | uint64(port)<<16, local: w}
+	return key{meta: uint64(h)<<32 | uint64(port)<<16, local: w, remote: [2]uint64{word, 0}}
 }
 
 // Listen adds a listener with value v on local, which may be the wildcard
 // address of its family (0.0.0.0 or ::), and returns the function that
 // removes it; release may be called more than once, and only its first call
-// does anything. Listen returns an error matching ErrPortInUse (and
-// syscall.EADDRINUSE) if a listener is on the same address and port,
-// ErrInvalidAddr for an invalid address or port 0, ErrNilValue for a nil v
-// and ErrTableFull if the node store is exhausted; on error nothing changes.
-func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T) (release func(), err error) {
+// does anything. Its options are WithReusePort and WithIPv6Only (see
+// TCPTable). Listen returns an error matching ErrPortInUse (and
+// syscall.EADDRINUSE) if a listener is on the same address and port and
+// not both asked for port reuse, ErrInvalidAddr for an invalid address,
+// port 0, or WithIPv6Only on an IPv4 address, ErrNilValue for a nil v and
+// ErrTableFull if the node store is exhausted; on error nothing changes.
+func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (release func(), err error) {
+	var cfg bindConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
 	addr, port := normAddr(local.Addr()), local.Port()
 	switch {
 	case !addr.IsValid():
 		return nil, fmt.Errorf("%w: Listen on an invalid address", ErrInvalidAddr)
 	case port == 0:
 		return nil, fmt.Errorf("%w: Listen on %v: port 0", ErrInvalidAddr, local)
+	case cfg.v6only && addr.Is4():
+		return nil, fmt.Errorf("%w: Listen on %v: IPv6-only option on an IPv4 address", ErrInvalidAddr, local)
 	case v == nil:
 		return nil, fmt.Errorf("%w for Listen on %v", ErrNilValue, local)
 	}
-	k := t.listenerKey(addr, port)
+	var word uint64
+	if cfg.reusePort {
+		word |= listenReuse
+	}
+	if cfg.v6only {
+		word |= listenV6Only
+	}
+	k := t.listenerKey(addr, port, word)
 	h := uint32(k.meta >> 32)
 	st := t.lb.stripe(h)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for l := t.lb.head(h).load(); !l.isNulls(); {
+	// The group's size is the new listener's place. It goes to the end of
+	// the chain, so that the chain holds the listeners of an address in
+	// listen order (see TCPTable).
+	tail, place := t.lb.head(h), uint64(0)
+	for l := tail.load(); !l.isNulls(); l = tail.load() {
 		e := t.est.nodes.at(l.index())
-		if e.key.matches(&k) {
-			return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, netip.AddrPortFrom(addr, port))
+		if e.key.matchesLocal(&k) {
+			w := e.key.remote[0].Load()
+			if w&word&listenReuse == 0 {
+				return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, netip.AddrPortFrom(addr, port))
+			}
+			if w&listenV6Only == word&listenV6Only {
+				place++
+			}
 		}
-		l = e.next.load()
+		tail = &e.next
 	}
 	i, ok := t.est.nodes.get(&st.cache)
 	if !ok {
 		return nil, ErrTableFull
 	}
+	k.remote[0] |= place << listenPlace
 	e := t.est.nodes.at(i)
 	// N.B. the node is free (seq even) and may have left an established
 	// chain a moment ago: readers that stand on it ignore its key while it
 	// is rewritten, and those that follow its next link into this chain
 	// end on a listener marker and restart.
-	e.key.store(&k) // a listener key: remote left zero
+	e.key.store(&k)
 	e.val.Store(v)
-	linkAt(t.lb.head(h), nodeLink(i), &e.next)
+	linkAt(tail, nodeLink(i), &e.next)
 	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
 	st.count.Store(st.count.Load() + 1)
 	var once sync.Once
@@ -147,24 +208,43 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T) (release func(), err er
 }
 
 // unlisten removes the listener in node i from the chain of hash h, as the
-// kernel's inet_unhash, and recycles the node at once.
+// kernel's inet_unhash, and recycles the node at once. The last listener
+// of its reuseport group takes its place (reuseport_detach_sock).
 func (t *TCPTable[T]) unlisten(h, i uint32) {
 	st := t.lb.stripe(h)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	prev := t.lb.head(h)
-	for l := prev.load(); !l.isNulls(); l = prev.load() {
+	gone := t.est.nodes.at(i)
+	k := gone.key.load()
+	word := k.remote[0]
+	var at *linkField  // the field that links node i
+	var last *entry[T] // the group's listener with the highest place
+	for prev, l := t.lb.head(h), t.lb.head(h).load(); !l.isNulls(); l = prev.load() {
 		e := t.est.nodes.at(l.index())
-		if l.index() == i {
-			e.seq.Store(e.seq.Load() + 1) // free: N.B. before unlinking and clearing the value (see entry)
-			unlink(prev, &e.next)
-			e.val.Store(nil)
-			t.est.nodes.put(&st.cache, i, t.est.nodes.cacheMax())
-			st.count.Store(st.count.Load() - 1)
-			return
+		switch {
+		case l.index() == i:
+			at = prev
+		case word&listenReuse != 0 && e.key.matchesLocal(&k) &&
+			e.key.remote[0].Load()&listenV6Only == word&listenV6Only:
+			if last == nil || e.key.remote[0].Load() > last.key.remote[0].Load() {
+				last = e
+			}
 		}
 		prev = &e.next
 	}
+	if at == nil {
+		return
+	}
+	if last != nil {
+		if w := last.key.remote[0].Load(); w>>listenPlace > word>>listenPlace {
+			last.key.remote[0].Store(w&listenFlags | word&^listenFlags)
+		}
+	}
+	gone.seq.Store(gone.seq.Load() + 1) // free: N.B. before unlinking and clearing the value (see entry)
+	unlink(at, &gone.next)
+	gone.val.Store(nil)
+	t.est.nodes.put(&st.cache, i, t.est.nodes.cacheMax())
+	st.count.Store(st.count.Load() - 1)
 }
 
 // Lookup returns the value of the socket that owns pkt, a segment from
@@ -188,12 +268,14 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 			return v, true
 		}
 	}
-	return t.lookupListener(pkt)
+	return t.lookupListener(&pkt)
 }
 
-// lookupListener is __inet_lookup_listener without reuseport groups: the
-// exact lhash2 chain, then the wildcard one.
-func (t *TCPTable[T]) lookupListener(pkt Tuple) (*T, bool) {
+// lookupListener is __inet_lookup_listener: the exact lhash2 chain, then
+// the wildcard one; in each, the first listener on the segment's address
+// and port, and if it is in a reuseport group, the group's listener that
+// the segment's hash picks.
+func (t *TCPTable[T]) lookupListener(pkt *Tuple) (*T, bool) {
 	la, ra := pkt.Local.Addr().Unmap(), pkt.Remote.Addr().Unmap()
 	lp := pkt.Local.Port()
 	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || lp == 0 {
@@ -204,49 +286,58 @@ func (t *TCPTable[T]) lookupListener(pkt Tuple) (*T, bool) {
 	is4 := la.Is4()
 	setWords(&k.local, la)
 	k.meta = uint64(portaddrHashWords(&k.local, is4, lp, t.mix))<<32 | uint64(lp)<<16
-	if v := t.walkListeners(&k, nil); v != nil {
-		return v, true
+	if v, word, on := t.walkListeners(&k, nil); v != nil {
+		return t.pickListener(on, v, word, pkt), true
 	}
 	any6.meta = uint64(t.anyMix^uint32(lp))<<32 | uint64(lp)<<16 // :: and 0.0.0.0 hash alike
 	var v *T
+	var word uint64
+	var on *key
 	if is4 {
 		any4.meta = any6.meta
 		any4.local[1] = wordsAny4[1]
-		v = t.walkListeners(&any4, &any6)
+		v, word, on = t.walkListeners(&any4, &any6)
 	} else {
-		v = t.walkListeners(&any6, nil)
+		v, word, on = t.walkListeners(&any6, nil)
 	}
-	return v, v != nil
+	if v == nil {
+		return nil, false
+	}
+	return t.pickListener(on, v, word, pkt), true
 }
 
 // walkListeners walks the listener chain of k1 without locks and returns
-// the value of the live listener holding k1, else of the one holding k2
-// (if k2 is not nil and hashes like k1), else nil. A match is trusted only
-// if the node's seq was odd and unchanged across the read (see entry); a
-// miss only if the walk ended on this chain's own nulls marker: a node
-// recycled into another listener chain, or into an established chain,
-// while the walk stood on it leads to another marker, and the walk
-// restarts.
-func (t *TCPTable[T]) walkListeners(k1, k2 *key) *T {
+// the value and listen word of the first live listener on k1's address and
+// port, else of the first on k2's (if k2 is not nil and hashes like k1)
+// that is not IPv6-only, else nil; and the key it matched, k1 or k2. A match is trusted only if the node's
+// seq was odd and unchanged across the read (see entry); a miss only if
+// the walk ended on this chain's own nulls marker: a node recycled into
+// another listener chain, or into an established chain, while the walk
+// stood on it leads to another marker, and the walk restarts.
+func (t *TCPTable[T]) walkListeners(k1, k2 *key) (*T, uint64, *key) {
 	b := t.lb.bucket(uint32(k1.meta >> 32))
 	head := &t.lb.heads[b]
 begin:
 	var second *T
+	var secondWord uint64
 	l := head.load()
 	for !l.isNulls() {
 		e := t.est.nodes.at(l.index())
 		if seq := e.seq.Load(); seq&1 == 1 {
-			m1 := e.key.matches(k1)
-			if m1 || (k2 != nil && second == nil && e.key.matches(k2)) {
+			m1 := e.key.matchesLocal(k1)
+			if m1 || (k2 != nil && second == nil && e.key.matchesLocal(k2)) {
+				word := e.key.remote[0].Load()
 				v := e.val.Load()
 				if e.seq.Load() != seq {
 					t.restarts.Add(1)
 					goto begin
 				}
 				if m1 {
-					return v
+					return v, word, k1
 				}
-				second = v
+				if word&listenV6Only == 0 {
+					second, secondWord = v, word
+				}
 			}
 		}
 		if t.visit != nil {
@@ -258,5 +349,69 @@ begin:
 		t.restarts.Add(1)
 		goto begin
 	}
-	return second
+	if second == nil {
+		return nil, 0, nil
+	}
+	return second, secondWord, k2
+}
+
+// pickListener returns the listener that segment pkt reaches, given the
+// value v and listen word of the first listener on its address and port k
+// (walkListeners): v itself, or if v is in a reuseport group of n > 1, the
+// group's listener whose place is reciprocal_scale(hash, n), as the
+// kernel's inet_lookup_reuseport and reuseport_select_sock_by_hash. N.B. a
+// place is a hint: one read while a group changes may name no listener, or
+// two, and then the answer is v or one of the two, each a listener of the
+// group that was live during the lookup. Places are exact while the group
+// does not change.
+func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, pkt *Tuple) *T {
+	if word&listenReuse == 0 {
+		return v
+	}
+	group := word & listenV6Only
+	n, _ := t.scanGroup(k, group, -1)
+	if n <= 1 {
+		return v
+	}
+	var ek key
+	t.est.tupleKey(&ek, pkt)
+	if _, p := t.scanGroup(k, group, reciprocalScale(uint32(ek.meta>>32), n)); p != nil {
+		return p
+	}
+	return v
+}
+
+// scanGroup walks the listener chain of k without locks and returns the
+// number of live listeners on k's address and port whose IPv6-only bit is
+// group, and the value of the one whose place is place (nil if none, or if
+// place is negative). A walk that ends on another chain's nulls marker
+// starts again, as walkListeners.
+func (t *TCPTable[T]) scanGroup(k *key, group uint64, place int) (n int, v *T) {
+	b := t.lb.bucket(uint32(k.meta >> 32))
+	head := &t.lb.heads[b]
+begin:
+	n, v = 0, nil
+	l := head.load()
+	for !l.isNulls() {
+		e := t.est.nodes.at(l.index())
+		if seq := e.seq.Load(); seq&1 == 1 && e.key.matchesLocal(k) {
+			word := e.key.remote[0].Load()
+			x := e.val.Load()
+			if e.seq.Load() == seq && word&listenV6Only == group {
+				n++
+				if v == nil && place >= 0 && word>>listenPlace == uint64(place) {
+					v = x
+				}
+			}
+		}
+		if t.visit != nil {
+			t.visit(l.index())
+		}
+		l = e.next.load()
+	}
+	if l.nullsValue() != t.lb.nullsBase+b {
+		t.restarts.Add(1)
+		goto begin
+	}
+	return n, v
 }

@@ -2,6 +2,7 @@ package hash4
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -27,6 +28,10 @@ func TestTCPListenErrors(t *testing.T) {
 	} {
 		_, err := tbl.Listen(tc.local, tc.v)
 		require.ErrorIs(t, err, tc.want, "%v", tc.local)
+	}
+	for _, ipv4 := range []string{"10.0.0.1:80", "[::ffff:10.0.0.1]:80", "0.0.0.0:80"} {
+		_, err := tbl.Listen(dmxAP(ipv4), v, WithIPv6Only())
+		require.ErrorIs(t, err, ErrInvalidAddr, ipv4)
 	}
 	rel, err := tbl.Listen(dmxAP("10.0.0.1:80"), v)
 	require.NoError(t, err)
@@ -57,6 +62,75 @@ func TestTCPListenErrors(t *testing.T) {
 	got, ok = tbl.Lookup(syn)
 	require.True(t, ok)
 	require.NotSame(t, v2, got, "now the wildcard listener")
+}
+
+// TestTCPReusePortGroups: listeners that asked for port reuse share an
+// address and port; a segment goes to the listener of the group's array
+// that its established hash picks, and after a release the group's last
+// listener takes the released one's place, as in the kernel. On ::,
+// IPv6-only listeners form a group of their own that IPv4 segments never
+// reach; IPv6 segments go to the group that listened first.
+func TestTCPReusePortGroups(t *testing.T) {
+	tbl := NewTCPTable[string](WithSecret(udpTestSecret))
+	names := []string{"A", "B", "C", "D"}
+	rels := make([]func(), len(names))
+	for i := range names {
+		var err error
+		rels[i], err = tbl.Listen(dmxAP("10.0.0.1:80"), &names[i], WithReusePort())
+		require.NoError(t, err)
+	}
+	_, err := tbl.Listen(dmxAP("10.0.0.1:80"), &names[0])
+	require.ErrorIs(t, err, ErrPortInUse, "a listener without reuse on a group's address")
+	_, err = tbl.Listen(dmxAP("10.0.0.2:80"), &names[0])
+	require.NoError(t, err)
+	_, err = tbl.Listen(dmxAP("10.0.0.2:80"), &names[0], WithReusePort())
+	require.ErrorIs(t, err, ErrPortInUse, "reuse beside a listener without it")
+
+	spread := func(want []string) {
+		t.Helper()
+		seen := map[string]bool{}
+		for i := range 300 {
+			syn := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))}
+			v, ok := tbl.Lookup(syn)
+			require.True(t, ok)
+			h := InetEhashfn(syn.Local.Addr(), 80, syn.Remote.Addr(), syn.Remote.Port(), udpTestSecret.Ehash)
+			require.Equal(t, want[reciprocalScale(h, len(want))], *v, "%v", syn)
+			seen[*v] = true
+		}
+		require.Len(t, seen, len(want))
+	}
+	spread([]string{"A", "B", "C", "D"})
+	rels[1]()
+	spread([]string{"A", "D", "C"})
+	rels[0]()
+	spread([]string{"C", "D"})
+	v := "E"
+	_, err = tbl.Listen(dmxAP("[::ffff:10.0.0.1]:80"), &v, WithReusePort())
+	require.NoError(t, err, "the IPv4-mapped form joins the group")
+	spread([]string{"C", "D", "E"})
+
+	// On ::, X (IPv6-only) listens before Y and Z.
+	six := []string{"X", "Y", "Z"}
+	for i, v6only := range []bool{true, false, false} {
+		opts := []BindOption{WithReusePort()}
+		if v6only {
+			opts = append(opts, WithIPv6Only())
+		}
+		_, err := tbl.Listen(dmxAP("[::]:443"), &six[i], opts...)
+		require.NoError(t, err)
+	}
+	got4, got6 := map[string]int{}, map[string]int{}
+	for i := range 200 {
+		v, ok := tbl.Lookup(Tuple{Local: dmxAP("10.0.0.9:443"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))})
+		require.True(t, ok)
+		got4[*v]++
+		v, ok = tbl.Lookup(Tuple{Local: dmxAP("[2001:db8::1]:443"),
+			Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)}), uint16(1000+i))})
+		require.True(t, ok)
+		got6[*v]++
+	}
+	require.Equal(t, []string{"Y", "Z"}, slices.Sorted(maps.Keys(got4)), "IPv4 segments: the group that is not IPv6-only")
+	require.Equal(t, []string{"X"}, slices.Sorted(maps.Keys(got6)), "IPv6 segments: the group that listened first")
 }
 
 // TestTCPLookupOrder checks established, then exact listener, then wildcard
@@ -232,9 +306,9 @@ func TestTCPStrayListenerIntoEstablished(t *testing.T) {
 	l1, _ := s.listenerIn(b, 0)
 	l2, _ := s.listenerIn(b, 1)
 	v1, v2 := "L1", "L2"
-	_, err := tbl.Listen(l1, &v1)
+	rel2, err := tbl.Listen(l2, &v2)
 	require.NoError(t, err)
-	rel2, err := tbl.Listen(l2, &v2) // chain b: L2 -> L1
+	_, err = tbl.Listen(l1, &v1) // chain b: L2 -> L1 (listen order)
 	require.NoError(t, err)
 	i2 := tbl.lb.heads[b].load().index()
 	_, h2 := s.listenerIn(b, 1)
@@ -270,7 +344,12 @@ func TestTCPLookupNoAllocs(t *testing.T) {
 		_, err := tbl.Listen(dmxAP(a), v)
 		require.NoError(t, err)
 	}
+	for range 3 { // a reuseport group
+		_, err := tbl.Listen(dmxAP("10.0.0.3:80"), v, WithReusePort())
+		require.NoError(t, err)
+	}
 	for _, p := range []Tuple{
+		dmxPkt("10.0.0.3:80", "192.0.2.2:5555"),
 		dmxPkt("10.0.0.1:80", "192.0.2.1:5555"),
 		dmxPkt("10.0.0.1:80", "192.0.2.2:5555"),
 		dmxPkt("10.0.0.2:81", "192.0.2.2:5555"),
@@ -283,10 +362,64 @@ func TestTCPLookupNoAllocs(t *testing.T) {
 	}
 }
 
-// tcpRef is the reference model of a TCPTable: maps and the lookup order.
+// tcpRef is the reference model of a TCPTable: a map of established flows,
+// the listeners in listen order, each reuseport group as the kernel keeps
+// its array (append on listen; on release, the last listener into the
+// gap), and the lookup order.
 type tcpRef struct {
 	est       map[Tuple]*int
-	listeners map[netip.AddrPort]*int
+	listeners []*tcpRefListener
+	groups    map[udpRefGroup][]*tcpRefListener
+	secret    Secret
+}
+
+// tcpRefListener is a listener of the reference model.
+type tcpRefListener struct {
+	local         netip.AddrPort // normalized
+	v6only, reuse bool
+	val           *int
+	release       func()
+}
+
+func (l *tcpRefListener) group() udpRefGroup { return udpRefGroup{l.local, l.v6only} }
+
+// listenOK reports whether Listen must succeed.
+func (r *tcpRef) listenOK(local netip.AddrPort, v6only, reuse bool) bool {
+	l := refNorm(local)
+	if !l.Addr().IsValid() || l.Port() == 0 || (v6only && l.Addr().Is4()) {
+		return false
+	}
+	for _, o := range r.listeners {
+		if o.local == l && !(o.reuse && reuse) {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *tcpRef) listen(l *tcpRefListener) {
+	r.listeners = append(r.listeners, l)
+	r.groups[l.group()] = append(r.groups[l.group()], l)
+}
+
+func (r *tcpRef) release(i int) {
+	l := r.listeners[i]
+	r.listeners = slices.Delete(r.listeners, i, i+1)
+	g := r.groups[l.group()]
+	j := slices.Index(g, l)
+	g[j] = g[len(g)-1]
+	r.groups[l.group()] = g[:len(g)-1]
+}
+
+// first returns the listener on local that listened first, skipping
+// IPv6-only ones if skipV6Only, or nil.
+func (r *tcpRef) first(local netip.AddrPort, skipV6Only bool) *tcpRefListener {
+	for _, l := range r.listeners {
+		if l.local == local && !(skipV6Only && l.v6only) {
+			return l
+		}
+	}
+	return nil
 }
 
 func (r *tcpRef) lookup(pkt Tuple) *int {
@@ -298,15 +431,27 @@ func (r *tcpRef) lookup(pkt Tuple) *int {
 	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || l.Port() == 0 {
 		return nil
 	}
-	if v, ok := r.listeners[l]; ok {
-		return v
+	found := r.first(l, false)
+	if found == nil && la.Is4() {
+		found = r.first(netip.AddrPortFrom(netip.IPv4Unspecified(), l.Port()), false)
 	}
+	if found == nil {
+		found = r.first(netip.AddrPortFrom(netip.IPv6Unspecified(), l.Port()), la.Is4())
+	}
+	if found == nil {
+		return nil
+	}
+	if !found.reuse {
+		return found.val
+	}
+	var h uint32
 	if la.Is4() {
-		if v, ok := r.listeners[netip.AddrPortFrom(netip.IPv4Unspecified(), l.Port())]; ok {
-			return v
-		}
+		h = InetEhashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash)
+	} else {
+		h = Inet6Ehashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash, r.secret.Ehash6Addr)
 	}
-	return r.listeners[netip.AddrPortFrom(netip.IPv6Unspecified(), l.Port())]
+	g := r.groups[found.group()]
+	return g[int(uint64(h)*uint64(len(g))>>32)].val
 }
 
 // TestTCPLookupMatchesReference applies random Listen, release, Insert and
@@ -335,14 +480,9 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 	ports := []uint16{80, 81}
 	remotes := []string{"192.0.2.1:1000", "192.0.2.2:1000", "[2001:db8::9]:1000", "[::ffff:192.0.2.1]:1000", "0.0.0.0:7"}
 	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
-	ref := &tcpRef{est: map[Tuple]*int{}, listeners: map[netip.AddrPort]*int{}}
-	// Listeners and flows in the order they came, so that a scenario is
-	// the same on every run.
-	type listener struct {
-		local   netip.AddrPort
-		release func()
-	}
-	var listening []listener
+	ref := &tcpRef{est: map[Tuple]*int{}, groups: map[udpRefGroup][]*tcpRefListener{}, secret: udpTestSecret}
+	// Flows in the order they came, so that a scenario is the same on
+	// every run.
 	var flows []Tuple
 	pick := func(s []string) string { return s[src.pick(len(s))] }
 	randLocal := func() netip.AddrPort {
@@ -353,19 +493,26 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 		switch src.pick(4) {
 		case 0:
 			l := randLocal()
-			rel, err := tbl.Listen(l, v)
-			_, dup := ref.listeners[refNorm(l)]
-			require.Equal(t, dup, err != nil, "Listen(%v): %v", l, err)
+			f := src.next()
+			v6only, reuse := f&1 != 0, f&6 != 0
+			var opts []BindOption
+			if v6only {
+				opts = append(opts, WithIPv6Only())
+			}
+			if reuse {
+				opts = append(opts, WithReusePort())
+			}
+			rel, err := tbl.Listen(l, v, opts...)
+			ok := ref.listenOK(l, v6only, reuse)
+			require.Equal(t, ok, err == nil, "Listen(%v, v6only %v, reuse %v): %v", l, v6only, reuse, err)
 			if err == nil {
-				ref.listeners[refNorm(l)] = v
-				listening = append(listening, listener{refNorm(l), rel})
+				ref.listen(&tcpRefListener{local: refNorm(l), v6only: v6only, reuse: reuse, val: v, release: rel})
 			}
 		case 1:
-			if len(listening) > 0 {
-				i := src.pick(len(listening))
-				listening[i].release()
-				delete(ref.listeners, listening[i].local)
-				listening = slices.Delete(listening, i, i+1)
+			if len(ref.listeners) > 0 {
+				i := src.pick(len(ref.listeners))
+				ref.listeners[i].release()
+				ref.release(i)
 			}
 		case 2:
 			tup := Tuple{randLocal(), dmxAP(pick(remotes))}
@@ -469,4 +616,71 @@ func TestTCPLookupRace(t *testing.T) {
 	})
 	t.Logf("%d lookups, %d established and %d listener restarts", lookups, tbl.est.restarts.Load(), tbl.restarts.Load())
 	require.Positive(t, lookups)
+}
+
+// TestTCPReusePortRace: while listeners join and leave a reuseport group,
+// and established flows recycle nodes through the listener chains, every
+// lookup of a segment to the group's address must return a listener of
+// the group, never nothing and never another listener; one to another
+// address of the chain, its own listener (run it under -race).
+func TestTCPReusePortRace(t *testing.T) {
+	tbl := NewTCPTable[string](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
+	group, other := dmxAP("10.0.0.1:80"), dmxAP("10.0.0.2:80")
+	names := []string{"G0", "G1", "G2", "U"}
+	for i := range 3 {
+		_, err := tbl.Listen(group, &names[i], WithReusePort())
+		require.NoError(t, err)
+	}
+	_, err := tbl.Listen(other, &names[3])
+	require.NoError(t, err)
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for m := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("G-mover%d", m)
+			for !stop.Load() {
+				rel, err := tbl.Listen(group, &name, WithReusePort())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				rel()
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // recycles nodes between established and listener chains
+		defer wg.Done()
+		v := "flow"
+		for i := 0; !stop.Load(); i++ {
+			tup := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i % 32)}), 9)}
+			if err := tbl.Established().Insert(tup, &v); err != nil {
+				t.Error(err)
+				return
+			}
+			tbl.Established().Delete(tup)
+		}
+	}()
+	lookups := raceLookups(t, &stop, &wg, 2, 3, func(rng *rand.Rand) string {
+		remote := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(rng.IntN(256))}), uint16(1000+rng.IntN(1000)))
+		if v, ok := tbl.Lookup(Tuple{Local: group, Remote: remote}); !ok || (*v)[0] != 'G' {
+			return fmt.Sprintf("Lookup(%v from %v) = %v, %v", group, remote, v, ok)
+		}
+		if v, ok := tbl.Lookup(Tuple{Local: other, Remote: remote}); !ok || *v != "U" {
+			return fmt.Sprintf("Lookup(%v from %v) = %v, %v", other, remote, v, ok)
+		}
+		return ""
+	})
+	t.Logf("%d lookups, %d listener walks started again", lookups, tbl.restarts.Load())
+	// Quiet again, the group is its three listeners, in their places.
+	for i := range 100 {
+		syn := Tuple{Local: group, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), 1000)}
+		v, ok := tbl.Lookup(syn)
+		require.True(t, ok)
+		h := InetEhashfn(group.Addr(), 80, syn.Remote.Addr(), 1000, udpTestSecret.Ehash)
+		require.Equal(t, names[reciprocalScale(h, 3)], *v)
+	}
 }

@@ -49,7 +49,7 @@ import (
 // (Table.Insert and Table.Connect report bad tuples with ErrInvalidTuple.)
 var ErrInvalidAddr = errors.New("hash4: invalid address")
 
-// BindOption configures one UDPTable.Bind.
+// BindOption configures one UDPTable.Bind or one TCPTable.Listen.
 type BindOption func(*bindConfig)
 
 type bindConfig struct {
@@ -63,10 +63,11 @@ type bindConfig struct {
 // hash (see UDPTable), so a given 4-tuple keeps reaching the same socket
 // while no socket binds to or closes on that address and port; when one of
 // them connects or disconnects, only the flows that reach that one move.
+// With TCPTable.Listen, the same for listeners: see TCPTable.
 func WithReusePort() BindOption { return func(c *bindConfig) { c.reusePort = true } }
 
-// WithIPv6Only makes a socket bound to an IPv6 address receive IPv6 packets
-// only, like IPV6_V6ONLY. It matters for the wildcard address ::, the only
+// WithIPv6Only makes a socket bound to an IPv6 address (or a listener, with
+// TCPTable.Listen) receive IPv6 packets only, like IPV6_V6ONLY. It matters for the wildcard address ::, the only
 // IPv6 address that IPv4 packets reach (IPv4-mapped addresses are IPv4
 // addresses here). It is an error on an IPv4 address.
 func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } }
