@@ -116,10 +116,10 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 
 // Established returns the table of established connections. Flows inserted
 // into it, directly or by its Connect, are found by Lookup before any
-// listener. Connect sees no listener: to keep it off a listener's port, as
-// the kernel's bind table does, hold the port with PortAllocator.Bind as
-// well (for a listener on :: that is not IPv6-only, which takes IPv4
-// segments too, bind both :: and 0.0.0.0 on its port). Its Stats count the listeners' nodes among
+// listener. Connect sees no listener: to keep it off a listener's port, as the
+// kernel's bind table does, hold the port with PortAllocator.Bind as well (for
+// a listener on :: that is not IPv6-only, which takes IPv4 segments too, bind
+// both :: and 0.0.0.0 on its port). Its Stats count the listeners' nodes among
 // Nodes, since listeners share its node store.
 func (t *TCPTable[T]) Established() *Table[T] { return t.est }
 
@@ -306,14 +306,14 @@ func (t *TCPTable[T]) lookupListener(pkt *Tuple) (*T, bool) {
 	return t.pickListener(on, v, word, pkt), true
 }
 
-// walkListeners walks the listener chain of k1 without locks and returns
-// the value and listen word of the first live listener on k1's address and
-// port, else of the first on k2's (if k2 is not nil and hashes like k1)
-// that is not IPv6-only, else nil; and the key it matched, k1 or k2. A match is trusted only if the node's
-// seq was odd and unchanged across the read (see entry); a miss only if
-// the walk ended on this chain's own nulls marker: a node recycled into
-// another listener chain, or into an established chain, while the walk
-// stood on it leads to another marker, and the walk restarts.
+// walkListeners walks the listener chain of k1 without locks and returns the
+// value and listen word of the first live listener on k1's address and port,
+// else of the first on k2's (if k2 is not nil and hashes like k1) that is not
+// IPv6-only, else nil; and the key it matched, k1 or k2. A match is trusted
+// only if the node's seq was odd and unchanged across the read (see entry); a
+// miss only if the walk ended on this chain's own nulls marker: a node
+// recycled into another listener chain, or into an established chain, while
+// the walk stood on it leads to another marker, and the walk restarts.
 func (t *TCPTable[T]) walkListeners(k1, k2 *key) (*T, uint64, *key) {
 	b := t.lb.bucket(uint32(k1.meta >> 32))
 	head := &t.lb.heads[b]

@@ -67,9 +67,10 @@ type bindConfig struct {
 func WithReusePort() BindOption { return func(c *bindConfig) { c.reusePort = true } }
 
 // WithIPv6Only makes a socket bound to an IPv6 address (or a listener, with
-// TCPTable.Listen) receive IPv6 packets only, like IPV6_V6ONLY. It matters for the wildcard address ::, the only
-// IPv6 address that IPv4 packets reach (IPv4-mapped addresses are IPv4
-// addresses here). It is an error on an IPv4 address.
+// TCPTable.Listen) receive IPv6 packets only, like IPV6_V6ONLY. It matters for
+// the wildcard address ::, the only IPv6 address that IPv4 packets reach
+// (IPv4-mapped addresses are IPv4 addresses here). It is an error on an IPv4
+// address.
 func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } }
 
 // UDPTable finds the UDP socket that owns a received packet, as the Linux
@@ -723,13 +724,13 @@ func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, 
 	}
 }
 
-// pickTied returns the value of the socket that the flow hash of p picks
-// among the n sockets of socks that score best for it, first the one of
-// them bound first: the first of those from the k-th socket of their reuseport group on,
-// cyclically, k = reciprocal_scale(hash, size of the group), as the
-// kernel's reuseport_select_sock_by_hash. It reports false if the sockets
-// tied at best are no longer n, as a socket connected or disconnected since
-// they were counted: the caller scores again.
+// pickTied returns the value of the socket that the flow hash of p picks among
+// the n sockets of socks that score best for it, first the one of them bound
+// first: the first of those from the k-th socket of their reuseport group on,
+// cyclically, k = reciprocal_scale(hash, size of the group), as the kernel's
+// reuseport_select_sock_by_hash. It reports false if the sockets tied at best
+// are no longer n, as a socket connected or disconnected since they were
+// counted: the caller scores again.
 func (t *UDPTable[T]) pickTied(socks []*UDPSocket[T], first *UDPSocket[T], p *udpPacket, wild bool, best, n int) (*T, bool) {
 	size := 0
 	for _, s := range socks {
