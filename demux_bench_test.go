@@ -156,12 +156,14 @@ func BenchmarkTCPEstablished(b *testing.B) {
 
 // BenchmarkTCPListener looks up segments that open connections (no
 // established flow) in a TCPTable with 1024 established flows and 1000
-// listeners: 990 on concrete addresses (10.1.x.y:443) and 10 on 0.0.0.0
-// ports 8000-8009.
+// listeners: 982 on concrete addresses (10.1.x.y:443), 10 on 0.0.0.0
+// ports 8000-8009, and a reuseport group of 8 on 10.3.0.1:443.
 //
 //   - exact: segments to the concrete listeners;
 //   - wildcard: segments to the wildcard ports, which first miss the
-//     exact chain.
+//     exact chain;
+//   - reuseport: segments to the group, which the segment's hash spreads
+//     over its 8 listeners.
 func BenchmarkTCPListener(b *testing.B) {
 	tcp := NewTCPTable[int](WithSecret(demuxBenchSecret))
 	v := new(int)
@@ -171,8 +173,8 @@ func BenchmarkTCPListener(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	var exact, wild []Tuple
-	for i := range 990 {
+	var exact, wild, group []Tuple
+	for i := range 982 {
 		a := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 443)
 		if _, err := tcp.Listen(a, v); err != nil {
 			b.Fatal(err)
@@ -184,13 +186,20 @@ func BenchmarkTCPListener(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	grp := netip.MustParseAddrPort("10.3.0.1:443")
+	for range 8 {
+		if _, err := tcp.Listen(grp, v, WithReusePort()); err != nil {
+			b.Fatal(err)
+		}
+	}
 	for i := range 1000 {
+		group = append(group, Tuple{Local: grp, Remote: benchPeer(4000 + i)})
 		wild = append(wild, Tuple{Local: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), uint16(8000+i%10)), Remote: benchPeer(3000 + i)})
 	}
 	for _, c := range []struct {
 		name string
 		pkts []Tuple
-	}{{"exact", exact}, {"wildcard", wild}} {
+	}{{"exact", exact}, {"wildcard", wild}, {"reuseport", group}} {
 		b.Run("listeners=1000/"+c.name, func(b *testing.B) {
 			miss := 0
 			for i := 0; b.Loop(); i++ {

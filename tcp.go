@@ -261,21 +261,22 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// established walk for it keeps its key from ever equalling a
 	// listener node's (remote left zero), should the walk stray into a
 	// listener chain.
+	var k key
 	if pkt.Remote.Port() != 0 {
-		var k key
 		t.est.tupleKey(&k, &pkt)
 		if v, ok := t.est.lookup(&k); ok {
 			return v, true
 		}
 	}
-	return t.lookupListener(&pkt)
+	return t.lookupListener(&pkt, uint32(k.meta>>32), pkt.Remote.Port() != 0)
 }
 
 // lookupListener is __inet_lookup_listener: the exact lhash2 chain, then
 // the wildcard one; in each, the first listener on the segment's address
 // and port, and if it is in a reuseport group, the group's listener that
-// the segment's hash picks.
-func (t *TCPTable[T]) lookupListener(pkt *Tuple) (*T, bool) {
+// the segment's established hash picks (see pickListener for hash and
+// hashed).
+func (t *TCPTable[T]) lookupListener(pkt *Tuple, hash uint32, hashed bool) (*T, bool) {
 	la, ra := pkt.Local.Addr().Unmap(), pkt.Remote.Addr().Unmap()
 	lp := pkt.Local.Port()
 	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || lp == 0 {
@@ -287,7 +288,7 @@ func (t *TCPTable[T]) lookupListener(pkt *Tuple) (*T, bool) {
 	setWords(&k.local, la)
 	k.meta = uint64(portaddrHashWords(&k.local, is4, lp, t.mix))<<32 | uint64(lp)<<16
 	if v, word, on := t.walkListeners(&k, nil); v != nil {
-		return t.pickListener(on, v, word, pkt), true
+		return t.pickListener(on, v, word, pkt, hash, hashed), true
 	}
 	any6.meta = uint64(t.anyMix^uint32(lp))<<32 | uint64(lp)<<16 // :: and 0.0.0.0 hash alike
 	var v *T
@@ -303,7 +304,7 @@ func (t *TCPTable[T]) lookupListener(pkt *Tuple) (*T, bool) {
 	if v == nil {
 		return nil, false
 	}
-	return t.pickListener(on, v, word, pkt), true
+	return t.pickListener(on, v, word, pkt, hash, hashed), true
 }
 
 // walkListeners walks the listener chain of k1 without locks and returns the
@@ -359,38 +360,57 @@ begin:
 // value v and listen word of the first listener on its address and port k
 // (walkListeners): v itself, or if v is in a reuseport group of n > 1, the
 // group's listener whose place is reciprocal_scale(hash, n), as the
-// kernel's inet_lookup_reuseport and reuseport_select_sock_by_hash. N.B. a
-// place is a hint: one read while a group changes may name no listener, or
-// two, and then the answer is v or one of the two, each a listener of the
-// group that was live during the lookup. Places are exact while the group
-// does not change.
-func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, pkt *Tuple) *T {
+// kernel's inet_lookup_reuseport and reuseport_select_sock_by_hash. hash
+// is pkt's established hash if hashed, else pickListener computes it. N.B.
+// a place is a hint: one read while a group changes may name no listener,
+// or two, and then the answer is v or one of the two, each a listener of
+// the group that was live during the lookup. Places are exact while the
+// group does not change.
+func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, pkt *Tuple, hash uint32, hashed bool) *T {
 	if word&listenReuse == 0 {
 		return v
 	}
 	group := word & listenV6Only
-	n, _ := t.scanGroup(k, group, -1)
+	var byPlace [groupScanPlaces]*T
+	n := t.scanGroup(k, group, -1, &byPlace)
 	if n <= 1 {
 		return v
 	}
-	var ek key
-	t.est.tupleKey(&ek, pkt)
-	if _, p := t.scanGroup(k, group, reciprocalScale(uint32(ek.meta>>32), n)); p != nil {
+	if !hashed {
+		var ek key
+		t.est.tupleKey(&ek, pkt)
+		hash = uint32(ek.meta >> 32)
+	}
+	place := reciprocalScale(hash, n)
+	if place < groupScanPlaces {
+		if p := byPlace[place]; p != nil {
+			return p
+		}
+		return v
+	}
+	t.scanGroup(k, group, place, &byPlace)
+	if p := byPlace[0]; p != nil {
 		return p
 	}
 	return v
 }
 
+// groupScanPlaces is how many places of a reuseport group scanGroup
+// records in one walk: a larger group's listener beyond them takes a
+// second walk.
+const groupScanPlaces = 16
+
 // scanGroup walks the listener chain of k without locks and returns the
 // number of live listeners on k's address and port whose IPv6-only bit is
-// group, and the value of the one whose place is place (nil if none, or if
-// place is negative). A walk that ends on another chain's nulls marker
-// starts again, as walkListeners.
-func (t *TCPTable[T]) scanGroup(k *key, group uint64, place int) (n int, v *T) {
+// group. It records in byPlace the value of each whose place is below
+// groupScanPlaces, or if place is not negative, only the value of the one
+// whose place is place, in byPlace[0]. A walk that ends on another chain's
+// nulls marker starts again, as walkListeners.
+func (t *TCPTable[T]) scanGroup(k *key, group uint64, place int, byPlace *[groupScanPlaces]*T) (n int) {
 	b := t.lb.bucket(uint32(k.meta >> 32))
 	head := &t.lb.heads[b]
 begin:
-	n, v = 0, nil
+	n, *byPlace = 0, [groupScanPlaces]*T{}
 	l := head.load()
 	for !l.isNulls() {
 		e := t.est.nodes.at(l.index())
@@ -399,8 +419,13 @@ begin:
 			x := e.val.Load()
 			if e.seq.Load() == seq && word&listenV6Only == group {
 				n++
-				if v == nil && place >= 0 && word>>listenPlace == uint64(place) {
-					v = x
+				switch p := word >> listenPlace; {
+				case place >= 0:
+					if p == uint64(place) && byPlace[0] == nil {
+						byPlace[0] = x
+					}
+				case p < groupScanPlaces && byPlace[p] == nil:
+					byPlace[p] = x
 				}
 			}
 		}
@@ -413,5 +438,5 @@ begin:
 		t.restarts.Add(1)
 		goto begin
 	}
-	return n, v
+	return n
 }

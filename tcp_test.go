@@ -90,7 +90,9 @@ func TestTCPReusePortGroups(t *testing.T) {
 		t.Helper()
 		seen := map[string]bool{}
 		for i := range 300 {
-			syn := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))}
+			// From port 0 too, which no established flow has: the
+			// lookup hashes the segment for the group alone.
+			syn := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i)*uint16(i%2))}
 			v, ok := tbl.Lookup(syn)
 			require.True(t, ok)
 			h := InetEhashfn(syn.Local.Addr(), 80, syn.Remote.Addr(), syn.Remote.Port(), udpTestSecret.Ehash)
@@ -108,6 +110,33 @@ func TestTCPReusePortGroups(t *testing.T) {
 	_, err = tbl.Listen(dmxAP("[::ffff:10.0.0.1]:80"), &v, WithReusePort())
 	require.NoError(t, err, "the IPv4-mapped form joins the group")
 	spread([]string{"C", "D", "E"})
+
+	// A group larger than one walk records (groupScanPlaces).
+	big := make([]string, 40)
+	bigRels := make([]func(), len(big))
+	for i := range big {
+		big[i] = fmt.Sprint("L", i)
+		var err error
+		bigRels[i], err = tbl.Listen(dmxAP("10.0.0.5:80"), &big[i], WithReusePort())
+		require.NoError(t, err)
+	}
+	order := slices.Clone(big)
+	for _, gone := range []int{3, 0, 20} {
+		bigRels[gone]()
+		j := slices.Index(order, big[gone])
+		order[j] = order[len(order)-1]
+		order = order[:len(order)-1]
+	}
+	seen := map[string]bool{}
+	for i := range 4000 {
+		syn := Tuple{Local: dmxAP("10.0.0.5:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, byte(i >> 8), byte(i)}), 1000)}
+		v, ok := tbl.Lookup(syn)
+		require.True(t, ok)
+		h := InetEhashfn(syn.Local.Addr(), 80, syn.Remote.Addr(), 1000, udpTestSecret.Ehash)
+		require.Equal(t, order[reciprocalScale(h, len(order))], *v, "%v", syn)
+		seen[*v] = true
+	}
+	require.Len(t, seen, len(order))
 
 	// On ::, X (IPv6-only) listens before Y and Z.
 	six := []string{"X", "Y", "Z"}
@@ -478,7 +507,7 @@ func FuzzTCPLookup(f *testing.F) {
 func runTCPScenario(t testing.TB, src *opSource, steps int) {
 	locals := []string{"10.0.0.1", "10.0.0.2", "::ffff:10.0.0.1", "0.0.0.0", "::", "2001:db8::1", "fe80::1%eth0"}
 	ports := []uint16{80, 81}
-	remotes := []string{"192.0.2.1:1000", "192.0.2.2:1000", "[2001:db8::9]:1000", "[::ffff:192.0.2.1]:1000", "0.0.0.0:7"}
+	remotes := []string{"192.0.2.1:1000", "192.0.2.2:1000", "[2001:db8::9]:1000", "[::ffff:192.0.2.1]:1000", "0.0.0.0:7", "192.0.2.3:0"}
 	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
 	ref := &tcpRef{est: map[Tuple]*int{}, groups: map[udpRefGroup][]*tcpRefListener{}, secret: udpTestSecret}
 	// Flows in the order they came, so that a scenario is the same on
