@@ -346,14 +346,24 @@ begin:
 		}
 		l = e.next.load()
 	}
-	if l.nullsValue() != t.lb.nullsBase+b {
-		t.restarts.Add(1)
+	if !t.endedHome(l, b) {
 		goto begin
 	}
 	if second == nil {
 		return nil, 0, nil
 	}
 	return second, secondWord, k2
+}
+
+// endedHome reports whether a listener walk of bucket b, ended on nulls
+// marker l, ended on b's own; if not, the walk strayed into another chain
+// and must start again, and endedHome counts the restart.
+func (t *TCPTable[T]) endedHome(l link, b uint32) bool {
+	if l.nullsValue() == t.lb.nullsBase+b {
+		return true
+	}
+	t.restarts.Add(1)
+	return false
 }
 
 // pickListener returns the listener that segment pkt reaches, given the
@@ -434,8 +444,7 @@ begin:
 		}
 		l = e.next.load()
 	}
-	if l.nullsValue() != t.lb.nullsBase+b {
-		t.restarts.Add(1)
+	if !t.endedHome(l, b) {
 		goto begin
 	}
 	return n

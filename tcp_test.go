@@ -392,58 +392,25 @@ func TestTCPLookupNoAllocs(t *testing.T) {
 }
 
 // tcpRef is the reference model of a TCPTable: a map of established flows,
-// the listeners in listen order, each reuseport group as the kernel keeps
-// its array (append on listen; on release, the last listener into the
-// gap), and the lookup order.
+// the listeners in listen order and each reuseport group's array
+// (refSockets), and the lookup order.
 type tcpRef struct {
-	est       map[Tuple]*int
-	listeners []*tcpRefListener
-	groups    map[udpRefGroup][]*tcpRefListener
-	secret    Secret
+	refSockets[*tcpRefListener]
+	est    map[Tuple]*int
+	secret Secret
 }
 
 // tcpRefListener is a listener of the reference model.
 type tcpRefListener struct {
-	local         netip.AddrPort // normalized
-	v6only, reuse bool
-	val           *int
-	release       func()
-}
-
-func (l *tcpRefListener) group() udpRefGroup { return udpRefGroup{l.local, l.v6only} }
-
-// listenOK reports whether Listen must succeed.
-func (r *tcpRef) listenOK(local netip.AddrPort, v6only, reuse bool) bool {
-	l := refNorm(local)
-	if !l.Addr().IsValid() || l.Port() == 0 || (v6only && l.Addr().Is4()) {
-		return false
-	}
-	for _, o := range r.listeners {
-		if o.local == l && !(o.reuse && reuse) {
-			return false
-		}
-	}
-	return true
-}
-
-func (r *tcpRef) listen(l *tcpRefListener) {
-	r.listeners = append(r.listeners, l)
-	r.groups[l.group()] = append(r.groups[l.group()], l)
-}
-
-func (r *tcpRef) release(i int) {
-	l := r.listeners[i]
-	r.listeners = slices.Delete(r.listeners, i, i+1)
-	g := r.groups[l.group()]
-	j := slices.Index(g, l)
-	g[j] = g[len(g)-1]
-	r.groups[l.group()] = g[:len(g)-1]
+	refBinding
+	val     *int
+	release func()
 }
 
 // first returns the listener on local that listened first, skipping
 // IPv6-only ones if skipV6Only, or nil.
 func (r *tcpRef) first(local netip.AddrPort, skipV6Only bool) *tcpRefListener {
-	for _, l := range r.listeners {
+	for _, l := range r.bound {
 		if l.local == local && !(skipV6Only && l.v6only) {
 			return l
 		}
@@ -509,7 +476,7 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 	ports := []uint16{80, 81}
 	remotes := []string{"192.0.2.1:1000", "192.0.2.2:1000", "[2001:db8::9]:1000", "[::ffff:192.0.2.1]:1000", "0.0.0.0:7", "192.0.2.3:0"}
 	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
-	ref := &tcpRef{est: map[Tuple]*int{}, groups: map[udpRefGroup][]*tcpRefListener{}, secret: udpTestSecret}
+	ref := &tcpRef{est: map[Tuple]*int{}, secret: udpTestSecret}
 	// Flows in the order they came, so that a scenario is the same on
 	// every run.
 	var flows []Tuple
@@ -522,26 +489,18 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 		switch src.pick(4) {
 		case 0:
 			l := randLocal()
-			f := src.next()
-			v6only, reuse := f&1 != 0, f&6 != 0
-			var opts []BindOption
-			if v6only {
-				opts = append(opts, WithIPv6Only())
-			}
-			if reuse {
-				opts = append(opts, WithReusePort())
-			}
+			v6only, reuse, opts := refBindOptions(src.next())
 			rel, err := tbl.Listen(l, v, opts...)
-			ok := ref.listenOK(l, v6only, reuse)
+			ok := ref.bindOK(l, v6only, reuse)
 			require.Equal(t, ok, err == nil, "Listen(%v, v6only %v, reuse %v): %v", l, v6only, reuse, err)
 			if err == nil {
-				ref.listen(&tcpRefListener{local: refNorm(l), v6only: v6only, reuse: reuse, val: v, release: rel})
+				ref.add(&tcpRefListener{refBinding: refBinding{refNorm(l), v6only, reuse}, val: v, release: rel})
 			}
 		case 1:
-			if len(ref.listeners) > 0 {
-				i := src.pick(len(ref.listeners))
-				ref.listeners[i].release()
-				ref.release(i)
+			if len(ref.bound) > 0 {
+				i := src.pick(len(ref.bound))
+				ref.bound[i].release()
+				ref.remove(i)
 			}
 		case 2:
 			tup := Tuple{randLocal(), dmxAP(pick(remotes))}

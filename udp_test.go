@@ -697,69 +697,102 @@ func TestUDPLookupNoAllocs(t *testing.T) {
 
 // udpRefSock is a socket of the reference model.
 type udpRefSock struct {
-	local  netip.AddrPort // normalized
-	v6only bool
-	reuse  bool
-	conn   bool
-	peer   netip.AddrPort // normalized
-	s      *UDPSocket[int]
-	val    *int
+	refBinding
+	conn bool
+	peer netip.AddrPort // normalized
+	s    *UDPSocket[int]
+	val  *int
 }
 
 // udpRef is the obviously-correct reference: every open socket in bind
-// order, and a linear scan with the Linux score; and each reuseport group
-// as the kernel keeps its array (reuseport_add_sock appends,
-// reuseport_detach_sock moves the last socket into the gap).
+// order and each reuseport group's array (refSockets), and a linear scan
+// with the Linux score.
 type udpRef struct {
+	refSockets[*udpRefSock]
 	secret Secret
-	socks  []*udpRefSock
-	groups map[udpRefGroup][]*udpRefSock
 }
 
-// udpRefGroup names a reuseport group: its sockets' address and port, and
+// refBinding is what a socket of a reference model is bound to.
+type refBinding struct {
+	local         netip.AddrPort // normalized
+	v6only, reuse bool
+}
+
+func (b *refBinding) binding() *refBinding { return b }
+
+// refGroup names a reuseport group: its sockets' address and port, and
 // whether they are IPv6-only.
-type udpRefGroup struct {
+type refGroup struct {
 	local  netip.AddrPort
 	v6only bool
 }
 
-func (s *udpRefSock) group() udpRefGroup { return udpRefGroup{s.local, s.v6only} }
+func (b *refBinding) group() refGroup { return refGroup{b.local, b.v6only} }
 
-// bind adds s, bound.
-func (r *udpRef) bind(s *udpRefSock) {
-	r.socks = append(r.socks, s)
-	if r.groups == nil {
-		r.groups = map[udpRefGroup][]*udpRefSock{}
-	}
-	r.groups[s.group()] = append(r.groups[s.group()], s)
+// refSockets holds the sockets of a reference model (UDP sockets or TCP
+// listeners) in bind order, and each reuseport group as the kernel keeps
+// its array: reuseport_add_sock appends, reuseport_detach_sock moves the
+// last socket into the gap.
+type refSockets[S interface {
+	comparable
+	binding() *refBinding
+}] struct {
+	bound  []S
+	groups map[refGroup][]S
 }
 
-// close removes the i-th socket in bind order.
-func (r *udpRef) close(i int) {
-	s := r.socks[i]
-	r.socks = slices.Delete(r.socks, i, i+1)
-	g := r.groups[s.group()]
-	j := slices.Index(g, s)
-	g[j] = g[len(g)-1]
-	r.groups[s.group()] = g[:len(g)-1]
-}
-
-func refNorm(a netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
-}
-
-// bindOK reports whether Bind must succeed.
-func (r *udpRef) bindOK(local netip.AddrPort, v6only, reuse bool) bool {
+// bindOK reports whether a socket may bind local: a valid address and
+// port, IPv6-only only on an IPv6 address, and port reuse asked for by
+// every socket on local if it is taken.
+func (r *refSockets[S]) bindOK(local netip.AddrPort, v6only, reuse bool) bool {
 	l := refNorm(local)
 	if !l.Addr().IsValid() || l.Port() == 0 || (v6only && l.Addr().Is4()) {
 		return false
 	}
-	for _, s := range r.socks {
-		if s.local == l && !(s.reuse && reuse) {
+	for _, s := range r.bound {
+		if b := s.binding(); b.local == l && !(b.reuse && reuse) {
 			return false
 		}
 	}
 	return true
+}
+
+// add adds s, bound.
+func (r *refSockets[S]) add(s S) {
+	r.bound = append(r.bound, s)
+	if r.groups == nil {
+		r.groups = map[refGroup][]S{}
+	}
+	g := s.binding().group()
+	r.groups[g] = append(r.groups[g], s)
+}
+
+// remove removes the i-th socket in bind order.
+func (r *refSockets[S]) remove(i int) {
+	s := r.bound[i]
+	r.bound = slices.Delete(r.bound, i, i+1)
+	g := s.binding().group()
+	a := r.groups[g]
+	j := slices.Index(a, s)
+	a[j] = a[len(a)-1]
+	r.groups[g] = a[:len(a)-1]
+}
+
+// refBindOptions decodes a scenario's byte into the options of a Bind or
+// Listen: IPv6-only one time in two, port reuse three times in four.
+func refBindOptions(f byte) (v6only, reuse bool, opts []BindOption) {
+	v6only, reuse = f&1 != 0, f&6 != 0
+	if v6only {
+		opts = append(opts, WithIPv6Only())
+	}
+	if reuse {
+		opts = append(opts, WithReusePort())
+	}
+	return v6only, reuse, opts
+}
+
+func refNorm(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
 }
 
 // connectOK reports whether Connect must succeed.
@@ -815,7 +848,7 @@ func (r *udpRef) lookup(pkt Tuple) *udpRefSock {
 	for _, wild := range []bool{false, true} {
 		best := -1
 		var winners []*udpRefSock
-		for _, s := range r.socks {
+		for _, s := range r.bound {
 			switch sc := s.score(la, l.Port(), rem, wild); {
 			case sc > best:
 				best, winners = sc, []*udpRefSock{s}
@@ -927,18 +960,10 @@ func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
 			break
 		}
 		switch op := src.pick(10); {
-		case op < 4 || len(ref.socks) == 0: // bind
+		case op < 4 || len(ref.bound) == 0: // bind
 			a := netip.MustParseAddr(udpPoolLocal[src.pick(len(udpPoolLocal))])
 			local := netip.AddrPortFrom(a, udpPoolPort[src.pick(len(udpPoolPort))])
-			f := src.next()
-			v6only, reuse := f&1 != 0, f&6 != 0
-			var opts []BindOption
-			if v6only {
-				opts = append(opts, WithIPv6Only())
-			}
-			if reuse {
-				opts = append(opts, WithReusePort())
-			}
+			v6only, reuse, opts := refBindOptions(src.next())
 			name++
 			v := name
 			s, err := tbl.Bind(local, &v, opts...)
@@ -946,10 +971,10 @@ func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
 				t.Fatalf("Bind(%v, v6only %v, reuse %v) = %v, want ok %v", local, v6only, reuse, err, ok)
 			}
 			if err == nil {
-				ref.bind(&udpRefSock{local: refNorm(local), v6only: v6only, reuse: reuse, s: s, val: &v})
+				ref.add(&udpRefSock{refBinding: refBinding{refNorm(local), v6only, reuse}, s: s, val: &v})
 			}
 		case op < 7: // connect
-			rs := ref.socks[src.pick(len(ref.socks))]
+			rs := ref.bound[src.pick(len(ref.bound))]
 			peer := dmxAP(udpPoolPeer[src.pick(len(udpPoolPeer))])
 			err := rs.s.Connect(peer)
 			if ok := rs.connectOK(peer); ok != (err == nil) {
@@ -959,20 +984,20 @@ func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
 				rs.conn, rs.peer = true, refNorm(peer)
 			}
 		case op < 8: // disconnect
-			rs := ref.socks[src.pick(len(ref.socks))]
+			rs := ref.bound[src.pick(len(ref.bound))]
 			if err := rs.s.Disconnect(); err != nil {
 				t.Fatalf("Disconnect: %v", err)
 			}
 			rs.conn = false
 		default: // close
-			i := src.pick(len(ref.socks))
-			if err := ref.socks[i].s.Close(); err != nil {
+			i := src.pick(len(ref.bound))
+			if err := ref.bound[i].s.Close(); err != nil {
 				t.Fatalf("Close: %v", err)
 			}
-			ref.close(i)
+			ref.remove(i)
 		}
 		// The flows of every connected socket, then random packets.
-		for _, rs := range ref.socks {
+		for _, rs := range ref.bound {
 			if rs.conn {
 				check(Tuple{Local: rs.local, Remote: rs.peer})
 			}
@@ -988,7 +1013,7 @@ func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
 	// local address, and hash4 holds just those.
 	cnt := make([]int32, len(tbl.slots))
 	hashed := 0
-	for _, rs := range ref.socks {
+	for _, rs := range ref.bound {
 		if rs.conn && !rs.local.Addr().IsUnspecified() {
 			cnt[rs.s.h2&tbl.mask]++
 			hashed++
@@ -1008,8 +1033,8 @@ func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
 	if n != hashed {
 		t.Fatalf("hash4 holds %d nodes, want %d", n, hashed)
 	}
-	if got := len(tbl.sockets()); got != len(ref.socks) {
-		t.Fatalf("%d sockets bound, want %d", got, len(ref.socks))
+	if got := len(tbl.sockets()); got != len(ref.bound) {
+		t.Fatalf("%d sockets bound, want %d", got, len(ref.bound))
 	}
 }
 
