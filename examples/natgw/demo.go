@@ -254,6 +254,7 @@ type demoClient struct {
 	gw     netip.AddrPort
 	size   int
 	counts *demoCounts
+	port   uint16 // the source port of the last phase
 
 	mu          sync.Mutex
 	seq         uint64
@@ -280,7 +281,7 @@ func (c *demoClient) run(ctx context.Context, first time.Time, interval time.Dur
 
 // phase runs one source port until end.
 func (c *demoClient) phase(ctx context.Context, interval time.Duration, end time.Time) {
-	conn, err := listenLoopback(c.gw)
+	conn, err := c.listen()
 	if err != nil {
 		return
 	}
@@ -338,6 +339,27 @@ send:
 	c.counts.lost.Add(int64(len(c.outstanding)))
 	clear(c.outstanding)
 	c.mu.Unlock()
+}
+
+// listen binds a source port other than the last phase's: the kernel may
+// hand out a port just closed again, and the client's first flow would
+// then go on rather than idle out.
+func (c *demoClient) listen() (*net.UDPConn, error) {
+	conn, err := listenLoopback(c.gw)
+	if err != nil {
+		return nil, err
+	}
+	if conn.LocalAddr().(*net.UDPAddr).AddrPort().Port() == c.port {
+		// Bind another while this one holds the port.
+		other, err := listenLoopback(c.gw)
+		conn.Close()
+		if err != nil {
+			return nil, err
+		}
+		conn = other
+	}
+	c.port = conn.LocalAddr().(*net.UDPAddr).AddrPort().Port()
+	return conn, nil
 }
 
 // receive reads echoes until conn is closed.
