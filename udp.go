@@ -496,6 +496,7 @@ func withoutSocket[T any](socks []*UDPSocket[T], s *UDPSocket[T]) []*UDPSocket[T
 		case i == at && last > at:
 			out = append(out, socks[last])
 		case i == at, i == last && last > at:
+			// s, or the last socket, which has taken s's place
 		default:
 			out = append(out, o)
 		}
