@@ -22,7 +22,8 @@ import (
 //
 // A listener node's key holds no remote address: its remote words are free,
 // and the first holds the listener's listen word (listenReuse,
-// listenV6Only, and its place in its reuseport group above bit 32). Listener
+// listenV6Only, and its place in its reuseport group above bit 32), the
+// second its listen sequence number. Listener
 // walks match a key on its hash, ports and local address alone
 // (entryKey.matchesLocal). The place is the only word of a live entry's
 // key that changes: when a listener of a group is released, the group's
@@ -88,6 +89,7 @@ type TCPTable[T any] struct {
 	anyMix uint32  // jhash_1word(0, mix)
 
 	restarts atomic.Uint64 // listener walks started again
+	listens  atomic.Uint64 // listen sequence numbers (the second remote word of a listener's key)
 
 	// visit, set only by tests before the table is used, is called by
 	// listener walks on each node of a chain before they read its next
@@ -171,9 +173,14 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	st := t.lb.stripe(h)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	// The group's size is the new listener's place. It goes to the end of
-	// the chain, so that the chain holds the listeners of an address in
-	// listen order (see TCPTable).
+	// The group's size is the new listener's place. N.B. the node goes to
+	// the head of the chain, as hlist_nulls_add_head_rcu: nodes are reused
+	// at once, and one released and reused at the tail of the chain a
+	// reader stands on would lead the reader to the chain's own marker past
+	// the listeners behind the node's old place; at the head it leads the
+	// reader over the whole chain again. Listen order, which Linux keeps in
+	// the chain for IPv6 reuseport listeners, is the listen sequence
+	// number instead (walkListeners).
 	tail, place := t.lb.head(h), uint64(0)
 	for l := tail.load(); !l.isNulls(); l = tail.load() {
 		e := t.est.nodes.at(l.index())
@@ -193,6 +200,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 		return nil, ErrTableFull
 	}
 	k.remote[0] |= place << listenPlace
+	k.remote[1] = t.listens.Add(1)
 	e := t.est.nodes.at(i)
 	// N.B. the node is free (seq even) and may have left an established
 	// chain a moment ago: readers that stand on it ignore its key while it
@@ -200,7 +208,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	// end on a listener marker and restart.
 	e.key.store(&k)
 	e.val.Store(v)
-	linkAt(tail, nodeLink(i), &e.next)
+	linkAt(t.lb.head(h), nodeLink(i), &e.next)
 	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
 	st.count.Store(st.count.Load() + 1)
 	var once sync.Once
@@ -259,7 +267,7 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// plain Table lookup does: no second copy of pkt.
 	// N.B. a packet from port 0 cannot belong to a flow, and skipping the
 	// established walk for it keeps its key from ever equalling a
-	// listener node's (remote left zero), should the walk stray into a
+	// listener node's (remote port 0), should the walk stray into a
 	// listener chain.
 	var k key
 	if pkt.Remote.Port() != 0 {
@@ -319,28 +327,37 @@ func (t *TCPTable[T]) walkListeners(k1, k2 *key) (*T, uint64, *key) {
 	b := t.lb.bucket(uint32(k1.meta >> 32))
 	head := &t.lb.heads[b]
 begin:
-	var second *T
-	var secondWord uint64
+	var first, second *T
+	var firstWord, firstListen, secondWord uint64
 	l := head.load()
 	for !l.isNulls() {
 		e := t.est.nodes.at(l.index())
 		if seq := e.seq.Load(); seq&1 == 1 {
 			m1 := e.key.matchesLocal(k1)
 			if m1 || (k2 != nil && second == nil && e.key.matchesLocal(k2)) {
-				word := e.key.remote[0].Load()
+				word, listen := e.key.remote[0].Load(), e.key.remote[1].Load()
 				v := e.val.Load()
 				if e.seq.Load() != seq {
 					t.restarts.Add(1)
 					goto begin
 				}
+				if m1 && word&listenReuse == 0 {
+					return v, word, k1 // alone on its address and port
+				}
 				if m1 {
-					return v, word, k1
+					// Of two groups on k1 (IPv6-only or not), the
+					// one that listened first.
+					if first == nil || listen < firstListen {
+						first, firstWord, firstListen = v, word, listen
+					}
+					goto next
 				}
 				if word&listenV6Only == 0 {
 					second, secondWord = v, word
 				}
 			}
 		}
+	next:
 		if t.visit != nil {
 			t.visit(l.index())
 		}
@@ -348,6 +365,9 @@ begin:
 	}
 	if !t.endedHome(l, b) {
 		goto begin
+	}
+	if first != nil {
+		return first, firstWord, k1
 	}
 	if second == nil {
 		return nil, 0, nil

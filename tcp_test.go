@@ -335,9 +335,9 @@ func TestTCPStrayListenerIntoEstablished(t *testing.T) {
 	l1, _ := s.listenerIn(b, 0)
 	l2, _ := s.listenerIn(b, 1)
 	v1, v2 := "L1", "L2"
-	rel2, err := tbl.Listen(l2, &v2)
+	_, err := tbl.Listen(l1, &v1)
 	require.NoError(t, err)
-	_, err = tbl.Listen(l1, &v1) // chain b: L2 -> L1 (listen order)
+	rel2, err := tbl.Listen(l2, &v2) // chain b: L2 -> L1
 	require.NoError(t, err)
 	i2 := tbl.lb.heads[b].load().index()
 	_, h2 := s.listenerIn(b, 1)
@@ -363,6 +363,37 @@ func TestTCPStrayListenerIntoEstablished(t *testing.T) {
 	close(resume)
 	require.Equal(t, &v1, <-done)
 	require.EqualValues(t, 1, tbl.restarts.Load(), "one restart, on the established marker")
+}
+
+// TestTCPRecycleSameChain stops a listener lookup on a node, releases it
+// and listens again on the same chain, which reuses the node: the reader
+// must still find the listener that was behind the node all along.
+func TestTCPRecycleSameChain(t *testing.T) {
+	s := newTCPStray()
+	tbl := s.tbl
+	const b = 9
+	l1, _ := s.listenerIn(b, 0)
+	l2, _ := s.listenerIn(b, 1)
+	v1, v2, v3 := "L1", "L2", "L2 again"
+	_, err := tbl.Listen(l1, &v1)
+	require.NoError(t, err)
+	rel2, err := tbl.Listen(l2, &v2) // chain b: L2 -> L1
+	require.NoError(t, err)
+	i2 := tbl.lb.heads[b].load().index()
+	hook, paused, resume := pauseAt(i2)
+	tbl.visit = hook
+	done := make(chan *string)
+	go func() {
+		v, _ := tbl.Lookup(Tuple{Local: l1, Remote: dmxAP("192.0.2.200:4444")})
+		done <- v
+	}()
+	<-paused
+	rel2()
+	_, err = tbl.Listen(l2, &v3)
+	require.NoError(t, err)
+	require.Equal(t, nodeLink(i2), tbl.lb.heads[b].load(), "L2's node reused in chain b")
+	close(resume)
+	require.Equal(t, &v1, <-done)
 }
 
 func TestTCPLookupNoAllocs(t *testing.T) {
