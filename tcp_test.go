@@ -332,36 +332,18 @@ func TestTCPStrayListenerIntoEstablished(t *testing.T) {
 	s := newTCPStray()
 	tbl := s.tbl
 	const b = 9
-	l1, _ := s.listenerIn(b, 0)
-	l2, _ := s.listenerIn(b, 1)
-	v1, v2 := "L1", "L2"
-	_, err := tbl.Listen(l1, &v1)
-	require.NoError(t, err)
-	rel2, err := tbl.Listen(l2, &v2) // chain b: L2 -> L1
-	require.NoError(t, err)
-	i2 := tbl.lb.heads[b].load().index()
-	_, h2 := s.listenerIn(b, 1)
-
-	hook, paused, resume := pauseAt(i2)
-	tbl.visit = hook
-	syn := Tuple{Local: l1, Remote: dmxAP("192.0.2.200:4444")}
-	done := make(chan *string)
-	go func() {
-		v, _ := tbl.Lookup(syn)
-		done <- v
-	}()
-	<-paused
-	rel2()
+	p := s.pauseBehind(t, b)
+	p.release()
 	// Bucket b's home slot taken, the new flow goes to the node released.
 	vf := "filler"
 	require.NoError(t, tbl.est.Insert(s.flowIn(b, 1), &vf))
 	e := s.flowIn(b, 0)
-	moveFree(t, tbl.lb.stripe(h2), &tbl.est.b.stripes[b&tbl.est.b.stripeMask], i2)
+	moveFree(t, tbl.lb.stripe(p.hash), &tbl.est.b.stripes[b&tbl.est.b.stripeMask], p.node)
 	ve := "E"
 	require.NoError(t, tbl.est.Insert(e, &ve))
-	require.Equal(t, nodeLink(i2), tbl.est.b.heads[b].load(), "L2's node is now an established flow, in chain b")
-	close(resume)
-	require.Equal(t, &v1, <-done)
+	require.Equal(t, nodeLink(p.node), tbl.est.b.heads[b].load(), "L2's node is now an established flow, in chain b")
+	close(p.resume)
+	require.Equal(t, p.want, <-p.done)
 	require.EqualValues(t, 1, tbl.restarts.Load(), "one restart, on the established marker")
 }
 
@@ -372,12 +354,37 @@ func TestTCPRecycleSameChain(t *testing.T) {
 	s := newTCPStray()
 	tbl := s.tbl
 	const b = 9
+	p := s.pauseBehind(t, b)
+	p.release()
+	v3 := "L2 again"
+	_, err := tbl.Listen(p.second, &v3)
+	require.NoError(t, err)
+	require.Equal(t, nodeLink(p.node), tbl.lb.heads[b].load(), "L2's node reused in chain b")
+	close(p.resume)
+	require.Equal(t, p.want, <-p.done)
+}
+
+// strayPause is a listener lookup paused by tcpStray.pauseBehind.
+type strayPause struct {
+	want    *string        // the value of L1, which the lookup must return
+	second  netip.AddrPort // L2's address
+	release func()         // releases L2
+	node    uint32         // L2's node, where the lookup stands
+	hash    uint32         // L2's listener hash
+	done    <-chan *string // the lookup's answer
+	resume  chan<- struct{}
+}
+
+// pauseBehind listens L1 then L2 in listener chain b (L2 -> L1), starts a
+// lookup of a segment to L1 and pauses it on L2's node.
+func (s *tcpStray) pauseBehind(t *testing.T, b uint32) strayPause {
+	tbl := s.tbl
 	l1, _ := s.listenerIn(b, 0)
-	l2, _ := s.listenerIn(b, 1)
-	v1, v2, v3 := "L1", "L2", "L2 again"
+	l2, h2 := s.listenerIn(b, 1)
+	v1, v2 := "L1", "L2"
 	_, err := tbl.Listen(l1, &v1)
 	require.NoError(t, err)
-	rel2, err := tbl.Listen(l2, &v2) // chain b: L2 -> L1
+	rel2, err := tbl.Listen(l2, &v2)
 	require.NoError(t, err)
 	i2 := tbl.lb.heads[b].load().index()
 	hook, paused, resume := pauseAt(i2)
@@ -388,12 +395,7 @@ func TestTCPRecycleSameChain(t *testing.T) {
 		done <- v
 	}()
 	<-paused
-	rel2()
-	_, err = tbl.Listen(l2, &v3)
-	require.NoError(t, err)
-	require.Equal(t, nodeLink(i2), tbl.lb.heads[b].load(), "L2's node reused in chain b")
-	close(resume)
-	require.Equal(t, &v1, <-done)
+	return strayPause{want: &v1, second: l2, release: rel2, node: i2, hash: h2, done: done, resume: resume}
 }
 
 func TestTCPLookupNoAllocs(t *testing.T) {
