@@ -181,8 +181,8 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	// reader over the whole chain again. Listen order, which Linux keeps in
 	// the chain for IPv6 reuseport listeners, is the listen sequence
 	// number instead (walkListeners).
-	tail, place := t.lb.head(h), uint64(0)
-	for l := tail.load(); !l.isNulls(); l = tail.load() {
+	at, place := t.lb.head(h), uint64(0)
+	for l := at.load(); !l.isNulls(); l = at.load() {
 		e := t.est.nodes.at(l.index())
 		if e.key.matchesLocal(&k) {
 			w := e.key.remote[0].Load()
@@ -193,7 +193,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 				place++
 			}
 		}
-		tail = &e.next
+		at = &e.next
 	}
 	i, ok := t.est.nodes.get(&st.cache)
 	if !ok {
