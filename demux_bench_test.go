@@ -156,14 +156,15 @@ func BenchmarkTCPEstablished(b *testing.B) {
 
 // BenchmarkTCPListener looks up segments that open connections (no
 // established flow) in a TCPTable with 1024 established flows and 1000
-// listeners: 982 on concrete addresses (10.1.x.y:443), 10 on 0.0.0.0
-// ports 8000-8009, and a reuseport group of 8 on 10.3.0.1:443.
+// listeners: 918 on concrete addresses (10.1.x.y:443), 10 on 0.0.0.0
+// ports 8000-8009, and reuseport groups of 8 and 64 on 10.3.0.8:443 and
+// 10.3.0.64:443.
 //
 //   - exact: segments to the concrete listeners;
 //   - wildcard: segments to the wildcard ports, which first miss the
 //     exact chain;
-//   - reuseport: segments to the group, which the segment's hash spreads
-//     over its 8 listeners.
+//   - reuseport=n: segments to the group of n, which the segment's hash
+//     spreads over its listeners.
 func BenchmarkTCPListener(b *testing.B) {
 	tcp := NewTCPTable[int](WithSecret(demuxBenchSecret))
 	v := new(int)
@@ -173,8 +174,8 @@ func BenchmarkTCPListener(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	var exact, wild, group []Tuple
-	for i := range 982 {
+	var exact, wild []Tuple
+	for i := range 918 {
 		a := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 443)
 		if _, err := tcp.Listen(a, v); err != nil {
 			b.Fatal(err)
@@ -186,20 +187,26 @@ func BenchmarkTCPListener(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	grp := netip.MustParseAddrPort("10.3.0.1:443")
-	for range 8 {
-		if _, err := tcp.Listen(grp, v, WithReusePort()); err != nil {
-			b.Fatal(err)
+	// Reuseport groups of 8 and 64 listeners, on addresses of their own.
+	groups := map[int][]Tuple{8: nil, 64: nil}
+	for n := range groups {
+		grp := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 3, 0, byte(n)}), 443)
+		for range n {
+			if _, err := tcp.Listen(grp, v, WithReusePort()); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for i := range 1000 {
+			groups[n] = append(groups[n], Tuple{Local: grp, Remote: benchPeer(4000 + i)})
 		}
 	}
 	for i := range 1000 {
-		group = append(group, Tuple{Local: grp, Remote: benchPeer(4000 + i)})
 		wild = append(wild, Tuple{Local: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), uint16(8000+i%10)), Remote: benchPeer(3000 + i)})
 	}
 	for _, c := range []struct {
 		name string
 		pkts []Tuple
-	}{{"exact", exact}, {"wildcard", wild}, {"reuseport", group}} {
+	}{{"exact", exact}, {"wildcard", wild}, {"reuseport=8", groups[8]}, {"reuseport=64", groups[64]}} {
 		b.Run("listeners=1000/"+c.name, func(b *testing.B) {
 			miss := 0
 			for i := 0; b.Loop(); i++ {

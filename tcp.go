@@ -3,6 +3,7 @@ package hash4
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -20,15 +21,22 @@ import (
 // that is not its own and restarts. No false match is possible on the way:
 // a listener entry holds remote port 0, which no established key has.
 //
-// A listener node's key holds no remote address: its remote words are free,
-// and the first holds the listener's listen word (listenReuse,
-// listenV6Only, and its place in its reuseport group above bit 32), the
-// second its listen sequence number. Listener
-// walks match a key on its hash, ports and local address alone
-// (entryKey.matchesLocal). The place is the only word of a live entry's
-// key that changes: when a listener of a group is released, the group's
-// last listener takes its place, under the stripe lock; readers take it
-// for a hint (see pickListener).
+// A listener node's key holds no remote address: its first remote word holds
+// the listener's listen word (listenReuse, listenV6Only) instead, and
+// listener walks match a key on its hash, ports and local address alone
+// (entryKey.matchesLocal).
+//
+// Reuseport groups. A group's listeners are nodes of the chain like any
+// other, and the group itself, the kernel's sock_reuseport array, is a
+// tcpGroup: an immutable record of its listeners in the array's order,
+// which Listen and release replace whole (copy-on-write) under the stripe
+// lock of the group's chain, and which readers load with one atomic load.
+// Each stripe has the list of the groups whose chains it guards. A lookup
+// that meets a listener of a group in the chain picks from the group's
+// record, as the kernel's inet_lookup_reuseport picks from the array of the
+// first listener it meets, and so costs the same for a group of any size.
+// N.B. a record lists only live listeners: Listen publishes it after the
+// new listener's node is live, release before the node is freed.
 
 // listenerNullsBase is added to the bucket index of a listener chain to make
 // its nulls value, as the kernel's LISTENING_NULLS_BASE.
@@ -38,8 +46,6 @@ const listenerNullsBase = 1 << 29
 const (
 	listenReuse  = 1 << 0 // SO_REUSEPORT
 	listenV6Only = 1 << 1 // IPV6_V6ONLY
-	listenFlags  = listenReuse | listenV6Only
-	listenPlace  = 32 // the shift of its place in its reuseport group
 )
 
 // wordsAny4 is the 16-byte form of 0.0.0.0 (::ffff:0.0.0.0) as addrWords
@@ -88,13 +94,18 @@ type TCPTable[T any] struct {
 	mix    uint32  // net_hash_mix of the port+address hash
 	anyMix uint32  // jhash_1word(0, mix)
 
+	// groups holds, for each stripe of lb, the reuseport groups whose
+	// chains it guards; written under the stripe's lock.
+	groups []atomic.Pointer[[]*tcpGroup[T]]
+
 	restarts atomic.Uint64 // listener walks started again
-	listens  atomic.Uint64 // listen sequence numbers (the second remote word of a listener's key)
+	listens  atomic.Uint64 // listen sequence numbers (tcpGroup.first)
 
 	// visit, set only by tests before the table is used, is called by
 	// listener walks on each node of a chain before they read its next
-	// link (the established walk has Table.visit).
-	visit func(index uint32)
+	// link (the established walk has Table.visit); matched, on each node
+	// whose key matched, before they read its listen word and value.
+	visit, matched func(index uint32)
 }
 
 // NewTCPTable returns an empty table. Its options are those of New and
@@ -111,6 +122,7 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 	}
 	t := &TCPTable[T]{est: New[T](ok...)}
 	t.lb.init(len(t.est.b.heads), len(t.est.b.stripes), listenerNullsBase)
+	t.groups = make([]atomic.Pointer[[]*tcpGroup[T]], len(t.lb.stripes))
 	t.mix = portaddrMix(&t.est.secret)
 	t.anyMix = JHash1Word(0, t.mix)
 	return t
@@ -132,6 +144,56 @@ func (t *TCPTable[T]) listenerKey(addr netip.Addr, port uint16, word uint64) key
 	w := addrWords(addr)
 	h := portaddrHashWords(&w, addr.Is4(), port, t.mix)
 	return key{meta: uint64(h)<<32 | uint64(port)<<16, local: w, remote: [2]uint64{word, 0}}
+}
+
+// tcpGroup is a reuseport group: the listeners on one address and port that
+// asked for port reuse and are all IPv6-only or all not, in the order of
+// the kernel's reuseport array. It is never changed once published.
+type tcpGroup[T any] struct {
+	meta    uint64    // the listeners' key meta: port+address hash and port
+	local   [2]uint64 // the listeners' address words
+	v6only  bool
+	first   uint64 // the smallest listen sequence number among its listeners
+	members []tcpMember[T]
+}
+
+// tcpMember is a listener of a tcpGroup.
+type tcpMember[T any] struct {
+	val    *T
+	node   uint32
+	listen uint64 // its listen sequence number
+}
+
+// matches reports whether g is the group of listeners with key k.
+func (g *tcpGroup[T]) matches(k *key) bool {
+	return g.meta == k.meta && g.local == k.local && g.v6only == (k.remote[0]&listenV6Only != 0)
+}
+
+// changeGroup publishes the groups of stripe si with the group of key k
+// (created if absent) replaced by change's result, or removed if that has
+// no members. The caller holds the stripe's lock.
+func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMember[T]) []tcpMember[T]) {
+	var old []*tcpGroup[T]
+	if p := t.groups[si].Load(); p != nil {
+		old = *p
+	}
+	groups := make([]*tcpGroup[T], 0, len(old)+1)
+	g := &tcpGroup[T]{meta: k.meta, local: k.local, v6only: k.remote[0]&listenV6Only != 0}
+	for _, x := range old {
+		if x.matches(k) {
+			g.members = x.members
+		} else {
+			groups = append(groups, x)
+		}
+	}
+	if g.members = change(g.members); len(g.members) != 0 {
+		g.first = g.members[0].listen
+		for _, m := range g.members[1:] {
+			g.first = min(g.first, m.listen)
+		}
+		groups = append(groups, g)
+	}
+	t.groups[si].Store(&groups)
 }
 
 // Listen adds a listener with value v on local, which may be the wildcard
@@ -173,34 +235,24 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	st := t.lb.stripe(h)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	// The group's size is the new listener's place. N.B. the node goes to
-	// the head of the chain, as hlist_nulls_add_head_rcu: nodes are reused
-	// at once, and one released and reused at the tail of the chain a
-	// reader stands on would lead the reader to the chain's own marker past
-	// the listeners behind the node's old place; at the head it leads the
-	// reader over the whole chain again. Listen order, which Linux keeps in
-	// the chain for IPv6 reuseport listeners, is the listen sequence
-	// number instead (walkListeners).
-	at, place := t.lb.head(h), uint64(0)
-	for l := at.load(); !l.isNulls(); l = at.load() {
+	// N.B. the node goes to the head of the chain, as
+	// hlist_nulls_add_head_rcu: nodes are reused at once, and one released
+	// and reused at the tail of the chain a reader stands on would lead the
+	// reader to the chain's own marker past the listeners behind the node's
+	// old place; at the head it leads the reader over the whole chain
+	// again. Listen order, which Linux keeps in the chain for IPv6
+	// reuseport listeners, is in the groups' records instead (tcpGroup).
+	for l := t.lb.head(h).load(); !l.isNulls(); {
 		e := t.est.nodes.at(l.index())
-		if e.key.matchesLocal(&k) {
-			w := e.key.remote[0].Load()
-			if w&word&listenReuse == 0 {
-				return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, netip.AddrPortFrom(addr, port))
-			}
-			if w&listenV6Only == word&listenV6Only {
-				place++
-			}
+		if e.key.matchesLocal(&k) && e.key.remote[0].Load()&word&listenReuse == 0 {
+			return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, netip.AddrPortFrom(addr, port))
 		}
-		at = &e.next
+		l = e.next.load()
 	}
 	i, ok := t.est.nodes.get(&st.cache)
 	if !ok {
 		return nil, ErrTableFull
 	}
-	k.remote[0] |= place << listenPlace
-	k.remote[1] = t.listens.Add(1)
 	e := t.est.nodes.at(i)
 	// N.B. the node is free (seq even) and may have left an established
 	// chain a moment ago: readers that stand on it ignore its key while it
@@ -211,42 +263,45 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	linkAt(t.lb.head(h), nodeLink(i), &e.next)
 	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
 	st.count.Store(st.count.Load() + 1)
+	if cfg.reusePort {
+		m := tcpMember[T]{val: v, node: i, listen: t.listens.Add(1)}
+		t.changeGroup(h&t.lb.stripeMask, &k, func(members []tcpMember[T]) []tcpMember[T] {
+			return append(slices.Clip(members), m) // a new array: readers may hold the old one
+		})
+	}
 	var once sync.Once
 	return func() { once.Do(func() { t.unlisten(h, i) }) }, nil
 }
 
 // unlisten removes the listener in node i from the chain of hash h, as the
 // kernel's inet_unhash, and recycles the node at once. The last listener
-// of its reuseport group takes its place (reuseport_detach_sock).
+// of its reuseport group takes its place in the group
+// (reuseport_detach_sock).
 func (t *TCPTable[T]) unlisten(h, i uint32) {
 	st := t.lb.stripe(h)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	gone := t.est.nodes.at(i)
-	k := gone.key.load()
-	word := k.remote[0]
-	var at *linkField  // the field that links node i
-	var last *entry[T] // the group's listener with the highest place
+	var at *linkField // the field that links node i
 	for prev, l := t.lb.head(h), t.lb.head(h).load(); !l.isNulls(); l = prev.load() {
-		e := t.est.nodes.at(l.index())
-		switch {
-		case l.index() == i:
+		if l.index() == i {
 			at = prev
-		case word&listenReuse != 0 && e.key.matchesLocal(&k) &&
-			e.key.remote[0].Load()&listenV6Only == word&listenV6Only:
-			if last == nil || e.key.remote[0].Load() > last.key.remote[0].Load() {
-				last = e
-			}
+			break
 		}
-		prev = &e.next
+		prev = &t.est.nodes.at(l.index()).next
 	}
 	if at == nil {
 		return
 	}
-	if last != nil {
-		if w := last.key.remote[0].Load(); w>>listenPlace > word>>listenPlace {
-			last.key.remote[0].Store(w&listenFlags | word&^listenFlags)
-		}
+	if k := gone.key.load(); k.remote[0]&listenReuse != 0 {
+		// N.B. before the node is freed: a record lists only live
+		// listeners.
+		t.changeGroup(h&t.lb.stripeMask, &k, func(members []tcpMember[T]) []tcpMember[T] {
+			j := slices.IndexFunc(members, func(m tcpMember[T]) bool { return m.node == i })
+			members = slices.Clone(members)
+			members[j] = members[len(members)-1]
+			return members[:len(members)-1]
+		})
 	}
 	gone.seq.Store(gone.seq.Load() + 1) // free: N.B. before unlinking and clearing the value (see entry)
 	unlink(at, &gone.next)
@@ -296,7 +351,7 @@ func (t *TCPTable[T]) lookupListener(pkt *Tuple, hash uint32, hashed bool) (*T, 
 	setWords(&k.local, la)
 	k.meta = uint64(portaddrHashWords(&k.local, is4, lp, t.mix))<<32 | uint64(lp)<<16
 	if v, word, on := t.walkListeners(&k, nil); v != nil {
-		return t.pickListener(on, v, word, pkt, hash, hashed), true
+		return t.pickListener(on, v, word, false, pkt, hash, hashed), true
 	}
 	any6.meta = uint64(t.anyMix^uint32(lp))<<32 | uint64(lp)<<16 // :: and 0.0.0.0 hash alike
 	var v *T
@@ -312,7 +367,9 @@ func (t *TCPTable[T]) lookupListener(pkt *Tuple, hash uint32, hashed bool) (*T, 
 	if v == nil {
 		return nil, false
 	}
-	return t.pickListener(on, v, word, pkt, hash, hashed), true
+	// An IPv4 segment that reached :: reaches only listeners that are not
+	// IPv6-only.
+	return t.pickListener(on, v, word, is4 && on == &any6, pkt, hash, hashed), true
 }
 
 // walkListeners walks the listener chain of k1 without locks and returns the
@@ -327,37 +384,31 @@ func (t *TCPTable[T]) walkListeners(k1, k2 *key) (*T, uint64, *key) {
 	b := t.lb.bucket(uint32(k1.meta >> 32))
 	head := &t.lb.heads[b]
 begin:
-	var first, second *T
-	var firstWord, firstListen, secondWord uint64
+	var second *T
+	var secondWord uint64
 	l := head.load()
 	for !l.isNulls() {
 		e := t.est.nodes.at(l.index())
 		if seq := e.seq.Load(); seq&1 == 1 {
 			m1 := e.key.matchesLocal(k1)
 			if m1 || (k2 != nil && second == nil && e.key.matchesLocal(k2)) {
-				word, listen := e.key.remote[0].Load(), e.key.remote[1].Load()
+				if t.matched != nil {
+					t.matched(l.index())
+				}
+				word := e.key.remote[0].Load()
 				v := e.val.Load()
 				if e.seq.Load() != seq {
 					t.restarts.Add(1)
 					goto begin
 				}
-				if m1 && word&listenReuse == 0 {
-					return v, word, k1 // alone on its address and port
-				}
 				if m1 {
-					// Of two groups on k1 (IPv6-only or not), the
-					// one that listened first.
-					if first == nil || listen < firstListen {
-						first, firstWord, firstListen = v, word, listen
-					}
-					goto next
+					return v, word, k1
 				}
 				if word&listenV6Only == 0 {
 					second, secondWord = v, word
 				}
 			}
 		}
-	next:
 		if t.visit != nil {
 			t.visit(l.index())
 		}
@@ -365,9 +416,6 @@ begin:
 	}
 	if !t.endedHome(l, b) {
 		goto begin
-	}
-	if first != nil {
-		return first, firstWord, k1
 	}
 	if second == nil {
 		return nil, 0, nil
@@ -387,85 +435,39 @@ func (t *TCPTable[T]) endedHome(l link, b uint32) bool {
 }
 
 // pickListener returns the listener that segment pkt reaches, given the
-// value v and listen word of the first listener on its address and port k
-// (walkListeners): v itself, or if v is in a reuseport group of n > 1, the
-// group's listener whose place is reciprocal_scale(hash, n), as the
-// kernel's inet_lookup_reuseport and reuseport_select_sock_by_hash. hash
-// is pkt's established hash if hashed, else pickListener computes it. N.B.
-// a place is a hint: one read while a group changes may name no listener,
-// or two, and then the answer is v or one of the two, each a listener of
-// the group that was live during the lookup. Places are exact while the
-// group does not change.
-func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, pkt *Tuple, hash uint32, hashed bool) *T {
+// value v and listen word of a listener on its address and port k that
+// walkListeners found: v itself if it is alone there, else a listener of
+// the reuseport group on k, the one at place reciprocal_scale(hash, n) of
+// a group of n, as the kernel's inet_lookup_reuseport and
+// reuseport_select_sock_by_hash. Of two groups on k, IPv6-only and not,
+// the one with the listener that listened first takes the segment, or if
+// dualOnly, the one that is not IPv6-only. hash is pkt's established hash
+// if hashed, else pickListener computes it. N.B. the group's record may be
+// newer than the listener the walk met: the answer is a listener of the
+// record, each live when the record was loaded, or v if the group has
+// left meanwhile.
+func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, dualOnly bool, pkt *Tuple, hash uint32, hashed bool) *T {
 	if word&listenReuse == 0 {
 		return v
 	}
-	group := word & listenV6Only
-	var byPlace [groupScanPlaces]*T
-	n := t.scanGroup(k, group, -1, &byPlace)
-	if n <= 1 {
+	var g *tcpGroup[T]
+	if p := t.groups[uint32(k.meta>>32)&t.lb.stripeMask].Load(); p != nil {
+		for _, x := range *p {
+			if x.meta == k.meta && x.local == k.local && !(dualOnly && x.v6only) && (g == nil || x.first < g.first) {
+				g = x
+			}
+		}
+	}
+	switch {
+	case g == nil:
 		return v
+	case len(g.members) == 1:
+		return g.members[0].val
 	}
 	if !hashed {
 		var ek key
 		t.est.tupleKey(&ek, pkt)
 		hash = uint32(ek.meta >> 32)
 	}
-	place := reciprocalScale(hash, n)
-	if place < groupScanPlaces {
-		if p := byPlace[place]; p != nil {
-			return p
-		}
-		return v
-	}
-	t.scanGroup(k, group, place, &byPlace)
-	if p := byPlace[0]; p != nil {
-		return p
-	}
-	return v
-}
-
-// groupScanPlaces is how many places of a reuseport group scanGroup
-// records in one walk: a larger group's listener beyond them takes a
-// second walk.
-const groupScanPlaces = 16
-
-// scanGroup walks the listener chain of k without locks and returns the
-// number of live listeners on k's address and port whose IPv6-only bit is
-// group. It records in byPlace the value of each whose place is below
-// groupScanPlaces, or if place is not negative, only the value of the one
-// whose place is place, in byPlace[0]. A walk that ends on another chain's
-// nulls marker starts again, as walkListeners.
-func (t *TCPTable[T]) scanGroup(k *key, group uint64, place int, byPlace *[groupScanPlaces]*T) (n int) {
-	b := t.lb.bucket(uint32(k.meta >> 32))
-	head := &t.lb.heads[b]
-begin:
-	n, *byPlace = 0, [groupScanPlaces]*T{}
-	l := head.load()
-	for !l.isNulls() {
-		e := t.est.nodes.at(l.index())
-		if seq := e.seq.Load(); seq&1 == 1 && e.key.matchesLocal(k) {
-			word := e.key.remote[0].Load()
-			x := e.val.Load()
-			if e.seq.Load() == seq && word&listenV6Only == group {
-				n++
-				switch p := word >> listenPlace; {
-				case place >= 0:
-					if p == uint64(place) && byPlace[0] == nil {
-						byPlace[0] = x
-					}
-				case p < groupScanPlaces && byPlace[p] == nil:
-					byPlace[p] = x
-				}
-			}
-		}
-		if t.visit != nil {
-			t.visit(l.index())
-		}
-		l = e.next.load()
-	}
-	if !t.endedHome(l, b) {
-		goto begin
-	}
-	return n
+	return g.members[reciprocalScale(hash, len(g.members))].val
 }

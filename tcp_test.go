@@ -111,7 +111,7 @@ func TestTCPReusePortGroups(t *testing.T) {
 	require.NoError(t, err, "the IPv4-mapped form joins the group")
 	spread([]string{"C", "D", "E"})
 
-	// A group larger than one walk records (groupScanPlaces).
+	// A larger group, some of whose listeners leave.
 	big := make([]string, 40)
 	bigRels := make([]func(), len(big))
 	for i := range big {
@@ -138,28 +138,39 @@ func TestTCPReusePortGroups(t *testing.T) {
 	}
 	require.Len(t, seen, len(order))
 
-	// On ::, X (IPv6-only) listens before Y and Z.
-	six := []string{"X", "Y", "Z"}
-	for i, v6only := range []bool{true, false, false} {
+	// On ::, X (IPv6-only) listens before Y and Z, then W (IPv6-only).
+	six := []string{"X", "Y", "Z", "W"}
+	sixRels := make([]func(), len(six))
+	for i, v6only := range []bool{true, false, false, true} {
 		opts := []BindOption{WithReusePort()}
 		if v6only {
 			opts = append(opts, WithIPv6Only())
 		}
-		_, err := tbl.Listen(dmxAP("[::]:443"), &six[i], opts...)
+		var err error
+		sixRels[i], err = tbl.Listen(dmxAP("[::]:443"), &six[i], opts...)
 		require.NoError(t, err)
 	}
-	got4, got6 := map[string]int{}, map[string]int{}
-	for i := range 200 {
-		v, ok := tbl.Lookup(Tuple{Local: dmxAP("10.0.0.9:443"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))})
-		require.True(t, ok)
-		got4[*v]++
-		v, ok = tbl.Lookup(Tuple{Local: dmxAP("[2001:db8::1]:443"),
-			Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)}), uint16(1000+i))})
-		require.True(t, ok)
-		got6[*v]++
+	reached := func() (got4, got6 []string) {
+		t.Helper()
+		seen4, seen6 := map[string]bool{}, map[string]bool{}
+		for i := range 200 {
+			v, ok := tbl.Lookup(Tuple{Local: dmxAP("10.0.0.9:443"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))})
+			require.True(t, ok)
+			seen4[*v] = true
+			v, ok = tbl.Lookup(Tuple{Local: dmxAP("[2001:db8::1]:443"),
+				Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)}), uint16(1000+i))})
+			require.True(t, ok)
+			seen6[*v] = true
+		}
+		return slices.Sorted(maps.Keys(seen4)), slices.Sorted(maps.Keys(seen6))
 	}
-	require.Equal(t, []string{"Y", "Z"}, slices.Sorted(maps.Keys(got4)), "IPv4 segments: the group that is not IPv6-only")
-	require.Equal(t, []string{"X"}, slices.Sorted(maps.Keys(got6)), "IPv6 segments: the group that listened first")
+	got4, got6 := reached()
+	require.Equal(t, []string{"Y", "Z"}, got4, "IPv4 segments: the group that is not IPv6-only")
+	require.Equal(t, []string{"W", "X"}, got6, "IPv6 segments: the group whose listener listened first")
+	sixRels[0]()
+	got4, got6 = reached()
+	require.Equal(t, []string{"Y", "Z"}, got4)
+	require.Equal(t, []string{"Y", "Z"}, got6, "X gone, Y is the first listener on ::")
 }
 
 // TestTCPLookupOrder checks established, then exact listener, then wildcard
@@ -362,6 +373,50 @@ func TestTCPRecycleSameChain(t *testing.T) {
 	require.Equal(t, nodeLink(p.node), tbl.lb.heads[b].load(), "L2's node reused in chain b")
 	close(p.resume)
 	require.Equal(t, p.want, <-p.done)
+}
+
+// TestTCPRecycleAfterMatch stops a listener lookup on a node of a reuseport
+// group just after the node's key matched, before the walk reads its listen
+// word and value, releases the listener and listens on another address in
+// the same chain, which reuses the node: the walk must see the node's seq
+// change, restart, and not take the other address's listener for the
+// group's. The group's other listener, alone in it now, takes the segment.
+func TestTCPRecycleAfterMatch(t *testing.T) {
+	s := newTCPStray()
+	tbl := s.tbl
+	const b = 9
+	group, _ := s.listenerIn(b, 0)
+	other, _ := s.listenerIn(b, 1)
+	v1, v2, vo := "L1", "L2", "other"
+	_, err := tbl.Listen(group, &v1, WithReusePort())
+	require.NoError(t, err)
+	rel2, err := tbl.Listen(group, &v2, WithReusePort())
+	require.NoError(t, err)
+	i2 := tbl.lb.heads[b].load().index() // chain b: L2 -> L1
+	stoppedOn := uint32(0)
+	paused, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	tbl.matched = func(i uint32) {
+		once.Do(func() {
+			stoppedOn = i
+			close(paused)
+			<-resume
+		})
+	}
+	done := make(chan *string)
+	go func() {
+		v, _ := tbl.Lookup(Tuple{Local: group, Remote: dmxAP("192.0.2.200:4444")})
+		done <- v
+	}()
+	<-paused
+	require.Equal(t, i2, stoppedOn, "stopped on L2's node")
+	rel2()
+	_, err = tbl.Listen(other, &vo)
+	require.NoError(t, err)
+	require.Equal(t, nodeLink(i2), tbl.lb.heads[b].load(), "L2's node reused in chain b")
+	close(resume)
+	require.Same(t, &v1, <-done)
+	require.EqualValues(t, 1, tbl.restarts.Load(), "one restart, on the changed seq")
 }
 
 // strayPause is a listener lookup paused by tcpStray.pauseBehind.
