@@ -33,14 +33,17 @@ func benchPeer(i int) netip.AddrPort {
 
 // BenchmarkUDPLookup looks up packets in a table holding, on 10.0.0.1:5000,
 // 500 sockets connected to distinct peers and one unconnected socket (all
-// with port reuse), plus one unconnected socket on 10.0.0.1:6000 and one on
-// 0.0.0.0:7000:
+// with port reuse), plus one unconnected socket on 10.0.0.1:6000, one on
+// 0.0.0.0:7000, and a reuseport group of 64 unconnected sockets on
+// 10.0.0.2:5353, as a server with a socket per thread has:
 //
 //   - connected: packets of the 500 connected flows;
 //   - unconnected-exact: packets to 10.0.0.1:6000, a port with no connected
 //     socket, from many peers;
 //   - unconnected-wildcard: packets to 10.0.0.1:7000, which only the
-//     wildcard socket takes.
+//     wildcard socket takes;
+//   - reuseport=64: packets to 10.0.0.2:5353, which the packet's flow
+//     hash spreads over the group.
 func BenchmarkUDPLookup(b *testing.B) {
 	tbl := NewUDPTable[int](WithSecret(demuxBenchSecret))
 	v := new(int)
@@ -62,7 +65,12 @@ func BenchmarkUDPLookup(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	if n := len(*tbl.slots[portaddrHash(local.Addr(), 5000, tbl.mix)&tbl.mask].socks.Load()); n != connected+1 {
+	for range 64 {
+		if _, err := tbl.Bind(netip.MustParseAddrPort("10.0.0.2:5353"), v, WithReusePort()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if n := len(tbl.slots[portaddrHash(local.Addr(), 5000, tbl.mix)&tbl.mask].socks.Load().all); n != connected+1 {
 		b.Fatalf("the slot of %v holds %d sockets", local, n)
 	}
 	packets := func(dst string) []Tuple {
@@ -72,8 +80,8 @@ func BenchmarkUDPLookup(b *testing.B) {
 		}
 		return p
 	}
-	exact, wild := packets("10.0.0.1:6000"), packets("10.0.0.1:7000")
-	for _, p := range [][]Tuple{exact, wild} {
+	exact, wild, group := packets("10.0.0.1:6000"), packets("10.0.0.1:7000"), packets("10.0.0.2:5353")
+	for _, p := range [][]Tuple{exact, wild, group} {
 		slot := &tbl.slots[portaddrHash(p[0].Local.Addr(), p[0].Local.Port(), tbl.mix)&tbl.mask]
 		if slot.hash4Cnt.Load() != 0 {
 			b.Fatalf("the slot of %v counts connected sockets", p[0].Local)
@@ -86,6 +94,7 @@ func BenchmarkUDPLookup(b *testing.B) {
 		{"connected", conn},
 		{"unconnected-exact", exact},
 		{"unconnected-wildcard", wild},
+		{"reuseport=64", group},
 	} {
 		for _, off := range []bool{false, true} {
 			name := "on"

@@ -38,6 +38,13 @@ import (
 //   - Each hash2 slot counts the sockets of its (address, port) pairs that
 //     are in hash4 (hash4_cnt); Lookup reads hash4 only when that count is
 //     not zero.
+//   - Each hash2 slot also counts its connected sockets, and publishes its
+//     sockets by reuseport group beside the plain slice. While none is
+//     connected, every socket of a group scores alike, and Lookup scores
+//     the groups rather than the sockets and indexes the best group's array
+//     with the flow hash, as the kernel's udp4_lib_lookup2 returns what
+//     inet_lookup_reuseport picks when the group has no connected socket
+//     (reuseport_has_conns): a cost independent of the group's size.
 //
 // Lock order: UDPSocket.mu, then a hash2 slot's mu, then a hash4 stripe's
 // mu. Stripe locks never nest. Lookups take none of them.
@@ -129,6 +136,13 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 // packet's address and port again if a score changed between its first
 // look at them and its choice among the tied ones, so that it returns a
 // socket that takes the packet, with the score that won.
+//
+// Cost. While no socket bound to the packet's address and port, or to
+// another address and port that shares their hash2 slot, is connected,
+// Lookup scores each reuseport group once rather than each socket, so a
+// packet to a group of 64 sockets costs what one to a single socket does.
+// Otherwise it scores every socket of the slot, as the kernel does for a
+// group that has connected sockets (reuseport_has_conns).
 type UDPTable[T any] struct {
 	slots []udpSlot[T] // hash2
 	mask  uint32
@@ -147,26 +161,72 @@ type UDPTable[T any] struct {
 	// makes Lookup skip step 1 (hash4).
 	hash4Off bool
 	// visit, set only by tests before the table is used, is called by hash4
-	// walks on each node of a chain before they read its next link.
-	visit func(index uint32)
+	// walks on each node of a chain before they read its next link;
+	// loaded, by scoreSlot after it loaded a slot's sockets.
+	visit  func(index uint32)
+	loaded func()
 }
 
 // udpSlot is one hash2 slot.
 type udpSlot[T any] struct {
-	// socks is the slot's sockets, each reuseport group in the order of
-	// the kernel's reuseport array (see withoutSocket); never changed once
-	// published. N.B. written only under mu, read without it.
-	socks atomic.Pointer[[]*UDPSocket[T]]
+	// socks is the slot's sockets. N.B. written only under mu, read
+	// without it.
+	socks atomic.Pointer[udpSlotSockets[T]]
 	// hash4Cnt counts the slot's sockets that are linked in hash4. N.B. it
 	// is a hint: it is raised before a node is linked and lowered after it
 	// is unlinked, and a lookup that reads 0 while a socket is in hash4
 	// still finds that socket by scoring.
 	hash4Cnt atomic.Int32
-	mu       sync.Mutex
+	// conns counts the slot's connected sockets. N.B. it is never lower
+	// than the number of sockets in socks that have a peer: Connect raises
+	// it before it sets a socket's first peer, and Disconnect and Close
+	// lower it after the peer is cleared or the socket has left socks. So
+	// a lookup that reads 0, between two loads of socks that return the
+	// same pointer, saw those sockets all unconnected (see scoreSlot).
+	conns atomic.Int32
+	mu    sync.Mutex
 	// Pad to 32 bytes, so that no slot straddles a cache line: a lookup
-	// reads socks and hash4Cnt together. The fields take 12 bytes and a
-	// pointer.
-	_ [20 - ptrSize]byte
+	// reads socks, hash4Cnt and conns together. The fields take 16 bytes
+	// and a pointer.
+	_ [16 - ptrSize]byte
+}
+
+// udpSlotSockets is what a hash2 slot holds, never changed once published.
+type udpSlotSockets[T any] struct {
+	// all is every socket of the slot, each reuseport group in the order
+	// of the kernel's reuseport array (see withoutSocket).
+	all []*UDPSocket[T]
+	// groups is the same sockets by reuseport group; a socket without
+	// port reuse is a group of its own.
+	groups []udpGroup[T]
+}
+
+// udpGroup is a reuseport group of a slot's sockets (see inGroupOf).
+type udpGroup[T any] struct {
+	first   *UDPSocket[T]   // the member bound first
+	members []*UDPSocket[T] // in the order of the kernel's reuseport array
+}
+
+// newSlotSockets returns the slot contents for sockets all, nil if there
+// are none.
+func newSlotSockets[T any](all []*UDPSocket[T]) *udpSlotSockets[T] {
+	if len(all) == 0 {
+		return nil
+	}
+	ss := &udpSlotSockets[T]{all: all}
+	for _, s := range all {
+		j := slices.IndexFunc(ss.groups, func(g udpGroup[T]) bool { return s.inGroupOf(g.first) })
+		if j < 0 {
+			j = len(ss.groups)
+			ss.groups = append(ss.groups, udpGroup[T]{first: s})
+		}
+		g := &ss.groups[j]
+		g.members = append(g.members, s)
+		if s.id < g.first.id {
+			g.first = s
+		}
+	}
+	return ss
 }
 
 // UDPSocket is a socket bound in a UDPTable, made by UDPTable.Bind. Its
@@ -300,7 +360,7 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	defer slot.mu.Unlock()
 	var old []*UDPSocket[T]
 	if p := slot.socks.Load(); p != nil {
-		old = *p
+		old = p.all
 	}
 	for _, o := range old {
 		if o.port == s.port && o.lw == s.lw && !(o.reuse && s.reuse) {
@@ -322,7 +382,7 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	copy(socks, old)
 	socks = append(socks, s)
 	// N.B. s is complete before this store publishes it to readers.
-	slot.socks.Store(&socks)
+	slot.socks.Store(newSlotSockets(socks))
 	return s, nil
 }
 
@@ -409,6 +469,9 @@ func (s *UDPSocket[T]) Connect(remote netip.AddrPort) error {
 	if s.hashed4 {
 		t.unhash4(s)
 	}
+	if s.peer.Load() == nil {
+		t.slots[s.h2&t.mask].conns.Add(1) // N.B. before the peer is set (see udpSlot.conns)
+	}
 	s.peer.Store(&udpPeer{w: addrWords(addr), port: port, addr: netip.AddrPortFrom(addr, port)})
 	if s.hasNode {
 		t.hash4(s, addr, port)
@@ -432,7 +495,10 @@ func (s *UDPSocket[T]) Disconnect() error {
 	if s.hashed4 {
 		s.t.unhash4(s)
 	}
-	s.peer.Store(nil)
+	if s.peer.Load() != nil {
+		s.peer.Store(nil)
+		s.t.slots[s.h2&s.t.mask].conns.Add(-1) // N.B. after the peer is cleared
+	}
 	return nil
 }
 
@@ -459,13 +525,11 @@ func (s *UDPSocket[T]) Close() error {
 	slot.mu.Lock()
 	var old []*UDPSocket[T]
 	if p := slot.socks.Load(); p != nil {
-		old = *p // s is in it
+		old = p.all // s is in it
 	}
-	socks := withoutSocket(old, s)
-	if len(socks) == 0 {
-		slot.socks.Store(nil)
-	} else {
-		slot.socks.Store(&socks)
+	slot.socks.Store(newSlotSockets(withoutSocket(old, s)))
+	if s.peer.Load() != nil {
+		slot.conns.Add(-1) // N.B. after s has left socks
 	}
 	slot.mu.Unlock()
 	if s.hasNode {
@@ -657,23 +721,8 @@ begin:
 // step (wild true: s must be bound to a wildcard address that receives p's
 // family); see UDPTable. It returns -1 if s does not take p.
 func (s *UDPSocket[T]) score(p *udpPacket, wild bool) int {
-	if s.port != p.lport {
-		return -1
-	}
-	sc := 2
-	if wild {
-		switch {
-		case !s.wild:
-			return -1
-		case s.v6 && p.is4:
-			if s.v6only {
-				return -1
-			}
-			sc = 1
-		case s.v6 != !p.is4:
-			return -1
-		}
-	} else if s.lw != p.lw {
+	sc := s.addrScore(p, wild)
+	if sc < 0 {
 		return -1
 	}
 	if peer := s.peer.Load(); peer != nil {
@@ -685,15 +734,55 @@ func (s *UDPSocket[T]) score(p *udpPacket, wild bool) int {
 	return sc
 }
 
+// addrScore is score without the peer: the score of s for p if s is not
+// connected.
+func (s *UDPSocket[T]) addrScore(p *udpPacket, wild bool) int {
+	if s.port != p.lport {
+		return -1
+	}
+	if !wild {
+		if s.lw != p.lw {
+			return -1
+		}
+		return 2
+	}
+	switch {
+	case !s.wild:
+		return -1
+	case s.v6 && p.is4:
+		if s.v6only {
+			return -1
+		}
+		return 1
+	case s.v6 != !p.is4:
+		return -1
+	}
+	return 2
+}
+
 // scoreSlot returns the value of the best-scoring socket of slot for p, as
 // the kernel's udp4_lib_lookup2: the highest score wins, and among n > 1
 // sockets tied at it, all bound to one address and port, pickTied chooses.
+// While no socket of the slot is connected, pickGroup gives the same
+// answer without scoring every socket.
 func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, bool) {
-	sp := slot.socks.Load()
-	if sp == nil {
+	ss := slot.socks.Load()
+	if ss == nil {
 		return nil, false
 	}
-	socks := *sp
+	if t.loaded != nil {
+		t.loaded()
+	}
+	// N.B. the sockets of ss were all unconnected when conns read 0 if
+	// ss was still the slot's then (see udpSlot.conns); a change of
+	// either leaves the answer to scoring.
+	if slot.conns.Load() == 0 {
+		v, ok := t.pickGroup(ss, p, wild)
+		if slot.socks.Load() == ss {
+			return v, ok
+		}
+	}
+	socks := ss.all
 	for {
 		best, n := -1, 0
 		var first *UDPSocket[T]
@@ -723,6 +812,33 @@ func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, 
 		}
 		t.rescores.Add(1)
 	}
+}
+
+// pickGroup is scoreSlot for a slot none of whose sockets ss is connected:
+// every socket of a group then scores alike, so pickGroup scores each group
+// once; of the groups tied at the best score, the one of the socket bound
+// first wins, and the flow hash of p picks its k-th socket, k =
+// reciprocal_scale(hash, size of the group), which is what pickTied picks
+// when every socket of the group is tied.
+func (t *UDPTable[T]) pickGroup(ss *udpSlotSockets[T], p *udpPacket, wild bool) (*T, bool) {
+	var best *udpGroup[T]
+	bestScore := -1
+	for i := range ss.groups {
+		g := &ss.groups[i]
+		switch sc := g.first.addrScore(p, wild); {
+		case sc > bestScore:
+			best, bestScore = g, sc
+		case sc == bestScore && sc >= 0 && g.first.id < best.first.id:
+			best = g
+		}
+	}
+	switch {
+	case best == nil:
+		return nil, false
+	case len(best.members) == 1:
+		return best.members[0].val, true
+	}
+	return best.members[reciprocalScale(t.flowHash(p), len(best.members))].val, true
 }
 
 // pickTied returns the value of the socket that the flow hash of p picks among
@@ -789,7 +905,7 @@ func (t *UDPTable[T]) sockets() []*UDPSocket[T] {
 	var all []*UDPSocket[T]
 	for i := range t.slots {
 		if p := t.slots[i].socks.Load(); p != nil {
-			all = append(all, *p...)
+			all = append(all, p.all...)
 		}
 	}
 	slices.SortFunc(all, func(a, b *UDPSocket[T]) int { return cmp.Compare(a.id, b.id) })

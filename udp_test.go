@@ -534,8 +534,48 @@ func TestUDPReusePortTieRace(t *testing.T) {
 	require.Zero(t, wrong, "lookups that did not return B")
 }
 
-// TestUDPHash4Count checks hash4_cnt and hash4 membership through
-// Connect, reconnect, Disconnect and Close.
+// TestUDPStaleSlotScored stops a lookup just after it loaded its slot's
+// sockets, two of a reuseport group, one of them connected to another peer;
+// that one closes, which leaves no socket of the slot connected. The lookup
+// must not pick from the group it loaded as if its sockets were all
+// unconnected, which could return the closed socket, connected to another
+// peer all along: it must score them, and return the other.
+func TestUDPStaleSlotScored(t *testing.T) {
+	tbl := NewUDPTable[string](WithSecret(udpTestSecret))
+	names := []string{"D", "E"}
+	socks := make([]*UDPSocket[string], len(names))
+	for i := range names {
+		var err error
+		socks[i], err = tbl.Bind(dmxAP("10.0.0.1:53"), &names[i], WithReusePort())
+		require.NoError(t, err)
+	}
+	require.NoError(t, socks[0].Connect(dmxAP("192.0.2.1:9")))
+	// A packet from another peer whose flow hash names D's place.
+	var pkt Tuple
+	for i := 1; ; i++ {
+		pkt = Tuple{Local: dmxAP("10.0.0.1:53"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 1000)}
+		if reciprocalScale(udpTestHash(pkt), 2) == 0 {
+			break
+		}
+	}
+	paused, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	tbl.loaded = func() { once.Do(func() { close(paused); <-resume }) }
+	done := make(chan *string)
+	go func() {
+		v, _ := tbl.Lookup(pkt)
+		done <- v
+	}()
+	<-paused
+	require.NoError(t, socks[0].Close())
+	require.Zero(t, tbl.slots[socks[1].h2&tbl.mask].conns.Load())
+	close(resume)
+	require.Same(t, &names[1], <-done)
+}
+
+// TestUDPHash4Count checks hash4_cnt, hash4 membership and the slots'
+// counts of connected sockets through Connect, reconnect, Disconnect and
+// Close.
 func TestUDPHash4Count(t *testing.T) {
 	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
 	v := new(int)
@@ -558,6 +598,17 @@ func TestUDPHash4Count(t *testing.T) {
 		t.Helper()
 		require.EqualValues(t, cnt, slot.hash4Cnt.Load())
 		require.Equal(t, h, hashed())
+		for _, sl := range []*udpSlot[int]{slot, wslot} {
+			connected := 0
+			if ss := sl.socks.Load(); ss != nil {
+				for _, s := range ss.all {
+					if s.peer.Load() != nil {
+						connected++
+					}
+				}
+			}
+			require.EqualValues(t, connected, sl.conns.Load(), "connected sockets of a slot")
+		}
 	}
 	check(0, 0)
 	require.NoError(t, a.Connect(dmxAP("192.0.2.1:9")))
@@ -581,6 +632,13 @@ func TestUDPHash4Count(t *testing.T) {
 	check(1, 1)
 	require.NoError(t, a.Close())
 	check(0, 0)
+	require.NoError(t, w.Disconnect())
+	check(0, 0)
+	require.NoError(t, w.Connect(dmxAP("192.0.2.4:9")))
+	check(0, 0)
+	require.NoError(t, w.Close())
+	check(0, 0)
+	require.Zero(t, wslot.conns.Load())
 }
 
 // TestUDPHash4NullsRestart makes a hash4 reader stand on a node while the

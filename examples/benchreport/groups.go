@@ -96,11 +96,12 @@ var groupSpecs = []*groupSpec{
 	{
 		name: "udp", bench: "BenchmarkUDPLookup", title: "UDP socket lookup: hash4 on vs off",
 		implKey: "hash4", impls: []string{"hash4=on", "hash4=off"},
-		perRow: 6,
+		perRow: 8,
 		what: "Socket lookup of a datagram on a port with 500 connected sockets and one unconnected one " +
-			"(connected), or on ports with unconnected sockets only.",
+			"(connected), on ports with unconnected sockets only, or to a reuseport group of 64 unconnected sockets.",
 		meaning: "A UDP proxy that connects one socket per client on one port finds a datagram's socket " +
-			"directly with the 4-tuple hash, instead of scoring every socket on the port, so its cost stops growing with the number of clients.",
+			"directly with the 4-tuple hash, instead of scoring every socket on the port, so its cost stops growing with the number of clients; " +
+			"a server with a socket per thread on one port pays for a datagram what a single socket costs.",
 	},
 }
 
