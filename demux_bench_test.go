@@ -70,7 +70,11 @@ func BenchmarkUDPLookup(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	if n := len(tbl.slots[portaddrHash(local.Addr(), 5000, tbl.mix)&tbl.mask].socks.Load().all); n != connected+1 {
+	n := 0
+	for _, g := range *tbl.slots[portaddrHash(local.Addr(), 5000, tbl.mix)&tbl.mask].groups.Load() {
+		n += len(g.members)
+	}
+	if n != connected+1 {
 		b.Fatalf("the slot of %v holds %d sockets", local, n)
 	}
 	packets := func(dst string) []Tuple {

@@ -21,12 +21,13 @@ import (
 //
 //   - hash2 is an array of slots, one per port+address hash
 //     (IPv4PortaddrHash / IPv6PortaddrHash & mask). A slot holds the sockets
-//     bound to its (address, port) pairs as an immutable slice, published
-//     with one atomic store and replaced whole (copy-on-write) under the
-//     slot's mutex by Bind and Close. Readers load it once and score the
-//     sockets in it without locks. Within a reuseport group the slice is
-//     in the order of the kernel's reuseport array, which breaks ties
-//     between the group's sockets (see withoutSocket).
+//     bound to its (address, port) pairs by reuseport group (a socket
+//     without port reuse is a group of its own) as an immutable slice,
+//     published with one atomic store and replaced under the slot's mutex
+//     by Bind and Close, which copy the slice and the one group they
+//     change. Readers load it once and score the sockets in it without
+//     locks. A group's sockets are in the order of the kernel's reuseport
+//     array, which breaks ties between them (see udpGroup.without).
 //   - hash4 is a bucket array (bucket.go) of hlist_nulls chains (nulls.go),
 //     as many as hash2 has slots, keyed by UDPEhashfn / UDP6Ehashfn. Its
 //     nodes are entries (table.go) in a node store (slab.go): each socket
@@ -38,8 +39,7 @@ import (
 //   - Each hash2 slot counts the sockets of its (address, port) pairs that
 //     are in hash4 (hash4_cnt); Lookup reads hash4 only when that count is
 //     not zero.
-//   - Each hash2 slot also counts its connected sockets, and publishes its
-//     sockets by reuseport group beside the plain slice. While none is
+//   - Each hash2 slot also counts its connected sockets. While none is
 //     connected, every socket of a group scores alike, and Lookup scores
 //     the groups rather than the sockets and indexes the best group's array
 //     with the flow hash, as the kernel's udp4_lib_lookup2 returns what
@@ -169,64 +169,59 @@ type UDPTable[T any] struct {
 
 // udpSlot is one hash2 slot.
 type udpSlot[T any] struct {
-	// socks is the slot's sockets. N.B. written only under mu, read
-	// without it.
-	socks atomic.Pointer[udpSlotSockets[T]]
+	// groups is the slot's sockets by reuseport group; never changed once
+	// published. N.B. written only under mu, read without it.
+	groups atomic.Pointer[[]udpGroup[T]]
 	// hash4Cnt counts the slot's sockets that are linked in hash4. N.B. it
 	// is a hint: it is raised before a node is linked and lowered after it
 	// is unlinked, and a lookup that reads 0 while a socket is in hash4
 	// still finds that socket by scoring.
 	hash4Cnt atomic.Int32
 	// conns counts the slot's connected sockets. N.B. it is never lower
-	// than the number of sockets in socks that have a peer: Connect raises
-	// it before it sets a socket's first peer, and Disconnect and Close
-	// lower it after the peer is cleared or the socket has left socks. So
-	// a lookup that reads 0, between two loads of socks that return the
-	// same pointer, saw those sockets all unconnected (see scoreSlot).
+	// than the number of sockets in groups that have a peer: Connect
+	// raises it before it sets a socket's first peer, and Disconnect and
+	// Close lower it after the peer is cleared or the socket has left
+	// groups. So a lookup that reads 0, between two loads of groups that
+	// return the same pointer, saw those sockets all unconnected (see
+	// scoreSlot).
 	conns atomic.Int32
 	mu    sync.Mutex
 	// Pad to 32 bytes, so that no slot straddles a cache line: a lookup
-	// reads socks, hash4Cnt and conns together. The fields take 16 bytes
+	// reads groups, hash4Cnt and conns together. The fields take 16 bytes
 	// and a pointer.
 	_ [16 - ptrSize]byte
 }
 
-// udpSlotSockets is what a hash2 slot holds, never changed once published.
-type udpSlotSockets[T any] struct {
-	// all is every socket of the slot, each reuseport group in the order
-	// of the kernel's reuseport array (see withoutSocket).
-	all []*UDPSocket[T]
-	// groups is the same sockets by reuseport group; a socket without
-	// port reuse is a group of its own.
-	groups []udpGroup[T]
-}
-
-// udpGroup is a reuseport group of a slot's sockets (see inGroupOf).
+// udpGroup is a reuseport group of a slot's sockets: those bound to one
+// address and port, IPv6-only or not (see inGroupOf), or a socket without
+// port reuse alone. It is never changed once published.
 type udpGroup[T any] struct {
 	first   *UDPSocket[T]   // the member bound first
 	members []*UDPSocket[T] // in the order of the kernel's reuseport array
 }
 
-// newSlotSockets returns the slot contents for sockets all, nil if there
-// are none.
-func newSlotSockets[T any](all []*UDPSocket[T]) *udpSlotSockets[T] {
-	if len(all) == 0 {
-		return nil
+// without returns the slot's groups with s removed from its group, g
+// (groups[j]), or g removed if s was its only member: a new slice, for
+// readers may hold the old one. The group's last socket takes s's place,
+// as the kernel's reuseport_detach_sock, so that after a Close each flow
+// reaches the socket it would reach in Linux.
+func (g *udpGroup[T]) without(groups []udpGroup[T], j int, s *UDPSocket[T]) []udpGroup[T] {
+	if len(g.members) == 1 {
+		return slices.Delete(slices.Clone(groups), j, j+1)
 	}
-	ss := &udpSlotSockets[T]{all: all}
-	for _, s := range all {
-		j := slices.IndexFunc(ss.groups, func(g udpGroup[T]) bool { return s.inGroupOf(g.first) })
-		if j < 0 {
-			j = len(ss.groups)
-			ss.groups = append(ss.groups, udpGroup[T]{first: s})
-		}
-		g := &ss.groups[j]
-		g.members = append(g.members, s)
-		if s.id < g.first.id {
-			g.first = s
+	members := slices.Clone(g.members)
+	i := slices.Index(members, s)
+	members[i] = members[len(members)-1]
+	members = members[:len(members)-1]
+	first := members[0]
+	for _, m := range members[1:] {
+		if m.id < first.id {
+			first = m
 		}
 	}
-	return ss
+	groups = slices.Clone(groups)
+	groups[j] = udpGroup[T]{first: first, members: members}
+	return groups
 }
 
 // UDPSocket is a socket bound in a UDPTable, made by UDPTable.Bind. Its
@@ -358,12 +353,14 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	slot := &t.slots[s.h2&t.mask]
 	slot.mu.Lock()
 	defer slot.mu.Unlock()
-	var old []*UDPSocket[T]
-	if p := slot.socks.Load(); p != nil {
-		old = p.all
+	var old []udpGroup[T]
+	if p := slot.groups.Load(); p != nil {
+		old = *p
 	}
-	for _, o := range old {
-		if o.port == s.port && o.lw == s.lw && !(o.reuse && s.reuse) {
+	for _, g := range old {
+		// N.B. the members of a group of more than one all asked for
+		// port reuse.
+		if o := g.first; o.port == s.port && o.lw == s.lw && !(o.reuse && s.reuse) {
 			return nil, fmt.Errorf("%w: %v", ErrPortInUse, s.local)
 		}
 	}
@@ -378,11 +375,15 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 		t.nodes.at(i).val.Store(v)
 	}
 	s.id = t.ids.Add(1) // under the slot lock: bind order within a slot
-	socks := make([]*UDPSocket[T], len(old), len(old)+1)
-	copy(socks, old)
-	socks = append(socks, s)
+	groups := slices.Clone(old)
+	if j := slices.IndexFunc(groups, func(g udpGroup[T]) bool { return s.inGroupOf(g.first) }); j >= 0 {
+		// A new array: readers may hold the old one.
+		groups[j].members = append(slices.Clip(groups[j].members), s)
+	} else {
+		groups = append(groups, udpGroup[T]{first: s, members: []*UDPSocket[T]{s}})
+	}
 	// N.B. s is complete before this store publishes it to readers.
-	slot.socks.Store(newSlotSockets(socks))
+	slot.groups.Store(&groups)
 	return s, nil
 }
 
@@ -523,49 +524,21 @@ func (s *UDPSocket[T]) Close() error {
 	// old slice sees it as it was before Close.
 	slot := &t.slots[s.h2&t.mask]
 	slot.mu.Lock()
-	var old []*UDPSocket[T]
-	if p := slot.socks.Load(); p != nil {
-		old = p.all // s is in it
+	groups := *slot.groups.Load() // s is in it
+	j := slices.IndexFunc(groups, func(g udpGroup[T]) bool { return s.inGroupOf(g.first) })
+	if groups = groups[j].without(groups, j, s); len(groups) == 0 {
+		slot.groups.Store(nil)
+	} else {
+		slot.groups.Store(&groups)
 	}
-	slot.socks.Store(newSlotSockets(withoutSocket(old, s)))
 	if s.peer.Load() != nil {
-		slot.conns.Add(-1) // N.B. after s has left socks
+		slot.conns.Add(-1) // N.B. after s has left groups
 	}
 	slot.mu.Unlock()
 	if s.hasNode {
 		t.putNode(s.h2, s.node)
 	}
 	return nil
-}
-
-// withoutSocket returns a copy of socks, a slot's sockets, without s, and
-// with s's reuseport group in the order the kernel's reuseport_detach_sock
-// leaves it: the group's last socket takes s's place, and the others keep
-// theirs, so that after a Close each flow reaches the socket it would
-// reach in Linux. Within a group the slice's order is the reuseport
-// array's; across groups it does not matter (see scoreSlot).
-func withoutSocket[T any](socks []*UDPSocket[T], s *UDPSocket[T]) []*UDPSocket[T] {
-	at, last := -1, -1
-	for i, o := range socks {
-		switch {
-		case o == s:
-			at = i
-		case s.reuse && o.inGroupOf(s):
-			last = i
-		}
-	}
-	out := make([]*UDPSocket[T], 0, max(len(socks)-1, 0))
-	for i, o := range socks {
-		switch {
-		case i == at && last > at:
-			out = append(out, socks[last])
-		case i == at, i == last && last > at:
-			// s, or the last socket, which has taken s's place
-		default:
-			out = append(out, o)
-		}
-	}
-	return out
 }
 
 // hash4 links s's node into hash4 under the key (s.local, peer), as the
@@ -766,39 +739,43 @@ func (s *UDPSocket[T]) addrScore(p *udpPacket, wild bool) int {
 // While no socket of the slot is connected, pickGroup gives the same
 // answer without scoring every socket.
 func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, bool) {
-	ss := slot.socks.Load()
-	if ss == nil {
+	gp := slot.groups.Load()
+	if gp == nil {
 		return nil, false
 	}
 	if t.loaded != nil {
 		t.loaded()
 	}
-	// N.B. the sockets of ss were all unconnected when conns read 0 if
-	// ss was still the slot's then (see udpSlot.conns); a change of
-	// either leaves the answer to scoring.
+	// N.B. the sockets of gp were all unconnected when conns read 0 if gp
+	// was still the slot's then (see udpSlot.conns); a change of either
+	// leaves the answer to scoring.
 	if slot.conns.Load() == 0 {
-		v, ok := t.pickGroup(ss, p, wild)
-		if slot.socks.Load() == ss {
+		v, ok := t.pickGroup(*gp, p, wild)
+		if slot.groups.Load() == gp {
 			return v, ok
 		}
 	}
-	socks := ss.all
+	groups := *gp
 	for {
 		best, n := -1, 0
 		var first *UDPSocket[T]
-		for _, s := range socks {
-			switch sc := s.score(p, wild); {
-			case sc > best:
-				best, n, first = sc, 1, s
-			case sc == best && sc >= 0:
-				// N.B. first is the tied socket bound first, not the
-				// first in the slice: a Close reorders a group
-				// (withoutSocket), and first picks the group when
-				// two tie on :: (see UDPTable).
-				if s.id < first.id {
-					first = s
+		var firstGroup *udpGroup[T]
+		for gi := range groups {
+			g := &groups[gi]
+			for _, s := range g.members {
+				switch sc := s.score(p, wild); {
+				case sc > best:
+					best, n, first, firstGroup = sc, 1, s, g
+				case sc == best && sc >= 0:
+					// N.B. first is the tied socket bound first, not
+					// the first met: a Close reorders a group
+					// (udpGroup.without), and first picks the group
+					// when two tie on :: (see UDPTable).
+					if s.id < first.id {
+						first, firstGroup = s, g
+					}
+					n++
 				}
-				n++
 			}
 		}
 		if n <= 1 {
@@ -807,24 +784,24 @@ func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, 
 			}
 			return first.val, true
 		}
-		if v, ok := t.pickTied(socks, first, p, wild, best, n); ok {
+		if v, ok := t.pickTied(groups, firstGroup, p, wild, best, n); ok {
 			return v, true
 		}
 		t.rescores.Add(1)
 	}
 }
 
-// pickGroup is scoreSlot for a slot none of whose sockets ss is connected:
+// pickGroup is scoreSlot for a slot none of whose sockets is connected:
 // every socket of a group then scores alike, so pickGroup scores each group
 // once; of the groups tied at the best score, the one of the socket bound
 // first wins, and the flow hash of p picks its k-th socket, k =
 // reciprocal_scale(hash, size of the group), which is what pickTied picks
 // when every socket of the group is tied.
-func (t *UDPTable[T]) pickGroup(ss *udpSlotSockets[T], p *udpPacket, wild bool) (*T, bool) {
+func (t *UDPTable[T]) pickGroup(groups []udpGroup[T], p *udpPacket, wild bool) (*T, bool) {
 	var best *udpGroup[T]
 	bestScore := -1
-	for i := range ss.groups {
-		g := &ss.groups[i]
+	for i := range groups {
+		g := &groups[i]
 		switch sc := g.first.addrScore(p, wild); {
 		case sc > bestScore:
 			best, bestScore = g, sc
@@ -842,42 +819,38 @@ func (t *UDPTable[T]) pickGroup(ss *udpSlotSockets[T], p *udpPacket, wild bool) 
 }
 
 // pickTied returns the value of the socket that the flow hash of p picks among
-// the n sockets of socks that score best for it, first the one of them bound
-// first: the first of those from the k-th socket of their reuseport group on,
-// cyclically, k = reciprocal_scale(hash, size of the group), as the kernel's
+// the n sockets of groups that score best for it, first the one of them bound
+// first, in group g: the first of those from g's k-th socket on, cyclically,
+// k = reciprocal_scale(hash, size of g), as the kernel's
 // reuseport_select_sock_by_hash. It reports false if the sockets tied at best
 // are no longer n, as a socket connected or disconnected since they were
 // counted: the caller scores again.
-func (t *UDPTable[T]) pickTied(socks []*UDPSocket[T], first *UDPSocket[T], p *udpPacket, wild bool, best, n int) (*T, bool) {
-	size := 0
-	for _, s := range socks {
-		if s.inGroupOf(first) {
-			size++
+func (t *UDPTable[T]) pickTied(groups []udpGroup[T], g *udpGroup[T], p *udpPacket, wild bool, best, n int) (*T, bool) {
+	// N.B. sockets outside g are scored too: the two groups on :: tie
+	// for IPv6 packets, and a count of g alone would never equal n.
+	tied := 0
+	for gi := range groups {
+		if o := &groups[gi]; o != g {
+			for _, s := range o.members {
+				if s.score(p, wild) == best {
+					tied++
+				}
+			}
 		}
 	}
-	k := reciprocalScale(t.flowHash(p), size)
+	k := reciprocalScale(t.flowHash(p), len(g.members))
 	var pick, wrapped *UDPSocket[T]
-	i, tied := 0, 0
-	for _, s := range socks {
-		// N.B. sockets outside the group are scored too: the two
-		// groups on :: tie for IPv6 packets, and a count of first's
-		// group alone would never equal n.
-		sc := s.score(p, wild)
-		if sc == best {
-			tied++
-		}
-		if !s.inGroupOf(first) {
+	for i, s := range g.members {
+		if s.score(p, wild) != best {
 			continue
 		}
-		if sc == best {
-			if wrapped == nil {
-				wrapped = s
-			}
-			if pick == nil && i >= k {
-				pick = s
-			}
+		tied++
+		if wrapped == nil {
+			wrapped = s
 		}
-		i++
+		if pick == nil && i >= k {
+			pick = s
+		}
 	}
 	if pick == nil {
 		pick = wrapped
@@ -904,8 +877,10 @@ func reciprocalScale(hash uint32, n int) int { return int(uint64(hash) * uint64(
 func (t *UDPTable[T]) sockets() []*UDPSocket[T] {
 	var all []*UDPSocket[T]
 	for i := range t.slots {
-		if p := t.slots[i].socks.Load(); p != nil {
-			all = append(all, p.all...)
+		if p := t.slots[i].groups.Load(); p != nil {
+			for _, g := range *p {
+				all = append(all, g.members...)
+			}
 		}
 	}
 	slices.SortFunc(all, func(a, b *UDPSocket[T]) int { return cmp.Compare(a.id, b.id) })

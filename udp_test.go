@@ -482,6 +482,30 @@ func TestUDPReusePortIPv6OnlyGroups(t *testing.T) {
 		}
 		require.Equal(t, want4, slices.Sorted(maps.Keys(got4)), "IPv4 packets: the sockets that are not IPv6-only")
 	}
+
+	// A0, A1 (IPv6-only), B2, A3 (IPv6-only); A0 closes, and its group,
+	// now A3, A1, keeps the IPv6 packets: A1 was bound before B2.
+	tbl := NewUDPTable[string](WithSecret(udpTestSecret))
+	names := []string{"A0", "A1", "B2", "A3"}
+	socks := make([]*UDPSocket[string], len(names))
+	for i, name := range names {
+		opts := []BindOption{WithReusePort()}
+		if name[0] == 'A' {
+			opts = append(opts, WithIPv6Only())
+		}
+		var err error
+		socks[i], err = tbl.Bind(dmxAP("[::]:53"), &names[i], opts...)
+		require.NoError(t, err)
+	}
+	require.NoError(t, socks[0].Close())
+	got := map[string]bool{}
+	for i := range 200 {
+		v, ok := tbl.Lookup(Tuple{Local: dmxAP("[2001:db8::1]:53"),
+			Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)}), uint16(1000+i))})
+		require.True(t, ok)
+		got[*v] = true
+	}
+	require.Equal(t, []string{"A1", "A3"}, slices.Sorted(maps.Keys(got)), "the group of the socket bound first among those left")
 }
 
 // TestUDPReusePortTieRace: while socket A of a reuseport pair connects to
@@ -600,10 +624,12 @@ func TestUDPHash4Count(t *testing.T) {
 		require.Equal(t, h, hashed())
 		for _, sl := range []*udpSlot[int]{slot, wslot} {
 			connected := 0
-			if ss := sl.socks.Load(); ss != nil {
-				for _, s := range ss.all {
-					if s.peer.Load() != nil {
-						connected++
+			if p := sl.groups.Load(); p != nil {
+				for _, g := range *p {
+					for _, s := range g.members {
+						if s.peer.Load() != nil {
+							connected++
+						}
 					}
 				}
 			}
