@@ -15,7 +15,8 @@ package hash4
 //   - BenchmarkUDPLookup/unconnected-*: hash4=on at most 5% slower than
 //     hash4=off (the only extra work is reading the slot's hash4 count);
 //   - BenchmarkTCPEstablished: impl=tcp within 10% of impl=table;
-//   - BenchmarkTCPListener: listener lookups among 1K listeners.
+//   - BenchmarkTCPListener: listener lookups among 1K listeners;
+//   - BenchmarkUDPBind: what filling a port with connected sockets costs.
 
 import (
 	"fmt"
@@ -120,6 +121,30 @@ func BenchmarkUDPLookup(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkUDPBind binds n sockets with port reuse on one address and port
+// of a new table and connects each to a peer of its own, as a server with a
+// connected socket per client does; time per table.
+func BenchmarkUDPBind(b *testing.B) {
+	v := new(int)
+	local := netip.MustParseAddrPort("10.0.0.1:443")
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("sockets=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				tbl := NewUDPTable[int](WithSecret(demuxBenchSecret))
+				for i := range n {
+					s, err := tbl.Bind(local, v, WithReusePort())
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := s.Connect(benchPeer(i)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
 	}
 }
 
