@@ -298,3 +298,20 @@ func raceLookups(t *testing.T, stop *atomic.Bool, wg *sync.WaitGroup, readers in
 	}
 	return probes.Load()
 }
+
+// groupProbe returns a raceLookups probe of a socket table with a reuseport
+// group on group, whose values all begin with G, and a socket named
+// otherName on other: a packet from a random peer to group must reach a
+// member of the group, and one to other, that socket.
+func groupProbe(lookup func(Tuple) (*string, bool), group, other netip.AddrPort, otherName string) func(*rand.Rand) string {
+	return func(rng *rand.Rand) string {
+		remote := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(rng.IntN(256))}), uint16(1000+rng.IntN(1000)))
+		if v, ok := lookup(Tuple{Local: group, Remote: remote}); !ok || (*v)[0] != 'G' {
+			return fmt.Sprintf("Lookup(%v from %v) = %v, %v", group, remote, v, ok)
+		}
+		if v, ok := lookup(Tuple{Local: other, Remote: remote}); !ok || *v != otherName {
+			return fmt.Sprintf("Lookup(%v from %v) = %v, %v", other, remote, v, ok)
+		}
+		return ""
+	}
+}

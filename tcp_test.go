@@ -740,16 +740,7 @@ func TestTCPReusePortRace(t *testing.T) {
 			tbl.Established().Delete(tup)
 		}
 	}()
-	lookups := raceLookups(t, &stop, &wg, 2, 3, func(rng *rand.Rand) string {
-		remote := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(rng.IntN(256))}), uint16(1000+rng.IntN(1000)))
-		if v, ok := tbl.Lookup(Tuple{Local: group, Remote: remote}); !ok || (*v)[0] != 'G' {
-			return fmt.Sprintf("Lookup(%v from %v) = %v, %v", group, remote, v, ok)
-		}
-		if v, ok := tbl.Lookup(Tuple{Local: other, Remote: remote}); !ok || *v != "U" {
-			return fmt.Sprintf("Lookup(%v from %v) = %v, %v", other, remote, v, ok)
-		}
-		return ""
-	})
+	lookups := raceLookups(t, &stop, &wg, 2, 3, groupProbe(tbl.Lookup, group, other, "U"))
 	t.Logf("%d lookups, %d listener walks started again", lookups, tbl.restarts.Load())
 	// Quiet again, the group is its three listeners, in their places.
 	for i := range 100 {

@@ -597,6 +597,72 @@ func TestUDPStaleSlotScored(t *testing.T) {
 	require.Same(t, &names[1], <-done)
 }
 
+// TestUDPReusePortRace: while sockets join a reuseport group of three,
+// connect to and disconnect from a peer that sends nothing here, and leave
+// it, lookups of packets to the group's address must always return a socket
+// of the group, never nothing and never the socket bound to another address
+// of the same hash2 slot; and lookups to that address, that socket (run it
+// under -race). Once quiet, the group is its three sockets in bind order
+// and no socket of the slot counts as connected.
+func TestUDPReusePortRace(t *testing.T) {
+	tbl := NewUDPTable[string](WithSecret(udpTestSecret), WithCapacity(16))
+	group := dmxAP("10.0.0.1:53")
+	slotOf := func(a netip.AddrPort) uint32 { return portaddrHash(a.Addr(), a.Port(), tbl.mix) & tbl.mask }
+	other := group
+	for n := 2; slotOf(other) != slotOf(group) || other == group; n++ {
+		other = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(n)}), 53)
+	}
+	names := []string{"G0", "G1", "G2", "O"}
+	for i := range 3 {
+		_, err := tbl.Bind(group, &names[i], WithReusePort())
+		require.NoError(t, err)
+	}
+	_, err := tbl.Bind(other, &names[3], WithReusePort())
+	require.NoError(t, err)
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for m := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("G-mover%d", m)
+			for i := 0; !stop.Load(); i++ {
+				s, err := tbl.Bind(group, &name, WithReusePort())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if i%2 == 0 {
+					if err := s.Connect(dmxAP("203.0.113.1:9")); err != nil {
+						t.Error(err)
+						return
+					}
+					if i%4 == 0 {
+						if err := s.Disconnect(); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}
+				if err := s.Close(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	lookups := raceLookups(t, &stop, &wg, 2, 4, groupProbe(tbl.Lookup, group, other, "O"))
+	t.Logf("%d lookups, %d scorings started again", lookups, tbl.rescores.Load())
+	require.Zero(t, tbl.slots[slotOf(group)].conns.Load())
+	for i := range 100 {
+		pkt := Tuple{Local: group, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), 1000)}
+		v, ok := tbl.Lookup(pkt)
+		require.True(t, ok)
+		require.Equal(t, names[reciprocalScale(udpTestHash(pkt), 3)], *v)
+	}
+}
+
 // TestUDPHash4Count checks hash4_cnt, hash4 membership and the slots'
 // counts of connected sockets through Connect, reconnect, Disconnect and
 // Close.
