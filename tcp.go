@@ -1,6 +1,7 @@
 package hash4
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -171,7 +172,9 @@ func (g *tcpGroup[T]) matches(k *key) bool {
 
 // changeGroup publishes the groups of stripe si with the group of key k
 // (created if absent) replaced by change's result, or removed if that has
-// no members. The caller holds the stripe's lock.
+// no members. The caller holds the stripe's lock. A stripe's groups are
+// sorted by meta, so that a lookup finds its own by binary search however
+// many groups share the stripe.
 func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMember[T]) []tcpMember[T]) {
 	var old []*tcpGroup[T]
 	if p := t.groups[si].Load(); p != nil {
@@ -192,6 +195,7 @@ func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMe
 			g.first = min(g.first, m.listen)
 		}
 		groups = append(groups, g)
+		slices.SortFunc(groups, func(a, b *tcpGroup[T]) int { return cmp.Compare(a.meta, b.meta) })
 	}
 	t.groups[si].Store(&groups)
 }
@@ -452,8 +456,20 @@ func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, dualOnly bool, pkt
 	}
 	var g *tcpGroup[T]
 	if p := t.groups[uint32(k.meta>>32)&t.lb.stripeMask].Load(); p != nil {
-		for _, x := range *p {
-			if x.meta == k.meta && x.local == k.local && !(dualOnly && x.v6only) && (g == nil || x.first < g.first) {
+		groups := *p
+		lo, hi := 0, len(groups) // the first group whose meta is not below k's
+		for lo < hi {
+			if m := int(uint(lo+hi) >> 1); groups[m].meta < k.meta {
+				lo = m + 1
+			} else {
+				hi = m
+			}
+		}
+		for _, x := range groups[lo:] {
+			if x.meta != k.meta {
+				break
+			}
+			if x.local == k.local && !(dualOnly && x.v6only) && (g == nil || x.first < g.first) {
 				g = x
 			}
 		}

@@ -173,6 +173,53 @@ func TestTCPReusePortGroups(t *testing.T) {
 	require.Equal(t, []string{"Y", "Z"}, got6, "X gone, Y is the first listener on ::")
 }
 
+// TestTCPManyGroups: many reuseport groups in one lock stripe, whose
+// records a lookup finds by binary search; each segment reaches the
+// listener of its own group that its hash picks, before and after half of
+// the groups leave.
+func TestTCPManyGroups(t *testing.T) {
+	tbl := NewTCPTable[string](WithSecret(udpTestSecret), WithLockStripes(1))
+	const groups = 64
+	names := make([][]string, groups)
+	rels := make([][]func(), groups)
+	addr := func(g int) netip.AddrPort { return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), uint16(1000+g)) }
+	for g := range groups {
+		names[g] = make([]string, 2+g%3)
+		rels[g] = make([]func(), len(names[g]))
+		for i := range names[g] {
+			names[g][i] = fmt.Sprint("G", g, "-", i)
+			var err error
+			rels[g][i], err = tbl.Listen(addr(g), &names[g][i], WithReusePort())
+			require.NoError(t, err)
+		}
+	}
+	require.Len(t, *tbl.groups[0].Load(), groups)
+	check := func(live func(g int) bool) {
+		t.Helper()
+		for g := range groups {
+			for i := range 20 {
+				syn := Tuple{Local: addr(g), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), 1000)}
+				v, ok := tbl.Lookup(syn)
+				if !live(g) {
+					require.False(t, ok, "%v", syn)
+					continue
+				}
+				require.True(t, ok, "%v", syn)
+				h := InetEhashfn(syn.Local.Addr(), syn.Local.Port(), syn.Remote.Addr(), 1000, udpTestSecret.Ehash)
+				require.Equal(t, names[g][reciprocalScale(h, len(names[g]))], *v, "%v", syn)
+			}
+		}
+	}
+	check(func(int) bool { return true })
+	for g := 0; g < groups; g += 2 {
+		for _, rel := range rels[g] {
+			rel()
+		}
+	}
+	require.Len(t, *tbl.groups[0].Load(), groups/2)
+	check(func(g int) bool { return g%2 == 1 })
+}
+
 // TestTCPLookupOrder checks established, then exact listener, then wildcard
 // listener, and the families of wildcard listeners.
 func TestTCPLookupOrder(t *testing.T) {
