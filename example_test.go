@@ -386,3 +386,48 @@ func ExampleUDPTable() {
 	// 198.51.100.7:5353 -> connected
 	// 198.51.100.8:5353 -> wildcard
 }
+
+func ExampleUDPTable_Bind() {
+	// A DNS server binds a socket per thread on one port with
+	// SO_REUSEPORT; each client's datagrams go to the socket its 4-tuple
+	// hashes to, always the same one while the group does not change.
+	type thread struct{ id int }
+	socks := hash4.NewUDPTable[thread]()
+	group := make([]*hash4.UDPSocket[thread], 4)
+	for i := range group {
+		var err error
+		if group[i], err = socks.Bind(netip.MustParseAddrPort("0.0.0.0:53"), &thread{i}, hash4.WithReusePort()); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	query := func(i int) hash4.Tuple {
+		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), uint16(40000+i))
+		return hash4.Tuple{Local: netip.MustParseAddrPort("192.0.2.53:53"), Remote: client}
+	}
+	first, _ := socks.Lookup(query(7))
+	again, _ := socks.Lookup(query(7))
+	fmt.Println("a client stays with its thread:", first == again)
+	taken := make([]int, 4)
+	for i := range 1000 {
+		th, _ := socks.Lookup(query(i))
+		taken[th.id]++
+	}
+	fmt.Println("every thread takes queries:", !slices.Contains(taken, 0))
+
+	// Thread 2 closes its socket; its share goes to the others.
+	if err := group[2].Close(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	clear(taken)
+	for i := range 1000 {
+		th, _ := socks.Lookup(query(i))
+		taken[th.id]++
+	}
+	fmt.Println("queries for thread 2:", taken[2])
+	// Output:
+	// a client stays with its thread: true
+	// every thread takes queries: true
+	// queries for thread 2: 0
+}

@@ -182,7 +182,9 @@ func TestTCPManyGroups(t *testing.T) {
 	const groups = 64
 	names := make([][]string, groups)
 	rels := make([][]func(), groups)
-	addr := func(g int) netip.AddrPort { return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), uint16(1000+g)) }
+	addr := func(g int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), uint16(1000+g))
+	}
 	for g := range groups {
 		names[g] = make([]string, 2+g%3)
 		rels[g] = make([]func(), len(names[g]))
