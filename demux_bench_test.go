@@ -35,8 +35,10 @@ func benchPeer(i int) netip.AddrPort {
 // BenchmarkUDPLookup looks up packets in a table holding, on 10.0.0.1:5000,
 // 500 sockets connected to distinct peers and one unconnected socket (all
 // with port reuse), plus one unconnected socket on 10.0.0.1:6000, one on
-// 0.0.0.0:7000, and a reuseport group of 64 unconnected sockets on
-// 10.0.0.2:5353, as a server with a socket per thread has:
+// 0.0.0.0:7000, and reuseport groups of 64 unconnected sockets, as a
+// server with a socket per thread has, on 10.0.0.2:5353 and on
+// 10.0.0.3:5353, whose hash2 slot also holds a connected socket bound to
+// another address:
 //
 //   - connected: packets of the 500 connected flows;
 //   - unconnected-exact: packets to 10.0.0.1:6000, a port with no connected
@@ -44,7 +46,8 @@ func benchPeer(i int) netip.AddrPort {
 //   - unconnected-wildcard: packets to 10.0.0.1:7000, which only the
 //     wildcard socket takes;
 //   - reuseport=64: packets to 10.0.0.2:5353, which the packet's flow
-//     hash spreads over the group.
+//     hash spreads over the group;
+//   - reuseport=64-connected-neighbour: the same to 10.0.0.3:5353.
 func BenchmarkUDPLookup(b *testing.B) {
 	tbl := NewUDPTable[int](WithSecret(demuxBenchSecret))
 	v := new(int)
@@ -66,10 +69,19 @@ func BenchmarkUDPLookup(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for range 64 {
-		if _, err := tbl.Bind(netip.MustParseAddrPort("10.0.0.2:5353"), v, WithReusePort()); err != nil {
-			b.Fatal(err)
+	for _, a := range []string{"10.0.0.2:5353", "10.0.0.3:5353"} {
+		for range 64 {
+			if _, err := tbl.Bind(netip.MustParseAddrPort(a), v, WithReusePort()); err != nil {
+				b.Fatal(err)
+			}
 		}
+	}
+	neighbour, err := tbl.Bind(udpSlotMate(tbl, netip.MustParseAddrPort("10.0.0.3:5353")), v)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := neighbour.Connect(benchPeer(0)); err != nil {
+		b.Fatal(err)
 	}
 	n := 0
 	for _, g := range *tbl.slots[portaddrHash(local.Addr(), 5000, tbl.mix)&tbl.mask].groups.Load() {
@@ -100,6 +112,7 @@ func BenchmarkUDPLookup(b *testing.B) {
 		{"unconnected-exact", exact},
 		{"unconnected-wildcard", wild},
 		{"reuseport=64", group},
+		{"reuseport=64-connected-neighbour", packets("10.0.0.3:5353")},
 	} {
 		for _, off := range []bool{false, true} {
 			name := "on"

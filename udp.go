@@ -39,12 +39,14 @@ import (
 //   - Each hash2 slot counts the sockets of its (address, port) pairs that
 //     are in hash4 (hash4_cnt); Lookup reads hash4 only when that count is
 //     not zero.
-//   - Each hash2 slot also counts its connected sockets. While none is
-//     connected, every socket of a group scores alike, and Lookup scores
-//     the groups rather than the sockets and indexes the best group's array
-//     with the flow hash, as the kernel's udp4_lib_lookup2 returns what
-//     inet_lookup_reuseport picks when the group has no connected socket
-//     (reuseport_has_conns): a cost independent of the group's size.
+//   - Each reuseport group counts its connected sockets, and each hash2
+//     slot their sum. While none of a group's sockets is connected, they
+//     all score alike, and Lookup scores the group once rather than each
+//     socket, and if it wins indexes its array with the flow hash, as the
+//     kernel's udp4_lib_lookup2 returns what inet_lookup_reuseport picks
+//     when the group has no connected socket (reuseport_has_conns): a cost
+//     independent of the group's size, whatever else shares its slot. A
+//     slot whose count is 0 spares the lookup the groups' counts.
 //
 // Lock order: UDPSocket.mu, then a hash2 slot's mu, then a hash4 stripe's
 // mu. Stripe locks never nest. Lookups take none of them.
@@ -137,12 +139,12 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 // look at them and its choice among the tied ones, so that it returns a
 // socket that takes the packet, with the score that won.
 //
-// Cost. While no socket bound to the packet's address and port, or to
-// another address and port that shares their hash2 slot, is connected,
-// Lookup scores each reuseport group once rather than each socket, so a
-// packet to a group of 64 sockets costs what one to a single socket does.
-// Otherwise it scores every socket of the slot, as the kernel does for a
-// group that has connected sockets (reuseport_has_conns).
+// Cost. Lookup scores a reuseport group none of whose sockets is connected
+// once rather than socket by socket, so a packet to a group of 64 sockets
+// costs what one to a single socket does, whatever other sockets share the
+// group's hash2 slot. A group with a connected socket, it scores socket by
+// socket, as the kernel does (reuseport_has_conns); and if such a group's
+// sockets tie for the packet, every socket of the slot again.
 type UDPTable[T any] struct {
 	slots []udpSlot[T] // hash2
 	mask  uint32
@@ -177,13 +179,9 @@ type udpSlot[T any] struct {
 	// is unlinked, and a lookup that reads 0 while a socket is in hash4
 	// still finds that socket by scoring.
 	hash4Cnt atomic.Int32
-	// conns counts the slot's connected sockets. N.B. it is never lower
-	// than the number of sockets in groups that have a peer: Connect
-	// raises it before it sets a socket's first peer, and Disconnect and
-	// Close lower it after the peer is cleared or the socket has left
-	// groups. So a lookup that reads 0, between two loads of groups that
-	// return the same pointer, saw those sockets all unconnected (see
-	// scoreSlot).
+	// conns counts the slot's connected sockets, the sum of its groups'
+	// counts, under the same rule (see udpGroup.conns): while it reads 0,
+	// a lookup scores every group once, without loading their counts.
 	conns atomic.Int32
 	mu    sync.Mutex
 	// Pad to 32 bytes, so that no slot straddles a cache line: a lookup
@@ -194,10 +192,20 @@ type udpSlot[T any] struct {
 
 // udpGroup is a reuseport group of a slot's sockets: those bound to one
 // address and port, IPv6-only or not (see inGroupOf), or a socket without
-// port reuse alone. It is never changed once published.
+// port reuse alone. It is never changed once published, but for the count
+// conns points to.
 type udpGroup[T any] struct {
 	first   *UDPSocket[T]   // the member bound first
 	members []*UDPSocket[T] // in the order of the kernel's reuseport array
+	// conns counts the group's connected sockets, shared by every record
+	// of the group from its first Bind on. N.B. it is never lower than the
+	// number of members of a published record that have a peer: Connect
+	// raises it before it sets a socket's first peer, and Disconnect and
+	// Close lower it after the peer is cleared or the socket has left the
+	// slot's records. So a lookup that reads 0, between two loads of the
+	// slot's groups that return the same pointer, saw the members all
+	// unconnected at that moment (see scoreGroups).
+	conns *atomic.Int32
 }
 
 // without returns the slot's groups with s removed from its group, g
@@ -220,7 +228,7 @@ func (g *udpGroup[T]) without(groups []udpGroup[T], j int, s *UDPSocket[T]) []ud
 		}
 	}
 	groups = slices.Clone(groups)
-	groups[j] = udpGroup[T]{first: first, members: members}
+	groups[j] = udpGroup[T]{first: first, members: members, conns: g.conns}
 	return groups
 }
 
@@ -241,6 +249,7 @@ type UDPSocket[T any] struct {
 	local   netip.AddrPort
 	val     *T
 	t       *UDPTable[T]
+	conns   *atomic.Int32 // its group's count of connected sockets (udpGroup.conns)
 
 	// peer is the connected peer, or nil. N.B. read by lookups without
 	// locks; written under mu.
@@ -379,8 +388,10 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	if j := slices.IndexFunc(groups, func(g udpGroup[T]) bool { return s.inGroupOf(g.first) }); j >= 0 {
 		// A new array: readers may hold the old one.
 		groups[j].members = append(slices.Clip(groups[j].members), s)
+		s.conns = groups[j].conns
 	} else {
-		groups = append(groups, udpGroup[T]{first: s, members: []*UDPSocket[T]{s}})
+		s.conns = new(atomic.Int32)
+		groups = append(groups, udpGroup[T]{first: s, members: []*UDPSocket[T]{s}, conns: s.conns})
 	}
 	// N.B. s is complete before this store publishes it to readers.
 	slot.groups.Store(&groups)
@@ -471,7 +482,9 @@ func (s *UDPSocket[T]) Connect(remote netip.AddrPort) error {
 		t.unhash4(s)
 	}
 	if s.peer.Load() == nil {
-		t.slots[s.h2&t.mask].conns.Add(1) // N.B. before the peer is set (see udpSlot.conns)
+		// N.B. before the peer is set (see udpGroup.conns).
+		s.conns.Add(1)
+		t.slots[s.h2&t.mask].conns.Add(1)
 	}
 	s.peer.Store(&udpPeer{w: addrWords(addr), port: port, addr: netip.AddrPortFrom(addr, port)})
 	if s.hasNode {
@@ -498,7 +511,9 @@ func (s *UDPSocket[T]) Disconnect() error {
 	}
 	if s.peer.Load() != nil {
 		s.peer.Store(nil)
-		s.t.slots[s.h2&s.t.mask].conns.Add(-1) // N.B. after the peer is cleared
+		// N.B. after the peer is cleared.
+		s.conns.Add(-1)
+		s.t.slots[s.h2&s.t.mask].conns.Add(-1)
 	}
 	return nil
 }
@@ -532,7 +547,9 @@ func (s *UDPSocket[T]) Close() error {
 		slot.groups.Store(&groups)
 	}
 	if s.peer.Load() != nil {
-		slot.conns.Add(-1) // N.B. after s has left groups
+		// N.B. after s has left groups.
+		s.conns.Add(-1)
+		slot.conns.Add(-1)
 	}
 	slot.mu.Unlock()
 	if s.hasNode {
@@ -593,6 +610,8 @@ type udpPacket struct {
 	lw, rw       [2]uint64 // addresses, IPv4-mapped for IPv4 (addrWords)
 	lport, rport uint16
 	is4          bool
+	hashed       bool   // hash is set (flowHash)
+	hash         uint32 // the flow hash, once computed
 }
 
 // set fills p from pkt and reports whether a socket can receive it: false
@@ -613,9 +632,13 @@ func (p *udpPacket) set(pkt Tuple) bool {
 	return true
 }
 
-// flowHash returns the hash4 hash of p, which is also its reuseport hash.
+// flowHash returns the hash4 hash of p, which is also its reuseport hash:
+// a packet that reaches a reuseport group after a hash4 miss is hashed once.
 func (t *UDPTable[T]) flowHash(p *udpPacket) uint32 {
-	return t.udpEhash(&p.lw, p.is4, p.lport, &p.rw, p.rport)
+	if !p.hashed {
+		p.hash, p.hashed = t.udpEhash(&p.lw, p.is4, p.lport, &p.rw, p.rport), true
+	}
+	return p.hash
 }
 
 // Lookup returns the value of the socket that receives pkt, a packet from
@@ -736,8 +759,10 @@ func (s *UDPSocket[T]) addrScore(p *udpPacket, wild bool) int {
 // scoreSlot returns the value of the best-scoring socket of slot for p, as
 // the kernel's udp4_lib_lookup2: the highest score wins, and among n > 1
 // sockets tied at it, all bound to one address and port, pickTied chooses.
-// While no socket of the slot is connected, pickGroup gives the same
-// answer without scoring every socket.
+// pickGroup and scoreGroups give the same answer without scoring each
+// socket of a group that has no connected socket, the first while no
+// socket of the slot is connected; what they cannot answer, scoreSockets
+// does.
 func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, bool) {
 	gp := slot.groups.Load()
 	if gp == nil {
@@ -746,16 +771,97 @@ func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, 
 	if t.loaded != nil {
 		t.loaded()
 	}
-	// N.B. the sockets of gp were all unconnected when conns read 0 if gp
-	// was still the slot's then (see udpSlot.conns); a change of either
-	// leaves the answer to scoring.
+	// N.B. the members of a group of gp were all unconnected when its
+	// count, or the slot's, read 0 if gp was still the slot's then (see
+	// udpGroup.conns), which the second load proves; if it fails, scoring
+	// each socket reads its peer as the record it is in left it.
 	if slot.conns.Load() == 0 {
 		v, ok := t.pickGroup(*gp, p, wild)
 		if slot.groups.Load() == gp {
 			return v, ok
 		}
+	} else if v, ok, sure := t.scoreGroups(*gp, p, wild); sure && slot.groups.Load() == gp {
+		return v, ok
 	}
-	groups := *gp
+	return t.scoreSockets(*gp, p, wild)
+}
+
+// pickGroup is scoreSlot for a slot none of whose sockets is connected:
+// every socket of a group then scores alike, so pickGroup scores each group
+// once; of the groups tied at the best score, the one of the socket bound
+// first wins, and the flow hash of p picks its k-th socket, k =
+// reciprocal_scale(hash, size of the group), which is what pickTied picks
+// when every socket of the group is tied.
+func (t *UDPTable[T]) pickGroup(groups []udpGroup[T], p *udpPacket, wild bool) (*T, bool) {
+	var best *udpGroup[T]
+	bestScore := -1
+	for i := range groups {
+		g := &groups[i]
+		switch sc := g.first.addrScore(p, wild); {
+		case sc > bestScore:
+			best, bestScore = g, sc
+		case sc == bestScore && sc >= 0 && g.first.id < best.first.id:
+			best = g
+		}
+	}
+	switch {
+	case best == nil:
+		return nil, false
+	case len(best.members) == 1:
+		return best.members[0].val, true
+	}
+	return best.members[reciprocalScale(t.flowHash(p), len(best.members))].val, true
+}
+
+// scoreGroups is pickGroup for a slot with connected sockets: it scores
+// once each group whose count of connected sockets reads 0, as pickGroup
+// does, and the sockets of the other groups one by one, as scoreSockets.
+// It reports sure false, leaving the answer to scoreSockets, only when the
+// best score is tied and the socket bound first among the tied is in a
+// group it scored socket by socket.
+func (t *UDPTable[T]) scoreGroups(groups []udpGroup[T], p *udpPacket, wild bool) (v *T, ok, sure bool) {
+	best, n := -1, 0
+	var first *UDPSocket[T]
+	var whole *udpGroup[T] // first's group, if scored as one
+	for gi := range groups {
+		g := &groups[gi]
+		if g.conns.Load() == 0 {
+			switch sc := g.first.addrScore(p, wild); {
+			case sc > best:
+				best, n, first, whole = sc, len(g.members), g.first, g
+			case sc == best && sc >= 0:
+				n += len(g.members)
+				if g.first.id < first.id {
+					first, whole = g.first, g
+				}
+			}
+			continue
+		}
+		for _, s := range g.members {
+			switch sc := s.score(p, wild); {
+			case sc > best:
+				best, n, first, whole = sc, 1, s, nil
+			case sc == best && sc >= 0:
+				n++
+				if s.id < first.id {
+					first, whole = s, nil
+				}
+			}
+		}
+	}
+	switch {
+	case first == nil:
+		return nil, false, true
+	case n == 1:
+		return first.val, true, true
+	case whole != nil:
+		return whole.members[reciprocalScale(t.flowHash(p), len(whole.members))].val, true, true
+	}
+	return nil, false, false
+}
+
+// scoreSockets is scoreSlot scoring every socket of groups.
+func (t *UDPTable[T]) scoreSockets(groups []udpGroup[T], p *udpPacket, wild bool) (*T, bool) {
 	for {
 		best, n := -1, 0
 		var first *UDPSocket[T]
@@ -789,33 +895,6 @@ func (t *UDPTable[T]) scoreSlot(slot *udpSlot[T], p *udpPacket, wild bool) (*T, 
 		}
 		t.rescores.Add(1)
 	}
-}
-
-// pickGroup is scoreSlot for a slot none of whose sockets is connected:
-// every socket of a group then scores alike, so pickGroup scores each group
-// once; of the groups tied at the best score, the one of the socket bound
-// first wins, and the flow hash of p picks its k-th socket, k =
-// reciprocal_scale(hash, size of the group), which is what pickTied picks
-// when every socket of the group is tied.
-func (t *UDPTable[T]) pickGroup(groups []udpGroup[T], p *udpPacket, wild bool) (*T, bool) {
-	var best *udpGroup[T]
-	bestScore := -1
-	for i := range groups {
-		g := &groups[i]
-		switch sc := g.first.addrScore(p, wild); {
-		case sc > bestScore:
-			best, bestScore = g, sc
-		case sc == bestScore && sc >= 0 && g.first.id < best.first.id:
-			best = g
-		}
-	}
-	switch {
-	case best == nil:
-		return nil, false
-	case len(best.members) == 1:
-		return best.members[0].val, true
-	}
-	return best.members[reciprocalScale(t.flowHash(p), len(best.members))].val, true
 }
 
 // pickTied returns the value of the socket that the flow hash of p picks among

@@ -483,29 +483,47 @@ func TestUDPReusePortIPv6OnlyGroups(t *testing.T) {
 		require.Equal(t, want4, slices.Sorted(maps.Keys(got4)), "IPv4 packets: the sockets that are not IPv6-only")
 	}
 
+	// bind binds sockets with these names on ::, those named A... IPv6-only.
+	bind := func(names []string) (*UDPTable[string], []*UDPSocket[string]) {
+		tbl := NewUDPTable[string](WithSecret(udpTestSecret))
+		socks := make([]*UDPSocket[string], len(names))
+		for i, name := range names {
+			opts := []BindOption{WithReusePort()}
+			if name[0] == 'A' {
+				opts = append(opts, WithIPv6Only())
+			}
+			var err error
+			socks[i], err = tbl.Bind(dmxAP("[::]:53"), &names[i], opts...)
+			require.NoError(t, err)
+		}
+		return tbl, socks
+	}
+	// reached returns the names of the sockets that 200 IPv6 flows reach.
+	reached := func(tbl *UDPTable[string]) []string {
+		got := map[string]bool{}
+		for i := range 200 {
+			v, ok := tbl.Lookup(Tuple{Local: dmxAP("[2001:db8::1]:53"),
+				Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)}), uint16(1000+i))})
+			require.True(t, ok)
+			got[*v] = true
+		}
+		return slices.Sorted(maps.Keys(got))
+	}
+
 	// A0, A1 (IPv6-only), B2, A3 (IPv6-only); A0 closes, and its group,
 	// now A3, A1, keeps the IPv6 packets: A1 was bound before B2.
-	tbl := NewUDPTable[string](WithSecret(udpTestSecret))
-	names := []string{"A0", "A1", "B2", "A3"}
-	socks := make([]*UDPSocket[string], len(names))
-	for i, name := range names {
-		opts := []BindOption{WithReusePort()}
-		if name[0] == 'A' {
-			opts = append(opts, WithIPv6Only())
-		}
-		var err error
-		socks[i], err = tbl.Bind(dmxAP("[::]:53"), &names[i], opts...)
-		require.NoError(t, err)
-	}
+	tbl, socks := bind([]string{"A0", "A1", "B2", "A3"})
 	require.NoError(t, socks[0].Close())
-	got := map[string]bool{}
-	for i := range 200 {
-		v, ok := tbl.Lookup(Tuple{Local: dmxAP("[2001:db8::1]:53"),
-			Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)}), uint16(1000+i))})
-		require.True(t, ok)
-		got[*v] = true
-	}
-	require.Equal(t, []string{"A1", "A3"}, slices.Sorted(maps.Keys(got)), "the group of the socket bound first among those left")
+	require.Equal(t, []string{"A1", "A3"}, reached(tbl), "the group of the socket bound first among those left")
+
+	// B0, A1 (IPv6-only), B2, A3 (IPv6-only, connected to a peer that
+	// sends none of the packets); B0 closes. The group of B2 comes first
+	// in the slot and has no connected socket, A1's has one: IPv6 packets
+	// still go to A1's group, bound first, where only A1 takes them.
+	tbl, socks = bind([]string{"B0", "A1", "B2", "A3"})
+	require.NoError(t, socks[3].Connect(dmxAP("[2001:db8::99]:9")))
+	require.NoError(t, socks[0].Close())
+	require.Equal(t, []string{"A1"}, reached(tbl), "the group bound first, scored socket by socket")
 }
 
 // TestUDPReusePortTieRace: while socket A of a reuseport pair connects to
@@ -560,41 +578,63 @@ func TestUDPReusePortTieRace(t *testing.T) {
 
 // TestUDPStaleSlotScored stops a lookup just after it loaded its slot's
 // sockets, two of a reuseport group, one of them connected to another peer;
-// that one closes, which leaves no socket of the slot connected. The lookup
-// must not pick from the group it loaded as if its sockets were all
+// that one closes, which leaves no socket of the group connected. The
+// lookup must not pick from the group it loaded as if its sockets were all
 // unconnected, which could return the closed socket, connected to another
-// peer all along: it must score them, and return the other.
+// peer all along: it must score them, and return the other. The same with
+// a connected socket of another group in the slot, which stays connected.
 func TestUDPStaleSlotScored(t *testing.T) {
-	tbl := NewUDPTable[string](WithSecret(udpTestSecret))
-	names := []string{"D", "E"}
-	socks := make([]*UDPSocket[string], len(names))
-	for i := range names {
-		var err error
-		socks[i], err = tbl.Bind(dmxAP("10.0.0.1:53"), &names[i], WithReusePort())
-		require.NoError(t, err)
+	for _, beside := range []bool{false, true} {
+		t.Run(fmt.Sprintf("beside=%v", beside), func(t *testing.T) {
+			tbl := NewUDPTable[string](WithSecret(udpTestSecret), WithCapacity(16))
+			names := []string{"D", "E", "F"}
+			socks := make([]*UDPSocket[string], 2)
+			for i := range socks {
+				var err error
+				socks[i], err = tbl.Bind(dmxAP("10.0.0.1:53"), &names[i], WithReusePort())
+				require.NoError(t, err)
+			}
+			require.NoError(t, socks[0].Connect(dmxAP("192.0.2.1:9")))
+			if beside {
+				f, err := tbl.Bind(udpSlotMate(tbl, dmxAP("10.0.0.1:53")), &names[2])
+				require.NoError(t, err)
+				require.NoError(t, f.Connect(dmxAP("192.0.2.2:9")))
+			}
+			// A packet from another peer whose flow hash names D's place.
+			var pkt Tuple
+			for i := 1; ; i++ {
+				pkt = Tuple{Local: dmxAP("10.0.0.1:53"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 1000)}
+				if reciprocalScale(udpTestHash(pkt), 2) == 0 {
+					break
+				}
+			}
+			paused, resume := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			tbl.loaded = func() { once.Do(func() { close(paused); <-resume }) }
+			done := make(chan *string)
+			go func() {
+				v, _ := tbl.Lookup(pkt)
+				done <- v
+			}()
+			<-paused
+			require.NoError(t, socks[0].Close())
+			require.Zero(t, socks[1].conns.Load())
+			close(resume)
+			require.Same(t, &names[1], <-done)
+		})
 	}
-	require.NoError(t, socks[0].Connect(dmxAP("192.0.2.1:9")))
-	// A packet from another peer whose flow hash names D's place.
-	var pkt Tuple
-	for i := 1; ; i++ {
-		pkt = Tuple{Local: dmxAP("10.0.0.1:53"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 1000)}
-		if reciprocalScale(udpTestHash(pkt), 2) == 0 {
-			break
+}
+
+// udpSlotMate returns an address and port on another address than a's
+// whose hash2 slot in tbl is a's.
+func udpSlotMate[T any](tbl *UDPTable[T], a netip.AddrPort) netip.AddrPort {
+	slotOf := func(a netip.AddrPort) uint32 { return portaddrHash(a.Addr(), a.Port(), tbl.mix) & tbl.mask }
+	for n := 0; ; n++ {
+		b := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 1, byte(n)}), a.Port()+uint16(n>>8))
+		if slotOf(b) == slotOf(a) && b.Addr() != a.Addr() {
+			return b
 		}
 	}
-	paused, resume := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	tbl.loaded = func() { once.Do(func() { close(paused); <-resume }) }
-	done := make(chan *string)
-	go func() {
-		v, _ := tbl.Lookup(pkt)
-		done <- v
-	}()
-	<-paused
-	require.NoError(t, socks[0].Close())
-	require.Zero(t, tbl.slots[socks[1].h2&tbl.mask].conns.Load())
-	close(resume)
-	require.Same(t, &names[1], <-done)
 }
 
 // TestUDPReusePortRace: while sockets join a reuseport group of three,
@@ -603,15 +643,20 @@ func TestUDPStaleSlotScored(t *testing.T) {
 // of the group, never nothing and never the socket bound to another address
 // of the same hash2 slot; and lookups to that address, that socket (run it
 // under -race). Once quiet, the group is its three sockets in bind order
-// and no socket of the slot counts as connected.
+// and no socket of the slot counts as connected. The same with a third
+// socket in the slot, on a third address, connected to a peer that sends
+// nothing here.
 func TestUDPReusePortRace(t *testing.T) {
+	for _, neighbour := range []bool{false, true} {
+		t.Run(fmt.Sprintf("neighbour=%v", neighbour), func(t *testing.T) { testUDPReusePortRace(t, neighbour) })
+	}
+}
+
+func testUDPReusePortRace(t *testing.T, neighbour bool) {
 	tbl := NewUDPTable[string](WithSecret(udpTestSecret), WithCapacity(16))
 	group := dmxAP("10.0.0.1:53")
 	slotOf := func(a netip.AddrPort) uint32 { return portaddrHash(a.Addr(), a.Port(), tbl.mix) & tbl.mask }
-	other := group
-	for n := 2; slotOf(other) != slotOf(group) || other == group; n++ {
-		other = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(n)}), 53)
-	}
+	other := udpSlotMate(tbl, group)
 	names := []string{"G0", "G1", "G2", "O"}
 	for i := range 3 {
 		_, err := tbl.Bind(group, &names[i], WithReusePort())
@@ -619,6 +664,14 @@ func TestUDPReusePortRace(t *testing.T) {
 	}
 	_, err := tbl.Bind(other, &names[3], WithReusePort())
 	require.NoError(t, err)
+	connected := int32(0)
+	if neighbour {
+		name := "N"
+		n, err := tbl.Bind(udpSlotMate(tbl, other), &name)
+		require.NoError(t, err)
+		require.NoError(t, n.Connect(dmxAP("203.0.113.2:9")))
+		connected = 1
+	}
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -654,7 +707,14 @@ func TestUDPReusePortRace(t *testing.T) {
 	}
 	lookups := raceLookups(t, &stop, &wg, 2, 4, groupProbe(tbl.Lookup, group, other, "O"))
 	t.Logf("%d lookups, %d scorings started again", lookups, tbl.rescores.Load())
-	require.Zero(t, tbl.slots[slotOf(group)].conns.Load())
+	require.Equal(t, connected, tbl.slots[slotOf(group)].conns.Load())
+	for _, g := range *tbl.slots[slotOf(group)].groups.Load() {
+		want := int32(0)
+		if *g.first.val == "N" {
+			want = 1
+		}
+		require.Equal(t, want, g.conns.Load(), "connected sockets of %v", g.first.local)
+	}
 	for i := range 100 {
 		pkt := Tuple{Local: group, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), 1000)}
 		v, ok := tbl.Lookup(pkt)
@@ -663,9 +723,9 @@ func TestUDPReusePortRace(t *testing.T) {
 	}
 }
 
-// TestUDPHash4Count checks hash4_cnt, hash4 membership and the slots'
-// counts of connected sockets through Connect, reconnect, Disconnect and
-// Close.
+// TestUDPHash4Count checks hash4_cnt, hash4 membership and the counts of
+// connected sockets of the slots and their groups through Connect,
+// reconnect, Disconnect and Close.
 func TestUDPHash4Count(t *testing.T) {
 	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
 	v := new(int)
@@ -689,17 +749,21 @@ func TestUDPHash4Count(t *testing.T) {
 		require.EqualValues(t, cnt, slot.hash4Cnt.Load())
 		require.Equal(t, h, hashed())
 		for _, sl := range []*udpSlot[int]{slot, wslot} {
-			connected := 0
+			inSlot := 0
 			if p := sl.groups.Load(); p != nil {
 				for _, g := range *p {
+					connected := 0
 					for _, s := range g.members {
 						if s.peer.Load() != nil {
 							connected++
 						}
+						require.Same(t, g.conns, s.conns)
 					}
+					require.EqualValues(t, connected, g.conns.Load(), "connected sockets of %v", g.first.local)
+					inSlot += connected
 				}
 			}
-			require.EqualValues(t, connected, sl.conns.Load(), "connected sockets of a slot")
+			require.EqualValues(t, inSlot, sl.conns.Load(), "connected sockets of a slot")
 		}
 	}
 	check(0, 0)
@@ -730,7 +794,7 @@ func TestUDPHash4Count(t *testing.T) {
 	check(0, 0)
 	require.NoError(t, w.Close())
 	check(0, 0)
-	require.Zero(t, wslot.conns.Load())
+	require.Zero(t, w.conns.Load())
 }
 
 // TestUDPHash4NullsRestart makes a hash4 reader stand on a node while the

@@ -96,9 +96,10 @@ var groupSpecs = []*groupSpec{
 	{
 		name: "udp", bench: "BenchmarkUDPLookup", title: "UDP socket lookup: hash4 on vs off",
 		implKey: "hash4", impls: []string{"hash4=on", "hash4=off"},
-		perRow: 8,
+		perRow: 10,
 		what: "Socket lookup of a datagram on a port with 500 connected sockets and one unconnected one " +
-			"(connected), on ports with unconnected sockets only, or to a reuseport group of 64 unconnected sockets.",
+			"(connected), on ports with unconnected sockets only, or to a reuseport group of 64 unconnected sockets, " +
+			"alone in its hash2 slot or beside a connected socket bound to another address (connected-neighbour).",
 		meaning: "A UDP proxy that connects one socket per client on one port finds a datagram's socket " +
 			"directly with the 4-tuple hash, instead of scoring every socket on the port, so its cost stops growing with the number of clients; " +
 			"a server with a socket per thread on one port pays for a datagram what a single socket costs.",

@@ -124,9 +124,9 @@ func TestPlan(t *testing.T) {
 	}
 	// 3 groups x 1 size x 2 cpus x 5 impls + 1 size x 2 cpus x 3 batch
 	// impls + 2 impls x 2 kinds of tables + 1 policy x 4 occupancies x 4
-	// impls + 4 cases x 2.
-	if total != 30+6+4+16+8 {
-		t.Errorf("expect %d results, want 64", total)
+	// impls + 5 cases x 2.
+	if total != 30+6+4+16+10 {
+		t.Errorf("expect %d results, want 66", total)
 	}
 
 	o, err = parseFlags([]string{"-groups", "churn,connect", "-count", "3", "-cpu", "1,2,4"}, 4, &bytes.Buffer{})
@@ -305,7 +305,7 @@ func BenchmarkChurnSharing(b *testing.B) {
 }
 
 func BenchmarkUDPLookup(b *testing.B) {
-	for _, kind := range []string{"connected", "unconnected-exact", "unconnected-wildcard", "reuseport=64"} {
+	for _, kind := range []string{"connected", "unconnected-exact", "unconnected-wildcard", "reuseport=64", "reuseport=64-connected-neighbour"} {
 		for _, on := range []string{"on", "off"} {
 			b.Run(kind+"/hash4="+on, func(b *testing.B) {
 				for b.Loop() {
@@ -324,8 +324,8 @@ func BenchmarkUDPLookup(b *testing.B) {
 	if code != 0 {
 		t.Fatalf("exit %d\nstderr:\n%s", code, stderr.String())
 	}
-	if !strings.Contains(stderr.String(), "running 24 benchmarks, in 2 rounds of") ||
-		!strings.Contains(stderr.String(), "[24/24]") {
+	if !strings.Contains(stderr.String(), "running 28 benchmarks, in 2 rounds of") ||
+		!strings.Contains(stderr.String(), "[28/28]") {
 		t.Errorf("stderr:\n%s", stderr.String())
 	}
 	raw, err := os.ReadFile(filepath.Join(out, "benchmarks.txt"))
@@ -385,8 +385,8 @@ func TestCommandQuick(t *testing.T) {
 	}
 	// A line per finished benchmark (stderr is not a terminal here), the
 	// last one at the planned total.
-	if !regexp.MustCompile(`\[64/64\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
-		t.Errorf("progress lacks [64/64]:\n%s", stderr.String())
+	if !regexp.MustCompile(`\[66/66\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
+		t.Errorf("progress lacks [66/66]:\n%s", stderr.String())
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
 	for _, s := range []string{"`go run ./examples/benchreport -quick -out ", "## Lookup hits", "## UDP socket lookup", "GOMAXPROCS"} {
