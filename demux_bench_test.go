@@ -16,10 +16,12 @@ package hash4
 //     hash4=off (the only extra work is reading the slot's hash4 count);
 //   - BenchmarkTCPEstablished: impl=tcp within 10% of impl=table;
 //   - BenchmarkTCPListener: listener lookups among 1K listeners;
-//   - BenchmarkUDPBind: what filling a port with connected sockets costs.
+//   - BenchmarkUDPBind: what filling a port with connected sockets costs;
+//   - BenchmarkUDPRebind: what replacing one of them costs.
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 )
@@ -156,6 +158,42 @@ func BenchmarkUDPBind(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkUDPRebind keeps n sockets connected on one address and port, as
+// BenchmarkUDPBind leaves them, and per op closes one of them, picked at
+// random, and binds and connects another in its stead, as such a server
+// does when a client leaves and another comes.
+func BenchmarkUDPRebind(b *testing.B) {
+	v := new(int)
+	local := netip.MustParseAddrPort("10.0.0.1:443")
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("sockets=%d", n), func(b *testing.B) {
+			tbl := NewUDPTable[int](WithSecret(demuxBenchSecret))
+			socks := make([]*UDPSocket[int], n)
+			bind := func(i int) {
+				s, err := tbl.Bind(local, v, WithReusePort())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Connect(benchPeer(i)); err != nil {
+					b.Fatal(err)
+				}
+				socks[i] = s
+			}
+			for i := range n {
+				bind(i)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			for b.Loop() {
+				i := rng.IntN(n)
+				if err := socks[i].Close(); err != nil {
+					b.Fatal(err)
+				}
+				bind(i)
 			}
 		})
 	}

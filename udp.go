@@ -24,10 +24,12 @@ import (
 //     bound to its (address, port) pairs by reuseport group (a socket
 //     without port reuse is a group of its own) as an immutable slice,
 //     published with one atomic store and replaced under the slot's mutex
-//     by Bind and Close, which copy the slice and the one group they
-//     change. Readers load it once and score the sockets in it without
-//     locks. A group's sockets are in the order of the kernel's reuseport
-//     array, which breaks ties between them (see udpGroup.without).
+//     by Bind and Close, which copy the slice of groups. Close copies the
+//     group it leaves too; Bind appends to its group's array in place
+//     while the array has room, past every length published (see Bind).
+//     Readers load it once and score the sockets in it without locks. A
+//     group's sockets are in the order of the kernel's reuseport array,
+//     which breaks ties between them (see udpGroup.without).
 //   - hash4 is a bucket array (bucket.go) of hlist_nulls chains (nulls.go),
 //     as many as hash2 has slots, keyed by UDPEhashfn / UDP6Ehashfn. Its
 //     nodes are entries (table.go) in a node store (slab.go): each socket
@@ -386,8 +388,14 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	s.id = t.ids.Add(1) // under the slot lock: bind order within a slot
 	groups := slices.Clone(old)
 	if j := slices.IndexFunc(groups, func(g udpGroup[T]) bool { return s.inGroupOf(g.first) }); j >= 0 {
-		// A new array: readers may hold the old one.
-		groups[j].members = append(slices.Clip(groups[j].members), s)
+		// N.B. appended in place while the array has room, as the
+		// kernel's reuseport_add_sock, so that Binds cost amortized O(1)
+		// however large the group: readers read a record's members[:len]
+		// only, and the element written lies past every length of this
+		// array ever published (without copies the group to a new
+		// array), so no reader reads it before the store below
+		// publishes it.
+		groups[j].members = append(groups[j].members, s)
 		s.conns = groups[j].conns
 	} else {
 		s.conns = new(atomic.Int32)

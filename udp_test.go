@@ -340,6 +340,55 @@ func TestUDPReusePortFlowHash(t *testing.T) {
 	}
 }
 
+// TestUDPGroupRecordsPublishedOnce binds sockets to a reuseport group and
+// closes some in random order, keeping every version of the slot's records
+// a lookup could have loaded; none may change after it was published, though
+// Bind appends to a group's array in place while it has room.
+func TestUDPGroupRecordsPublishedOnce(t *testing.T) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+	v := new(int)
+	local := dmxAP("10.0.0.1:443")
+	slot := &tbl.slots[portaddrHash(local.Addr(), local.Port(), tbl.mix)&tbl.mask]
+	type version struct {
+		records *[]udpGroup[int]
+		members [][]*UDPSocket[int] // a copy, as published
+	}
+	var versions []version
+	keep := func() {
+		p := slot.groups.Load()
+		if p == nil {
+			return
+		}
+		ver := version{records: p}
+		for _, g := range *p {
+			ver.members = append(ver.members, slices.Clone(g.members))
+		}
+		versions = append(versions, ver)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var open []*UDPSocket[int]
+	for range 400 {
+		if len(open) > 0 && rng.IntN(3) == 0 {
+			i := rng.IntN(len(open))
+			require.NoError(t, open[i].Close())
+			open = slices.Delete(open, i, i+1)
+		} else {
+			s, err := tbl.Bind(local, v, WithReusePort())
+			require.NoError(t, err)
+			open = append(open, s)
+		}
+		keep()
+	}
+	require.Greater(t, len(open), 64)
+	for i, ver := range versions {
+		for j, g := range *ver.records {
+			require.Equal(t, ver.members[j], g.members, "version %d, group %d", i, j)
+		}
+	}
+	sockets := (*slot.groups.Load())[0].members
+	require.ElementsMatch(t, open, sockets)
+}
+
 // TestUDPReusePortCloseOrder: when a socket of a reuseport group closes,
 // the group's last socket takes its place, as the kernel's
 // reuseport_detach_sock leaves its array: after A, B, C, D bind and B
