@@ -73,7 +73,9 @@ type bindConfig struct {
 // that a packet matches equally well, Lookup picks one by the packet's flow
 // hash (see UDPTable), so a given 4-tuple keeps reaching the same socket
 // while no socket binds to or closes on that address and port; when one of
-// them connects or disconnects, only the flows that reach that one move.
+// them connects or disconnects, only the flows that reached it, or that it
+// takes from then on, move (on ::, where an IPv6-only group and a
+// dual-stack one tie, the flows of a group too: see UDPTable).
 // With TCPTable.Listen, the same for listeners: see TCPTable.
 func WithReusePort() BindOption { return func(c *bindConfig) { c.reusePort = true } }
 
@@ -130,10 +132,11 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 // kernel's reuseport_select_sock_by_hash skips the connected sockets of a
 // group. So a flow moves only when a socket binds to or closes on that
 // address and port, or when the socket it reaches, or one it skipped,
-// connects or disconnects. Step 1 returns a socket only when the 4-tuple matches
-// exactly one connected socket; it falls through to scoring when it matches
-// several (reuseport sockets connected to the same peer), so that the tie
-// is broken the same way. Step 1 is a shortcut: the answer is always the
+// connects or disconnects; on ::, where the two groups tie, also when the
+// tied socket bound first, which picks the group, does. Step 1 returns a
+// socket only when the 4-tuple matches exactly one connected socket; it
+// falls through to scoring when it matches several (reuseport sockets
+// connected to the same peer), so that the tie is broken the same way. Step 1 is a shortcut: the answer is always the
 // one scoring would give.
 //
 // While sockets connect and disconnect, Lookup scores the sockets on the
@@ -145,8 +148,9 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 // once rather than socket by socket, so a packet to a group of 64 sockets
 // costs what one to a single socket does, whatever other sockets share the
 // group's hash2 slot. A group with a connected socket, it scores socket by
-// socket, as the kernel does (reuseport_has_conns); and if such a group's
-// sockets tie for the packet, every socket of the slot again.
+// socket, as the kernel does (reuseport_has_conns); and when the socket
+// bound first among those tied for the packet is in such a group, every
+// socket of the slot again.
 type UDPTable[T any] struct {
 	slots []udpSlot[T] // hash2
 	mask  uint32
@@ -201,12 +205,13 @@ type udpGroup[T any] struct {
 	members []*UDPSocket[T] // in the order of the kernel's reuseport array
 	// conns counts the group's connected sockets, shared by every record
 	// of the group from its first Bind on. N.B. it is never lower than the
-	// number of members of a published record that have a peer: Connect
-	// raises it before it sets a socket's first peer, and Disconnect and
-	// Close lower it after the peer is cleared or the socket has left the
-	// slot's records. So a lookup that reads 0, between two loads of the
-	// slot's groups that return the same pointer, saw the members all
-	// unconnected at that moment (see scoreGroups).
+	// number of members of the slot's current record that have a peer:
+	// Connect raises it before it sets a socket's first peer, Disconnect
+	// lowers it after the peer is cleared, and Close after the socket has
+	// left the current record (its peer stays set, so older records still
+	// show it connected). So a lookup that reads 0, between two loads of
+	// the slot's groups that return the same pointer, saw the members all
+	// unconnected at that moment (see scoreSlot).
 	conns *atomic.Int32
 }
 

@@ -573,6 +573,26 @@ func TestUDPReusePortIPv6OnlyGroups(t *testing.T) {
 	require.NoError(t, socks[3].Connect(dmxAP("[2001:db8::99]:9")))
 	require.NoError(t, socks[0].Close())
 	require.Equal(t, []string{"A1"}, reached(tbl), "the group bound first, scored socket by socket")
+
+	// A1, B2, A3 (A IPv6-only): a flow that A3 takes moves to B2's group
+	// when A1 connects to a peer that sends none of the packets, though
+	// neither A3 nor a socket it skipped changed: A1 no longer ties, and
+	// B2 is now the tied socket bound first, as in Linux's hash2 chain.
+	tbl, socks = bind([]string{"A1", "B2", "A3"})
+	var pkt Tuple
+	for i := 1; ; i++ {
+		pkt = Tuple{Local: dmxAP("[2001:db8::1]:53"), Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 15: byte(i)}), 1000)}
+		if reciprocalScale(udpTestHash(pkt), 2) == 1 {
+			break
+		}
+	}
+	v, ok := tbl.Lookup(pkt)
+	require.True(t, ok)
+	require.Equal(t, "A3", *v)
+	require.NoError(t, socks[0].Connect(dmxAP("[2001:db8::99]:9")))
+	v, ok = tbl.Lookup(pkt)
+	require.True(t, ok)
+	require.Equal(t, "B2", *v)
 }
 
 // TestUDPReusePortTieRace: while socket A of a reuseport pair connects to
