@@ -34,6 +34,19 @@ func benchPeer(i int) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), uint16(10000+i%1000))
 }
 
+// bindConnected binds a socket with port reuse on local and connects it to
+// benchPeer(i).
+func bindConnected(b *testing.B, tbl *UDPTable[int], local netip.AddrPort, v *int, i int) *UDPSocket[int] {
+	s, err := tbl.Bind(local, v, WithReusePort())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Connect(benchPeer(i)); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
 // BenchmarkUDPLookup looks up packets in a table holding, on 10.0.0.1:5000,
 // 500 sockets connected to distinct peers and one unconnected socket (all
 // with port reuse), plus one unconnected socket on 10.0.0.1:6000, one on
@@ -57,13 +70,7 @@ func BenchmarkUDPLookup(b *testing.B) {
 	conn := make([]Tuple, connected)
 	local := netip.MustParseAddrPort("10.0.0.1:5000")
 	for i := range conn {
-		s, err := tbl.Bind(local, v, WithReusePort())
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Connect(benchPeer(i)); err != nil {
-			b.Fatal(err)
-		}
+		bindConnected(b, tbl, local, v, i)
 		conn[i] = Tuple{Local: local, Remote: benchPeer(i)}
 	}
 	for _, a := range []string{"10.0.0.1:5000", "10.0.0.1:6000", "0.0.0.0:7000"} {
@@ -150,13 +157,7 @@ func BenchmarkUDPBind(b *testing.B) {
 			for b.Loop() {
 				tbl := NewUDPTable[int](WithSecret(demuxBenchSecret))
 				for i := range n {
-					s, err := tbl.Bind(local, v, WithReusePort())
-					if err != nil {
-						b.Fatal(err)
-					}
-					if err := s.Connect(benchPeer(i)); err != nil {
-						b.Fatal(err)
-					}
+					bindConnected(b, tbl, local, v, i)
 				}
 			}
 		})
@@ -174,18 +175,8 @@ func BenchmarkUDPRebind(b *testing.B) {
 		b.Run(fmt.Sprintf("sockets=%d", n), func(b *testing.B) {
 			tbl := NewUDPTable[int](WithSecret(demuxBenchSecret))
 			socks := make([]*UDPSocket[int], n)
-			bind := func(i int) {
-				s, err := tbl.Bind(local, v, WithReusePort())
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := s.Connect(benchPeer(i)); err != nil {
-					b.Fatal(err)
-				}
-				socks[i] = s
-			}
 			for i := range n {
-				bind(i)
+				socks[i] = bindConnected(b, tbl, local, v, i)
 			}
 			rng := rand.New(rand.NewPCG(1, 2))
 			for b.Loop() {
@@ -193,7 +184,7 @@ func BenchmarkUDPRebind(b *testing.B) {
 				if err := socks[i].Close(); err != nil {
 					b.Fatal(err)
 				}
-				bind(i)
+				socks[i] = bindConnected(b, tbl, local, v, i)
 			}
 		})
 	}
