@@ -439,7 +439,7 @@ var benchZero uintptr
 // BenchmarkMemoryReads measures the machine rather than a table: what a
 // read of a random line costs, and how far apart in the instruction stream
 // two independent reads may be and still overlap. It gives the figures in
-// the README's "What bounds the table".
+// docs/performance.md, "What bounds the table".
 //
 // reads=chained follows a random cycle through mem bytes, each read's
 // address in the last read's line: the full latency of one read. In
