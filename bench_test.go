@@ -752,3 +752,39 @@ func benchChurnTables(b *testing.B, impl benchImpl, ks *benchKeySet, shared bool
 		}
 	})
 }
+
+// BenchmarkGrow measures Table.Grow of a table of n buckets holding n
+// entries to 2n buckets, the time for which writers wait (lookups do not):
+// time per Grow, and per entry copied. The tables are filled with the timer
+// stopped, up to 64 at a time, as stopping the timer reads the memory
+// statistics, which costs more than a Grow of a small table.
+func BenchmarkGrow(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run("n="+sz.name, func(b *testing.B) {
+			ks := benchKeys(sz.n)
+			batch := max(1, min(64, (1<<16)/sz.n))
+			var tabs []*Table[benchVal]
+			for i := 0; i < b.N; i++ {
+				if len(tabs) == 0 {
+					b.StopTimer()
+					for range min(batch, b.N-i) {
+						tab := New[benchVal](WithCapacity(sz.n), WithSecret(benchSecret))
+						for _, j := range ks.fill {
+							if err := tab.Insert(ks.keys[j], &ks.vals[j]); err != nil {
+								b.Fatal(err)
+							}
+						}
+						tabs = append(tabs, tab)
+					}
+					b.StartTimer()
+				}
+				if err := tabs[len(tabs)-1].Grow(2 * sz.n); err != nil {
+					b.Fatal(err)
+				}
+				tabs[len(tabs)-1] = nil
+				tabs = tabs[:len(tabs)-1]
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.n), "ns/entry")
+		})
+	}
+}

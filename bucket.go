@@ -22,6 +22,11 @@ const (
 	// chains from established ones (2^29, as in Linux), below
 	// maxNullsValue.
 	maxBuckets = 1 << 29
+	// arrayNullsFlip is flipped in the nulls values of each new array
+	// Table.Grow makes, so that a reader led from a chain of one array into
+	// a chain of the next ends on a value that is not its own: bucket
+	// indexes, with the listener offset, stay below it.
+	arrayNullsFlip = 1 << 30
 )
 
 // stripe is one writer lock with what it guards besides chains: the cache of
@@ -62,11 +67,17 @@ type buckets struct {
 // of two and clamped to what the table supports (s to at most n).
 func (b *buckets) init(n, s int, nullsBase uint32) {
 	n = bucketCount(n)
-	s = ceilPow2(min(max(s, 1), n))
+	b.initShared(n, make([]stripe, ceilPow2(min(max(s, 1), n))), nullsBase)
+}
+
+// initShared sizes the array to n buckets, a power of two, guarded by the
+// stripes ss, a power of two no larger than n, which may guard another
+// array too (Table.Grow). Chain i ends in the nulls value nullsBase+i.
+func (b *buckets) initShared(n int, ss []stripe, nullsBase uint32) {
 	b.heads = make([]linkField, n)
 	b.mask = uint32(n - 1)
-	b.stripes = make([]stripe, s)
-	b.stripeMask = uint32(s - 1)
+	b.stripes = ss
+	b.stripeMask = uint32(len(ss) - 1)
 	b.nullsBase = nullsBase
 	for i := range b.heads {
 		b.heads[i].initNulls(nullsBase + uint32(i))

@@ -467,7 +467,7 @@ func connSentinels(t *testing.T, tb *Table[int], local netip.Addr, remote netip.
 // entry indexes.
 func connBucketMates(t *testing.T, tb *Table[int], local netip.Addr, remote netip.AddrPort, r PortRange, other netip.AddrPort) map[uint32]uint16 {
 	t.Helper()
-	nb := uint32(len(tb.b.heads))
+	nb := uint32(len(tb.cur().b.heads))
 	require.GreaterOrEqual(t, int(nb), r.Size())
 	h0 := HashTuple(Tuple{netip.AddrPortFrom(local, 0), remote}, tb.hasher, tb.secret)
 	s0 := HashTuple(Tuple{netip.AddrPortFrom(local, 0), other}, tb.hasher, tb.secret)
@@ -478,11 +478,11 @@ func connBucketMates(t *testing.T, tb *Table[int], local netip.Addr, remote neti
 			q = nb
 		}
 		tup := Tuple{netip.AddrPortFrom(local, uint16(q)), other}
-		require.Equal(t, tb.b.bucket(h0+p), tb.b.bucket(HashTuple(tup, tb.hasher, tb.secret)))
+		require.Equal(t, tb.cur().b.bucket(h0+p), tb.cur().b.bucket(HashTuple(tup, tb.hasher, tb.secret)))
 		require.NoError(t, tb.Insert(tup, new(int)))
 		var k key
 		tb.tupleKey(&k, &tup)
-		_, l := tb.findLocked(&k)
+		_, l := tb.findLocked(tb.cur(), &k)
 		require.False(t, l.isNulls())
 		sentinels[l.index()] = uint16(p)
 	}

@@ -207,6 +207,35 @@ func ExampleTable_CompareAndSwap() {
 	// current: SYN_RECV
 }
 
+func ExampleTable_Grow() {
+	// A gateway that cannot know its flow count sizes for a guess, and
+	// doubles the table when the flows pass it: lookups on other
+	// goroutines go on during Grow, and writers wait for it.
+	sizedFor := 256
+	flows := hash4.New[natMapping](hash4.WithCapacity(sizedFor))
+	client := netip.MustParseAddr("192.168.1.20")
+	upstream := netip.MustParseAddrPort("93.184.216.34:443")
+	for port := uint16(10000); port < 11000; port++ {
+		flow := hash4.Tuple{Local: netip.AddrPortFrom(client, port), Remote: upstream}
+		if err := flows.Insert(flow, &natMapping{}); err != nil {
+			fmt.Println("insert:", err)
+		}
+		if flows.Len() > sizedFor {
+			sizedFor *= 2
+			if err := flows.Grow(sizedFor); err != nil {
+				fmt.Println("grow:", err)
+			}
+		}
+	}
+	st := flows.Stats()
+	fmt.Println("flows", st.Entries, "buckets", st.Buckets)
+	_, ok := flows.Lookup(hash4.Tuple{Local: netip.AddrPortFrom(client, 10000), Remote: upstream})
+	fmt.Println("first flow found:", ok)
+	// Output:
+	// flows 1000 buckets 1024
+	// first flow found: true
+}
+
 func ExampleTable_Connect() {
 	flows := hash4.New[natMapping]()
 	ports, err := hash4.NewPortAllocator(

@@ -6,7 +6,7 @@ import "math/bits"
 // kernel's inet_ehash layout.
 //
 // Every bucket b owns one entry slot of the node store, its home slot
-// (index b+1), reserved when the table is made. An entry goes to its
+// (index b+1 in a table that never grew), reserved with the bucket array. An entry goes to its
 // bucket's home slot when that is free, so a lookup can fetch the home slot
 // at the same time as the chain head, from the hash alone, and a key held
 // there is found with one memory access instead of two dependent ones (head,
@@ -63,13 +63,14 @@ import "math/bits"
 // turns free before it is unlinked, so an entry that is live while a reader
 // reads it is in its chain, and a key any home slot shows is present.
 
-// homeSlot returns the index of bucket b's home slot.
-func homeSlot(b uint32) uint32 { return b + 1 }
+// slot returns the index of bucket b's home slot.
+func (h *homeSlots) slot(b uint32) uint32 { return h.base + b }
 
-// homeAt returns bucket b's home slot, t.nodes.at(homeSlot(b)), with no
-// test of the index: home slots are reserved nodes (see slab.reserve).
-func (t *Table[T]) homeAt(b uint32) *entry[T] {
-	return &t.nodes.reserved[b] // node b+1 (see slab.reserve)
+// homeAt returns bucket b's home slot, t.nodes.at(a.home.slot(b)), with
+// no test of the index: home slots are reserved nodes (see slab.reserve,
+// slab.reserveMore).
+func (a *tableArray[T]) homeAt(b uint32) *entry[T] {
+	return &a.homes[b]
 }
 
 // homeSlots records which home slots are free: one bit per bucket, set
@@ -93,6 +94,7 @@ type homeSlots struct {
 	stripeShift uint8
 	stripeMask  uint32
 	buckets     uint32
+	base        uint32 // node index of bucket 0's home slot
 	// group holds the XOR distances from a bucket to the other buckets of
 	// its home group, or zeros in a table without groups.
 	group [homeGroupSize - 1]uint32
@@ -108,9 +110,12 @@ const homeGroupSize = 4
 const homeGroupMinBuckets = 1 << 16
 
 // init marks every home slot of a table with the given (power-of-two)
-// bucket and stripe counts free, and forms home groups if grouped is set
-// and a group's buckets can share a stripe.
-func (h *homeSlots) init(buckets, stripes int, ss []stripe, grouped bool) {
+// bucket and stripe counts free, the first being node base, and forms home
+// groups if grouped is set and a group's buckets can share a stripe. It
+// resets the home slot fields of the stripes ss, whose locks the caller
+// holds if the table is shared.
+func (h *homeSlots) init(buckets, stripes int, ss []stripe, base uint32, grouped bool) {
+	h.base = base
 	if grouped && stripes <= buckets/homeGroupSize {
 		h.group = [...]uint32{uint32(buckets / 2), uint32(buckets / 4), uint32(buckets/2 + buckets/4)}
 	}
@@ -124,6 +129,7 @@ func (h *homeSlots) init(buckets, stripes int, ss []stripe, grouped bool) {
 		h.free = make([]uint64, int(h.words)*stripes)
 	}
 	for s := range stripes {
+		ss[s].homeBits = [len(stripe{}.homeBits)]uint64{}
 		run := h.run(&ss[s], uint32(s))
 		for j := range perStripe / 64 {
 			run[j] = ^uint64(0)
@@ -132,6 +138,7 @@ func (h *homeSlots) init(buckets, stripes int, ss []stripe, grouped bool) {
 			run[perStripe/64] = 1<<r - 1
 		}
 		ss[s].homeFree = uint32(perStripe)
+		ss[s].homeCursor, ss[s].homeLast = 0, 0
 	}
 }
 
@@ -152,7 +159,7 @@ func (h *homeSlots) sameGroup(b, c uint32) bool { return (b^c)&^h.group[2] == 0 
 
 // isHome reports whether node i is a home slot, and of which bucket.
 func (h *homeSlots) isHome(i uint32) (bucket uint32, ok bool) {
-	return i - 1, i-1 < h.buckets
+	return i - h.base, i-h.base < h.buckets
 }
 
 // run returns the bitmap run of stripe s (st).

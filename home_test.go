@@ -19,7 +19,7 @@ import (
 func tblGroupFind(f *tblNulls, tup Tuple) (*string, bool) {
 	var k key
 	f.tab.tupleKey(&k, &tup)
-	return f.tab.lookupGroup(&k, f.tab.b.bucket(uint32(k.meta>>32)))
+	return f.tab.lookupGroup(f.tab.cur(), &k, f.tab.cur().b.bucket(uint32(k.meta>>32)))
 }
 
 // freeHome deletes bucket b's filler and empties the free cache, so that
@@ -28,7 +28,7 @@ func (f *tblNulls) freeHome(t *testing.T, b uint32) {
 	t.Helper()
 	_, ok := f.tab.Delete(f.filler(b))
 	require.True(t, ok)
-	f.tab.b.stripes[0].cache.free = nil
+	f.tab.cur().b.stripes[0].cache.free = nil
 }
 
 // TestTableHomeGroupsDefault checks which tables get home groups: those of
@@ -48,9 +48,9 @@ func TestTableHomeGroupsDefault(t *testing.T) {
 			opts = append(opts, WithLockStripes(c.stripes))
 		}
 		tab := New[int](opts...)
-		require.Equal(t, c.want, tab.home.grouped(), "%+v", c)
+		require.Equal(t, c.want, tab.cur().home.grouped(), "%+v", c)
 	}
-	require.False(t, New[int](WithCapacity(16), withHomeGroups(true), WithLockStripes(8)).home.grouped(),
+	require.False(t, New[int](WithCapacity(16), withHomeGroups(true), WithLockStripes(8)).cur().home.grouped(),
 		"a group of four buckets of 16 spans two of 8 stripes")
 }
 
@@ -186,7 +186,7 @@ func TestStealTakesReleasedSlot(t *testing.T) {
 	for _, record := range []bool{true, false} {
 		var ss [1]stripe
 		var h homeSlots
-		h.init(256, 1, ss[:], true)
+		h.init(256, 1, ss[:], 1, true)
 		st := &ss[0]
 		for range 256 {
 			_, ok := h.steal(st, 0)
@@ -235,8 +235,8 @@ func TestStealTakesReleasedSlot(t *testing.T) {
 func TestTableRecordsReleasedSlot(t *testing.T) {
 	for _, grouped := range []bool{true, false} {
 		tab := New[int](WithCapacity(64), WithLockStripes(1), withHomeGroups(grouped), WithSecret(tblSecret))
-		require.Equal(t, grouped, tab.home.grouped())
-		st := &tab.b.stripes[0]
+		require.Equal(t, grouped, tab.cur().home.grouped())
+		st := &tab.cur().b.stripes[0]
 		r := rand.New(rand.NewPCG(8, 9))
 		live, releases := map[int]bool{}, 0
 		for range 20000 {
@@ -259,9 +259,9 @@ func TestTableRecordsReleasedSlot(t *testing.T) {
 			releases++
 			require.NotZero(t, st.homeLast, "a delete released a slot")
 			b := st.homeLast - 1
-			w, m := tab.home.bit(st, b)
+			w, m := tab.cur().home.bit(st, b)
 			require.NotZero(t, *w&m, "bucket %d's home slot recorded, not free", b)
-			require.True(t, tab.b.heads[b].load().isNulls(), "bucket %d's home slot recorded, its chain not empty", b)
+			require.True(t, tab.cur().b.heads[b].load().isNulls(), "bucket %d's home slot recorded, its chain not empty", b)
 		}
 		if grouped {
 			require.Greater(t, releases, 1000)
@@ -330,7 +330,7 @@ func TestTableChurnPlacement(t *testing.T) {
 				if round == 0 {
 					firstRound = st.Nodes
 				}
-				require.LessOrEqual(t, st.Nodes, firstRound+len(tab.b.stripes)*tab.nodes.batchSize(), "round %d: nodes grow under churn", round)
+				require.LessOrEqual(t, st.Nodes, firstRound+len(tab.cur().b.stripes)*tab.nodes.batchSize(), "round %d: nodes grow under churn", round)
 			}
 			tblCheckHome(t, tab, "after churn")
 		})

@@ -105,8 +105,9 @@ var linModel = porcupine.Model{
 
 // linRun records a history of nClients goroutines doing opsPerClient random
 // operations each on nKeys keys of a tiny table, with or without home
-// groups.
-func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsPerClient, nKeys int) []porcupine.Operation {
+// groups, and if grow is set, while another goroutine grows the table from
+// 16 buckets to 1024, a doubling at a time.
+func linRun(t *testing.T, seed uint64, stripes int, grouped, grow bool, nClients, opsPerClient, nKeys int) []porcupine.Operation {
 	t.Helper()
 	tab := New[int](WithCapacity(16), WithLockStripes(stripes), WithSecret(tblSecret), withHomeGroups(grouped))
 	// The keys: half in one bucket (a long chain), half anywhere, and each
@@ -207,8 +208,25 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, nClients, opsP
 			hist[c] = ops
 		})
 	}
+	var grower sync.WaitGroup
+	var done atomic.Bool
+	if grow {
+		grower.Go(func() {
+			start.Wait()
+			for b := 32; b <= 1024 && !done.Load(); b *= 2 {
+				if err := tab.Grow(b); err != nil {
+					bad.Store(fmt.Sprintf("Grow(%d): %v", b, err))
+				}
+				for range 1 + int(seed)%8 {
+					runtime.Gosched()
+				}
+			}
+		})
+	}
 	start.Done()
 	wg.Wait()
+	done.Store(true)
+	grower.Wait()
 	require.Nil(t, bad.Load())
 	var all []porcupine.Operation
 	for _, h := range hist {
@@ -242,8 +260,8 @@ func linEvents(ops []porcupine.Operation) []porcupine.Event {
 	return out
 }
 
-// TestLinearizability checks recorded concurrent histories against the
-// map model.
+// TestLinearizability checks recorded concurrent histories, some made while
+// the table grows, against the map model.
 func TestLinearizability(t *testing.T) {
 	runs, ops := 20, 150
 	if testing.Short() {
@@ -253,8 +271,8 @@ func TestLinearizability(t *testing.T) {
 	// On a loaded machine the clients may happen to run one at a time; keep
 	// going (bounded) until some history is really concurrent.
 	for run := 0; run < runs || (overlapping == 0 && run < 10*runs); run++ {
-		stripes, grouped := 1+run%2, run%4 >= 2
-		hist := linRun(t, uint64(run+1), stripes, grouped, 4, ops, 4)
+		stripes, grouped, grow := 1+run%2, run%4 >= 2, run%8 >= 4
+		hist := linRun(t, uint64(run+1), stripes, grouped, grow, 4, ops, 4)
 		require.Len(t, hist, 4*ops)
 		overlapping += linOverlapping(hist)
 		for _, op := range hist {
@@ -263,7 +281,7 @@ func TestLinearizability(t *testing.T) {
 			}
 		}
 		res := porcupine.CheckOperationsTimeout(linModel, hist, 30*time.Second)
-		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v): history not linearizable", run, stripes, grouped)
+		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v, Grow %v): history not linearizable", run, stripes, grouped, grow)
 		if run%5 == 0 {
 			require.Equal(t, porcupine.Ok, porcupine.CheckEventsTimeout(linModel, linEvents(hist), 30*time.Second), "run %d as events", run)
 		}
@@ -380,7 +398,7 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 
 	// A real history made wrong by one edit: the last lookup that found a
 	// value is changed to return a value never inserted.
-	hist := linRun(t, 99, 1, false, 3, 60, 2)
+	hist := linRun(t, 99, 1, false, false, 3, 60, 2)
 	require.True(t, porcupine.CheckOperations(linModel, hist))
 	edited := false
 	for i := len(hist) - 1; i >= 0 && !edited; i-- {

@@ -7,7 +7,8 @@ package hash4
 //
 //  1. A chain never ends in "nil" but in a nulls marker that carries a value;
 //     a table gives each chain its own value (its bucket index, plus a
-//     per-table offset where chains of several kinds coexist).
+//     per-table offset where chains of several kinds coexist, and a bit that
+//     differs between a table's bucket arrays, see Table.Grow).
 //  2. Readers walk chains without locks, with atomic loads only. Writers
 //     change a chain only under the lock that covers it, with release
 //     stores (release.go).

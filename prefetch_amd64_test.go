@@ -53,7 +53,7 @@ func TestTableWithoutPrefetchW(t *testing.T) {
 			tab := New[int](append(opts, WithSecret(tblSecret))...)
 			model := map[int]*int{}
 			for i := range 5000 {
-				ki := (i * 7919) % (len(tab.b.heads) * 3)
+				ki := (i * 7919) % (len(tab.cur().b.heads) * 3)
 				k := tblKey(ki, ki%2 == 1)
 				if v, ok := model[ki]; ok {
 					got, gok := tab.Delete(k)
@@ -72,7 +72,7 @@ func TestTableWithoutPrefetchW(t *testing.T) {
 				require.True(t, ok)
 				require.Same(t, v, got)
 			}
-			tblCheckHome(t, tab, fmt.Sprintf("after churn, %d buckets, PREFETCHW %v", len(tab.b.heads), can))
+			tblCheckHome(t, tab, fmt.Sprintf("after churn, %d buckets, PREFETCHW %v", len(tab.cur().b.heads), can))
 		}
 	}
 }

@@ -26,29 +26,29 @@ func TestTouchIsAHint(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tab := New[int](append(c.opts, WithSecret(tblSecret))...)
-			require.Equal(t, c.bitmap, tab.home.free != nil)
-			require.Equal(t, c.grouped, tab.home.grouped())
-			for i := range 2 * len(tab.b.heads) {
+			require.Equal(t, c.bitmap, tab.cur().home.free != nil)
+			require.Equal(t, c.grouped, tab.cur().home.grouped())
+			for i := range 2 * len(tab.cur().b.heads) {
 				require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), new(i)))
 			}
-			for i := 0; i < 2*len(tab.b.heads); i += 3 {
+			for i := 0; i < 2*len(tab.cur().b.heads); i += 3 {
 				_, ok := tab.Delete(tblKey(i, i%2 == 1))
 				require.True(t, ok)
 			}
 			snapshot := func() string {
 				var s []any
-				for b := range uint32(len(tab.b.heads)) {
-					s = append(s, tab.b.heads[b].load(), tab.homeAt(b).key.load(), tab.homeAt(b).seq.Load())
+				for b := range uint32(len(tab.cur().b.heads)) {
+					s = append(s, tab.cur().b.heads[b].load(), tab.cur().homeAt(b).key.load(), tab.cur().homeAt(b).seq.Load())
 				}
 				for i := range tab.moves {
 					s = append(s, tab.moves[i].n.Load())
 				}
-				return fmt.Sprint(s, slices.Clone(tab.home.free), tab.Stats())
+				return fmt.Sprint(s, slices.Clone(tab.cur().home.free), tab.Stats())
 			}
 			before, entries := snapshot(), tblCollect(t, tab)
 			allocs := testing.AllocsPerRun(100, func() {
-				for b := range uint32(len(tab.b.heads)) {
-					tab.touch(b)
+				for b := range uint32(len(tab.cur().b.heads)) {
+					tab.touch(tab.cur(), b)
 				}
 			})
 			require.Zero(t, allocs)

@@ -63,6 +63,7 @@ type slab[N any] struct {
 	mu     sync.Mutex // guards what follows, and growth of dir
 	carved uint32     // next index to hand out for the first time; index 0 is never used
 	depot  []uint32   // free indexes not held by any cache
+	gaps   uint32     // indexes that are no node, past the ranges reserveMore made
 }
 
 // slabDir is a directory of chunks: node i is chunk (i-1)>>shift, at
@@ -217,6 +218,49 @@ func (s *slab[N]) reserve(n uint32) {
 	s.carved = uint32(len(d.chunks))<<d.shift + 1
 }
 
+// reserveMore carves n nodes in one allocation, as reserve does, in a
+// store that may be shared, and returns the index of the first and the
+// nodes; the caller manages them outside the caches, as reserve's. They
+// begin at a chunk's first index: the indexes left in the chunk carved
+// last go to the depot first. It reports false, and changes nothing, if
+// the nodes and spare more would not fit in the index space.
+//
+// N.B. as in reserve, the directory's chunks cut the new array where it
+// lies, and where n is less than a chunk the indexes past its end are no
+// node (counted in gaps). Readers never index past the directory they
+// loaded, so the longer one is published whole, as grow does.
+func (s *slab[N]) reserveMore(n, spare uint32) (first uint32, nodes []N, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	size := uint32(1) << s.shift()
+	carved := max(s.carved, 1)
+	first = (carved-1+size-1)/size*size + 1
+	chunks := (n + size - 1) / size
+	if uint64(first)+uint64(chunks)*uint64(size)+uint64(spare) > slabMaxNodes {
+		return 0, nil, false
+	}
+	for i := carved; i < first; i++ {
+		s.depot = append(s.depot, i)
+	}
+	nodes = make([]N, n)
+	d := s.nextDir()
+	for lo := uint32(0); lo < n; lo += size {
+		hi := min(lo+size, n)
+		d.chunks = appendChunk(d.chunks, nodes[lo:hi:hi])
+	}
+	s.dir.Store(d)
+	s.carved = first + chunks*size
+	s.gaps += chunks*size - n
+	return first, nodes, true
+}
+
+// putAll hands the free nodes is to the depot, for any cache to take.
+func (s *slab[N]) putAll(is []uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.depot = append(s.depot, is...)
+}
+
 // gap returns the number of indexes between the reserved nodes and the
 // first carved one, which are no node (see reserve): the reserved count
 // rounded up to a whole chunk, less that count.
@@ -278,20 +322,33 @@ func (s *slab[N]) chunks() int {
 // (a slot no reader reads yet); the longer directory is then published whole
 // with one atomic store, and every index handed out before stays valid in it.
 func (s *slab[N]) grow() {
+	d := s.nextDir()
+	d.chunks = appendChunk(d.chunks, make([]N, 1<<d.shift))
+	s.dir.Store(d)
+}
+
+// nextDir returns a new directory with the chunks of the current one, for
+// the caller to append to and publish. s.mu is held.
+func (s *slab[N]) nextDir() *slabDir[N] {
 	d := &slabDir[N]{shift: s.shift()}
 	if old := s.dir.Load(); old != nil {
 		d.chunks = old.chunks
 	}
-	if len(d.chunks) == cap(d.chunks) {
-		// Room for 16 chunk headers, then doublings: a multiple of 192
-		// bytes, in a size class whose slots start on a cache line and
-		// fill whole lines (see slabDir).
-		grown := make([][]N, len(d.chunks), max(slabDirMinChunks, 2*cap(d.chunks)))
-		copy(grown, d.chunks)
-		d.chunks = grown
+	return d
+}
+
+// appendChunk appends chunk to a directory's chunk headers. N.B. it may
+// write past the end of a slice that readers hold (see grow); it grows the
+// headers to room for 16, then by doublings: a multiple of 192 bytes, in a
+// size class whose slots start on a cache line and fill whole lines (see
+// slabDir).
+func appendChunk[N any](chunks [][]N, chunk []N) [][]N {
+	if len(chunks) == cap(chunks) {
+		grown := make([][]N, len(chunks), max(slabDirMinChunks, 2*cap(chunks)))
+		copy(grown, chunks)
+		chunks = grown
 	}
-	d.chunks = append(d.chunks, make([]N, 1<<d.shift))
-	s.dir.Store(d)
+	return append(chunks, chunk)
 }
 
 // stats returns the nodes carved (handed out at least once, or reserved)
@@ -299,5 +356,5 @@ func (s *slab[N]) grow() {
 func (s *slab[N]) stats() (carved, depot int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return int(max(s.carved, 1) - 1 - s.gap()), len(s.depot)
+	return int(max(s.carved, 1) - 1 - s.gap() - s.gaps), len(s.depot)
 }

@@ -129,15 +129,18 @@ func TestSlabChunks(t *testing.T) {
 // TestSlabDirLines checks that what every walk past the reserved nodes
 // reads fills whole cache lines of its own: the directory, the slice of
 // chunk headers it points to, at every size it grows through, and the
-// read-mostly fields of a Table, padded on both sides. The heap's
+// read-mostly fields of a Table and of its bucket array, padded on both sides. The heap's
 // placement is checked on 64-bit targets only, the ones whose speed
 // counts: on 32-bit ones the runtime puts a header before objects with
 // pointers from 128 bytes, and their slots do not always start on a line.
 func TestSlabDirLines(t *testing.T) {
 	require.Equal(t, uintptr(cacheLineSize), unsafe.Sizeof(slabDir[entry[int]]{}))
 	var tab Table[int]
-	require.GreaterOrEqual(t, unsafe.Offsetof(tab.b), uintptr(cacheLineSize))
+	require.GreaterOrEqual(t, unsafe.Offsetof(tab.arr), uintptr(cacheLineSize))
 	require.GreaterOrEqual(t, unsafe.Sizeof(tab)-unsafe.Offsetof(tab.visit)-unsafe.Sizeof(tab.visit), uintptr(cacheLineSize))
+	var a tableArray[int]
+	require.GreaterOrEqual(t, unsafe.Offsetof(a.b), uintptr(cacheLineSize))
+	require.GreaterOrEqual(t, unsafe.Sizeof(a)-unsafe.Offsetof(a.homes)-unsafe.Sizeof(a.homes), uintptr(cacheLineSize))
 	if ptrSize != 8 {
 		return
 	}

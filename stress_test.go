@@ -59,11 +59,16 @@ func stressSpell(k Tuple, r *rand.Rand) Tuple {
 // missing.
 func TestStress(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
-		t.Run(fmt.Sprint("groups=", grouped), func(t *testing.T) { stress(t, grouped) })
+		t.Run(fmt.Sprint("groups=", grouped), func(t *testing.T) { stress(t, grouped, false) })
 	}
+	t.Run("grow", func(t *testing.T) { stress(t, false, true) })
 }
 
-func stress(t *testing.T, grouped bool) {
+// stress runs the writers, the swapper and the readers on a table of 32
+// buckets, with or without home groups; with grow, another goroutine grows
+// the table meanwhile, doubling it every eighth of the run up to 4096
+// buckets.
+func stress(t *testing.T, grouped, grow bool) {
 	const (
 		nPerm     = 128
 		nWriters  = 2
@@ -75,7 +80,7 @@ func stress(t *testing.T, grouped bool) {
 		dur = 500 * time.Millisecond
 	}
 	tab := New[stressVal](WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret), withHomeGroups(grouped))
-	require.Equal(t, grouped, tab.home.grouped())
+	require.Equal(t, grouped, tab.cur().home.grouped())
 
 	perm := make([]Tuple, nPerm)
 	// permVal[i] holds key i's two values, which the swapper alternates;
@@ -162,6 +167,16 @@ func stress(t *testing.T, grouped bool) {
 			swaps.Add(1)
 		}
 	})
+	if grow {
+		wg.Go(func() {
+			for b := 64; b <= 4096 && !stop.Load(); b *= 2 {
+				time.Sleep(dur / 8)
+				if err := tab.Grow(b); err != nil {
+					fail("Grow(%d): %v", b, err)
+				}
+			}
+		})
+	}
 	for rd := range nReaders {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(rd), 0x7ead))
@@ -248,7 +263,11 @@ func stress(t *testing.T, grouped bool) {
 	}
 	st := tab.Stats()
 	require.Equal(t, len(want), st.Entries)
-	require.Greater(t, st.LongestChain, 4, "chains are long")
+	if !grow {
+		require.Greater(t, st.LongestChain, 4, "chains are long")
+	} else {
+		require.Greater(t, st.Buckets, 32, "the table grew")
+	}
 	t.Logf("inserts %d, swaps %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d",
 		inserts.Load(), swaps.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes)
 	require.Greater(t, inserts.Load(), int64(nWriters*perWriter), "the writers churned")
@@ -256,8 +275,13 @@ func stress(t *testing.T, grouped bool) {
 	require.Positive(t, batchLookups.Load())
 	require.Positive(t, swaps.Load())
 	// Recycling: every insert beyond the live set reused a node (or a
-	// home slot, reserved per bucket).
-	require.LessOrEqual(t, st.Nodes, st.Buckets+nPerm+len(churn)+st.LockStripes*(slabCacheMax+slabBatch))
+	// home slot, reserved per bucket: with grow, fewer than twice the last
+	// array's, and per Grow the rest of the last chunk, of 64 nodes).
+	reserved := st.Buckets
+	if grow {
+		reserved = 2*st.Buckets + 7*64
+	}
+	require.LessOrEqual(t, st.Nodes, reserved+nPerm+len(churn)+st.LockStripes*(slabCacheMax+slabBatch))
 	require.Less(t, int64(st.Nodes), inserts.Load()+nPerm)
 	require.Positive(t, st.HomeEntries)
 	tblCheckHome(t, tab, "after the stress")

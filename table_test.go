@@ -321,8 +321,8 @@ func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
 	k := tblKey(1, true)
 	stored := new("stored")
 	require.NoError(t, tab.Insert(k, stored))
-	for i := range tab.b.stripes {
-		tab.b.stripes[i].mu.Lock()
+	for i := range tab.cur().b.stripes {
+		tab.cur().b.stripes[i].mu.Lock()
 	}
 	tblNoDeadlock(t, func() {
 		got, found, err := tab.LookupOrInsert(tblMapped(k), new("other"))
@@ -330,8 +330,8 @@ func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
 		require.True(t, found)
 		require.Same(t, stored, got)
 	})
-	for i := range tab.b.stripes {
-		tab.b.stripes[i].mu.Unlock()
+	for i := range tab.cur().b.stripes {
+		tab.cur().b.stripes[i].mu.Unlock()
 	}
 }
 
@@ -628,7 +628,7 @@ func TestTableModelAcrossOptions(t *testing.T) {
 					t.Run(name, func(t *testing.T) {
 						tab := New[int](WithCapacity(capacity), WithLockStripes(stripes), WithSecret(tblSecret), withHomeGroups(grouped))
 						st := tab.Stats()
-						require.Equal(t, grouped && st.LockStripes <= st.Buckets/4, tab.home.grouped())
+						require.Equal(t, grouped && st.LockStripes <= st.Buckets/4, tab.cur().home.grouped())
 						keys := make([]Tuple, int(perBucket*float64(st.Buckets)))
 						for i := range keys {
 							keys[i] = tblKey(i, i%3 == 0)
@@ -1019,6 +1019,13 @@ func FuzzTable(f *testing.F) {
 		// pointer inserted (each table gets its own pointer; both point to
 		// the same content).
 		models := []map[int]*int{{}, {}, {}, {}}
+		// reserved[i] counts the home slots tabs[i]'s arrays reserved,
+		// grows[i] its Grows.
+		reserved := make([]int, len(tabs))
+		for i, tab := range tabs {
+			reserved[i] = tab.Stats().Buckets
+		}
+		grows := make([]int, len(tabs))
 		serial := 0
 		if len(data) > 1024 {
 			data = data[:1024]
@@ -1081,15 +1088,25 @@ func FuzzTable(f *testing.F) {
 						want, ok := model[i]
 						check(want, ok, v, true, msg)
 					}
-				case 6: // Len, Stats
+				case 6: // Len, Stats; with arg&64, after a Grow to 2 or 4 times the buckets
+					if n := len(tab.cur().b.heads); arg&64 != 0 && n < 1024 {
+						n <<= 1 + arg>>7
+						require.NoError(rt, tab.Grow(n-(arg&63)%(n/2)), msg) // rounded up to n
+						require.Equal(rt, n, tab.Stats().Buckets, msg)
+						require.NoError(rt, tab.Grow(n/2), msg) // never shrinks
+						reserved[ti] += n
+						grows[ti]++
+					}
 					require.Equal(rt, len(model), tab.Len(), msg)
 					st := tab.Stats()
 					require.Equal(rt, len(model), st.Entries, msg)
 					// Beyond the home slots, a stripe carves a new batch
 					// only when all it has carved is live: at most 32
 					// keys are live, so the nodes stay within that plus a
-					// batch per stripe.
-					require.LessOrEqual(rt, st.Nodes, st.Buckets+32+st.LockStripes*slabBatch, msg)
+					// batch per stripe, the home slots of every array and,
+					// for each Grow, the rest of the chunk carved last
+					// (64 nodes in these tables).
+					require.LessOrEqual(rt, st.Nodes, reserved[ti]+32+st.LockStripes*slabBatch+grows[ti]*64, msg)
 					tblCheckHome(rt, tab, msg)
 				case 7: // bad input leaves the table unchanged
 					bad := tblFuzzInvalid[arg%len(tblFuzzInvalid)]
@@ -1182,34 +1199,36 @@ func tblCheckHome[T any](t require.TestingT, tab *Table[T], msg any) {
 	if h, ok := t.(interface{ Helper() }); ok {
 		h.Helper()
 	}
+	a := tab.cur()
 	in := map[uint32]uint32{} // node -> bucket of the chain linking it
-	for b := range tab.b.heads {
-		for l := tab.b.heads[b].load(); !l.isNulls(); l = tab.nodes.at(l.index()).next.load() {
+	for b := range a.b.heads {
+		for l := a.b.heads[b].load(); !l.isNulls(); l = tab.nodes.at(l.index()).next.load() {
 			_, dup := in[l.index()]
 			require.False(t, dup, "%v: node %d in two chains", msg, l.index())
 			in[l.index()] = uint32(b)
+			require.Equal(t, uint32(b), a.b.bucket(uint32(tab.nodes.at(l.index()).key.meta.Load()>>32)), "%v: node %d in the chain of another bucket", msg, l.index())
 			require.EqualValues(t, 1, tab.nodes.at(l.index()).seq.Load()&1, "%v: node %d linked but free", msg, l.index())
 		}
 	}
-	free := make([]uint32, len(tab.b.stripes))
-	for b := range uint32(len(tab.b.heads)) {
-		w, m := tab.home.bit(&tab.b.stripes[b&tab.b.stripeMask], b)
-		owner, used := in[homeSlot(b)]
-		if !tab.b.heads[b].load().isNulls() {
+	free := make([]uint32, len(a.b.stripes))
+	for b := range uint32(len(a.b.heads)) {
+		w, m := a.home.bit(&a.b.stripes[b&a.b.stripeMask], b)
+		owner, used := in[a.home.slot(b)]
+		if !a.b.heads[b].load().isNulls() {
 			require.True(t, used, "%v: bucket %d not empty, its home slot free", msg, b)
 		}
 		require.Equal(t, !used, *w&m != 0, "%v: free bit of bucket %d", msg, b)
 		if used {
-			require.Equal(t, b&tab.b.stripeMask, owner&tab.b.stripeMask, "%v: home slot of %d used by bucket %d of another stripe", msg, b, owner)
+			require.Equal(t, b&a.b.stripeMask, owner&a.b.stripeMask, "%v: home slot of %d used by bucket %d of another stripe", msg, b, owner)
 		} else {
-			free[b&tab.b.stripeMask]++
+			free[b&a.b.stripeMask]++
 		}
 	}
-	for s := range tab.b.stripes {
-		require.Equal(t, free[s], tab.b.stripes[s].homeFree, "%v: free home slots of stripe %d", msg, s)
-		bitsSet := bits.OnesCount64(tab.b.stripes[s].homeBits[0])
-		if tab.home.free != nil {
-			for _, w := range tab.home.free[uint32(s)*tab.home.words : uint32(s+1)*tab.home.words] {
+	for s := range a.b.stripes {
+		require.Equal(t, free[s], a.b.stripes[s].homeFree, "%v: free home slots of stripe %d", msg, s)
+		bitsSet := bits.OnesCount64(a.b.stripes[s].homeBits[0])
+		if a.home.free != nil {
+			for _, w := range a.home.free[uint32(s)*a.home.words : uint32(s+1)*a.home.words] {
 				bitsSet += bits.OnesCount64(w)
 			}
 		}
@@ -1239,7 +1258,7 @@ func (f *tblNulls) insertStealing(t *testing.T, x Tuple, v *string) {
 	t.Helper()
 	_, ok := f.tab.Delete(f.filler(f.b))
 	require.True(t, ok)
-	f.tab.b.stripes[0].cache.free = nil
+	f.tab.cur().b.stripes[0].cache.free = nil
 	require.NoError(t, f.tab.Insert(x, v))
 	require.Equal(t, homeSlot(f.b), f.headIndex(t, f.a))
 }
@@ -1259,7 +1278,7 @@ func newTblNulls(t *testing.T, opts ...Option) *tblNulls {
 	for _, tup := range f.byBkt[f.a] {
 		var k key
 		tab.tupleKey(&k, &tup)
-		require.Equal(t, f.a, tab.b.bucket(uint32(k.meta>>32)))
+		require.Equal(t, f.a, tab.cur().b.bucket(uint32(k.meta>>32)))
 	}
 	for b := range uint32(16) {
 		require.NoError(t, tab.Insert(f.filler(b), new("filler")))
@@ -1270,7 +1289,7 @@ func newTblNulls(t *testing.T, opts ...Option) *tblNulls {
 
 // headIndex returns the entry index at the head of bucket b.
 func (f *tblNulls) headIndex(t *testing.T, b uint32) uint32 {
-	l := f.tab.b.heads[b].load()
+	l := f.tab.cur().b.heads[b].load()
 	require.False(t, l.isNulls(), "bucket %d empty", b)
 	return l.index()
 }
@@ -1448,22 +1467,22 @@ func TestTableHomeBitmapLines(t *testing.T) {
 	} {
 		tab := New[int](WithCapacity(c.capacity), WithLockStripes(c.stripes))
 		perStripe := c.capacity / c.stripes
-		for s := range tab.b.stripes {
-			require.EqualValues(t, perStripe, tab.b.stripes[s].homeFree, "%+v", c)
+		for s := range tab.cur().b.stripes {
+			require.EqualValues(t, perStripe, tab.cur().b.stripes[s].homeFree, "%+v", c)
 		}
 		if perStripe <= 64 {
-			require.EqualValues(t, 1, tab.home.words, "%+v", c)
-			require.Nil(t, tab.home.free, "%+v", c)
-			for s := range tab.b.stripes {
-				require.Equal(t, perStripe, bits.OnesCount64(tab.b.stripes[s].homeBits[0]), "%+v: stripe %d", c, s)
+			require.EqualValues(t, 1, tab.cur().home.words, "%+v", c)
+			require.Nil(t, tab.cur().home.free, "%+v", c)
+			for s := range tab.cur().b.stripes {
+				require.Equal(t, perStripe, bits.OnesCount64(tab.cur().b.stripes[s].homeBits[0]), "%+v: stripe %d", c, s)
 			}
 			continue
 		}
-		require.NotZero(t, tab.home.words, "%+v", c)
-		require.Zero(t, tab.home.words%8, "%+v", c)
-		for s := range uint32(len(tab.b.stripes)) {
-			require.Zero(t, tab.b.stripes[s].homeBits[0], "%+v", c)
-			p := uintptr(unsafe.Pointer(&tab.home.free[s*tab.home.words]))
+		require.NotZero(t, tab.cur().home.words, "%+v", c)
+		require.Zero(t, tab.cur().home.words%8, "%+v", c)
+		for s := range uint32(len(tab.cur().b.stripes)) {
+			require.Zero(t, tab.cur().b.stripes[s].homeBits[0], "%+v", c)
+			p := uintptr(unsafe.Pointer(&tab.cur().home.free[s*tab.cur().home.words]))
 			require.Zero(t, p%cacheLineSize, "%+v: run of stripe %d at %#x", c, s, p)
 		}
 	}
@@ -1617,7 +1636,7 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 			f.insertStealing(t, x, new("X"))
 			_, ok := f.tab.Delete(f.filler(c))
 			require.True(t, ok)
-			f.tab.b.stripes[0].cache.free = nil
+			f.tab.cur().b.stripes[0].cache.free = nil
 			require.NoError(t, f.tab.Insert(w, new("W"))) // steals C's home slot
 			wIdx := f.headIndex(t, f.a)
 			require.Equal(t, homeSlot(c), wIdx)
@@ -1648,7 +1667,7 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 			}
 		}},
 		{"stealer X in a slot of another group, evicted into N's freed node past K", true, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
-			require.True(t, f.tab.home.grouped())
+			require.True(t, f.tab.cur().home.grouped())
 			// Bucket 4 is of group {0, 4, 8, 12}, A of {3, 7, 11, 15}:
 			// Z, of bucket 0, finds no free slot in its group and evicts
 			// X, an outsider, from slot 4.
@@ -1911,15 +1930,17 @@ func TestTableMemoryPerEntry(t *testing.T) {
 	}
 	for _, c := range []struct {
 		n, stripes int     // stripes 0: the default
+		grown      bool    // made for n/2 entries, filled, grown to n
 		limit      float64 // bytes per entry; measured: see the log
 	}{
-		{1 << 10, 0, 90}, // 78 and 83
-		{1 << 10, 1, 64}, // 61 and 61: one stripe, no stripe's imbalance
-		{1 << 12, 0, 72}, // 67 and 69
-		{1 << 12, 2, 64}, // 62 and 63
-		{1 << 16, 0, 64}, // 61 and 63
+		{1 << 10, 0, false, 90}, // 78 and 83
+		{1 << 10, 1, false, 64}, // 61 and 61: one stripe, no stripe's imbalance
+		{1 << 12, 0, false, 72}, // 67 and 69
+		{1 << 12, 2, false, 64}, // 62 and 63
+		{1 << 16, 0, false, 64}, // 61 and 63
+		{1 << 16, 0, true, 96},  // 91.5 and 91.6: the first array's nodes stay (see Table.Grow)
 	} {
-		t.Run(fmt.Sprintf("n=%d/stripes=%d", c.n, c.stripes), func(t *testing.T) {
+		t.Run(fmt.Sprintf("n=%d/stripes=%d/grown=%v", c.n, c.stripes, c.grown), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, 6))
 			flow := func(i int) Tuple {
 				return Tuple{
@@ -1934,11 +1955,17 @@ func TestTableMemoryPerEntry(t *testing.T) {
 			v := new(0)
 			before := heap()
 			opts := []Option{WithCapacity(c.n), WithSecret(tblSecret)}
+			if c.grown {
+				opts[0] = WithCapacity(c.n / 2)
+			}
 			if c.stripes > 0 {
 				opts = append(opts, WithLockStripes(c.stripes))
 			}
 			tab := New[int](opts...)
-			for _, k := range live {
+			for i, k := range live {
+				if c.grown && i == c.n/2 {
+					require.NoError(t, tab.Grow(c.n))
+				}
 				require.NoError(t, tab.Insert(k, v))
 			}
 			filled := float64(heap()-before) / float64(c.n)
@@ -1987,16 +2014,16 @@ func TestTableChurnNoLeak(t *testing.T) {
 			}
 			// live[s] counts the entries of stripe s, and excess[s] the
 			// most it has held beyond its buckets' home slots.
-			homes := len(tab.b.heads) / len(tab.b.stripes)
-			live, excess := make([]int, len(tab.b.stripes)), make([]int, len(tab.b.stripes))
+			homes := len(tab.cur().b.heads) / len(tab.cur().b.stripes)
+			live, excess := make([]int, len(tab.cur().b.stripes)), make([]int, len(tab.cur().b.stripes))
 			stripeOf := func(tup Tuple) int {
-				return int(HashTuple(tup, tab.hasher, tab.secret) & tab.b.stripeMask)
+				return int(HashTuple(tup, tab.hasher, tab.secret) & tab.cur().b.stripeMask)
 			}
 			// A stripe carves nodes only when its cache, the depot and
 			// its free home slots are exhausted; its cache holds fewer
 			// than slabCacheMax, and it carves slabBatch at a time.
 			bound := func() int {
-				b := len(tab.b.heads)
+				b := len(tab.cur().b.heads)
 				for s := range live {
 					b += excess[s] + slabCacheMax + slabBatch
 				}
@@ -2129,7 +2156,7 @@ func TestTableAppendLookups(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("groups=%v", grouped), func(t *testing.T) {
 			tab := New[int](WithCapacity(64), WithLockStripes(4), withHomeGroups(grouped), WithSecret(tblSecret))
-			require.Equal(t, grouped, tab.home.grouped())
+			require.Equal(t, grouped, tab.cur().home.grouped())
 			var keys []Tuple
 			for i := range 200 {
 				k := tblKey(i, i%2 == 1)
@@ -2150,3 +2177,10 @@ func TestTableAppendLookups(t *testing.T) {
 		})
 	}
 }
+
+// cur returns the table's current bucket array.
+func (t *Table[T]) cur() *tableArray[T] { return t.arr.Load() }
+
+// homeSlot returns the node index of bucket b's home slot in a table that
+// never grew.
+func homeSlot(b uint32) uint32 { return b + 1 }

@@ -122,7 +122,8 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 		}
 	}
 	t := &TCPTable[T]{est: New[T](ok...)}
-	t.lb.init(len(t.est.b.heads), len(t.est.b.stripes), listenerNullsBase)
+	a := t.est.arr.Load()
+	t.lb.init(len(a.b.heads), len(a.b.stripes), listenerNullsBase)
 	t.groups = make([]atomic.Pointer[[]*tcpGroup[T]], len(t.lb.stripes))
 	t.mix = portaddrMix(&t.est.secret)
 	t.anyMix = JHash1Word(0, t.mix)

@@ -285,7 +285,7 @@ func newTCPStray() *tcpStray {
 
 // estBucket returns the established bucket of tup.
 func (s *tcpStray) estBucket(tup Tuple) uint32 {
-	return HashTuple(tup, LinuxHasher, udpTestSecret) & s.tbl.est.b.mask
+	return HashTuple(tup, LinuxHasher, udpTestSecret) & s.tbl.est.cur().b.mask
 }
 
 // flowIn returns the i-th flow to 10.0.0.1:80 whose established bucket is b.
@@ -360,7 +360,7 @@ func TestTCPStrayEstablishedIntoListener(t *testing.T) {
 	require.NoError(t, tbl.est.Insert(s.flowIn(b, 2), &vf))
 	require.NoError(t, tbl.est.Insert(x, &vx))
 	require.NoError(t, tbl.est.Insert(y, &vy)) // chain b: Y -> X
-	iy := tbl.est.b.heads[b].load().index()
+	iy := tbl.est.cur().b.heads[b].load().index()
 	la, lh := s.listenerIn(b, 0)
 
 	hook, paused, resume := pauseAt(iy)
@@ -373,7 +373,7 @@ func TestTCPStrayEstablishedIntoListener(t *testing.T) {
 	<-paused
 	_, ok := tbl.est.Delete(y)
 	require.True(t, ok)
-	moveFree(t, &tbl.est.b.stripes[b&tbl.est.b.stripeMask], tbl.lb.stripe(lh), iy)
+	moveFree(t, &tbl.est.cur().b.stripes[b&tbl.est.cur().b.stripeMask], tbl.lb.stripe(lh), iy)
 	vl := "listener"
 	_, err := tbl.Listen(la, &vl)
 	require.NoError(t, err)
@@ -398,10 +398,10 @@ func TestTCPStrayListenerIntoEstablished(t *testing.T) {
 	vf := "filler"
 	require.NoError(t, tbl.est.Insert(s.flowIn(b, 1), &vf))
 	e := s.flowIn(b, 0)
-	moveFree(t, tbl.lb.stripe(p.hash), &tbl.est.b.stripes[b&tbl.est.b.stripeMask], p.node)
+	moveFree(t, tbl.lb.stripe(p.hash), &tbl.est.cur().b.stripes[b&tbl.est.cur().b.stripeMask], p.node)
 	ve := "E"
 	require.NoError(t, tbl.est.Insert(e, &ve))
-	require.Equal(t, nodeLink(p.node), tbl.est.b.heads[b].load(), "L2's node is now an established flow, in chain b")
+	require.Equal(t, nodeLink(p.node), tbl.est.cur().b.heads[b].load(), "L2's node is now an established flow, in chain b")
 	close(p.resume)
 	require.Equal(t, p.want, <-p.done)
 	require.EqualValues(t, 1, tbl.restarts.Load(), "one restart, on the established marker")
