@@ -32,6 +32,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	cmap "github.com/orcaman/concurrent-map/v2"
@@ -754,8 +755,8 @@ func benchChurnTables(b *testing.B, impl benchImpl, ks *benchKeySet, shared bool
 }
 
 // BenchmarkGrow measures Table.Grow of a table of n buckets holding n
-// entries to 2n buckets, the time for which writers wait (lookups do not):
-// time per Grow, and per entry copied. The tables are filled with the timer
+// entries to 2n buckets, with nothing else running: time per Grow, and per
+// entry moved (see BenchmarkGrowWriterWait for what writers wait). The tables are filled with the timer
 // stopped, up to 64 at a time, as stopping the timer reads the memory
 // statistics, which costs more than a Grow of a small table.
 func BenchmarkGrow(b *testing.B) {
@@ -785,6 +786,71 @@ func BenchmarkGrow(b *testing.B) {
 				tabs = tabs[:len(tabs)-1]
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.n), "ns/entry")
+		})
+	}
+}
+
+// BenchmarkGrowWriterWait measures what writers wait for while Grow
+// doubles a table of n buckets holding n entries: a goroutine deletes and
+// reinserts entries throughout, and the benchmark reports the longest write
+// that overlapped each Grow (max-write-µs, the mean over Grows) and the
+// writes that overlapped it (writes/grow). The time per op is that of the
+// Grow alone; the tables are filled with the timer stopped.
+func BenchmarkGrowWriterWait(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run("n="+sz.name, func(b *testing.B) {
+			ks := benchKeys(sz.n)
+			var worstSum time.Duration
+			var writes int
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				tab := New[benchVal](WithCapacity(sz.n), WithSecret(benchSecret))
+				for _, j := range ks.fill {
+					if err := tab.Insert(ks.keys[j], &ks.vals[j]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				var growing, stop atomic.Bool
+				var worst time.Duration
+				var n int
+				started, done := make(chan struct{}), make(chan struct{})
+				go func() {
+					defer close(done)
+					r := rand.New(rand.NewPCG(uint64(i), 7))
+					for first := true; !stop.Load(); first = false {
+						if first {
+							close(started)
+						}
+						k := &ks.keys[ks.fill[r.IntN(len(ks.fill))]]
+						during := growing.Load()
+						t0 := time.Now()
+						if v, ok := tab.Delete(*k); ok {
+							if err := tab.Insert(*k, v); err != nil {
+								panic(err)
+							}
+						}
+						d := time.Since(t0)
+						if during || growing.Load() {
+							worst = max(worst, d)
+							n++
+						}
+					}
+				}()
+				<-started
+				growing.Store(true)
+				b.StartTimer()
+				if err := tab.Grow(2 * sz.n); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				growing.Store(false)
+				stop.Store(true)
+				<-done
+				worstSum += worst
+				writes += n
+			}
+			b.ReportMetric(float64(worstSum.Microseconds())/float64(b.N), "max-write-µs")
+			b.ReportMetric(float64(writes)/float64(b.N), "writes/grow")
 		})
 	}
 }

@@ -47,7 +47,12 @@ type stripe struct {
 	homeCursor uint32    // word of its home bitmap run where steal resumes
 	cache      slabCache
 	homeLast   uint32 // 1 + the bucket whose home slot Table.free released last, or 0 (home.go)
-	_          [cacheLineSize - 8 - 8 - 8 - 4 - 4 - 3*ptrSize - 4]byte
+	// flipped tells which of a Table's two latest bucket arrays holds the
+	// entries of its buckets: the one whose nulls values have bit 30 set
+	// (arrayNullsFlip), or the other. Table.Grow moves a stripe's entries
+	// from the old array to the new one under its lock (Table.migrate).
+	flipped bool
+	_       [cacheLineSize - 8 - 8 - 8 - 4 - 4 - 3*ptrSize - 4 - 1]byte
 }
 
 // ptrSize is the size of a pointer: 8 on 64-bit targets, 4 on 32-bit ones.

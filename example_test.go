@@ -209,8 +209,8 @@ func ExampleTable_CompareAndSwap() {
 
 func ExampleTable_Grow() {
 	// A gateway that cannot know its flow count sizes for a guess, and
-	// doubles the table when the flows pass it: lookups on other
-	// goroutines go on during Grow, and writers wait for it.
+	// doubles the table when the flows pass it: lookups and writes on
+	// other goroutines go on during Grow.
 	sizedFor := 256
 	flows := hash4.New[natMapping](hash4.WithCapacity(sizedFor))
 	client := netip.MustParseAddr("192.168.1.20")

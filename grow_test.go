@@ -1,6 +1,7 @@
 package hash4
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -37,6 +39,45 @@ func growCheck(t *testing.T, tab *Table[int], want map[Tuple]*int, msg string) {
 	st := tab.Stats()
 	require.Equal(t, len(want), st.Entries, msg)
 	tblCheckHome(t, tab, msg)
+	growCheckNodes(t, tab, msg)
+}
+
+// growCheckNodes checks that every node tab has carved, in every array it
+// has had, is accounted for once: linked in a chain of the current array,
+// a free home slot of it, or free in a stripe's cache or the depot. The
+// table must be quiescent.
+func growCheckNodes[T any](t *testing.T, tab *Table[T], msg string) {
+	t.Helper()
+	a := tab.cur()
+	seen := map[uint32]string{}
+	see := func(i uint32, as string) {
+		prev, dup := seen[i]
+		require.False(t, dup, "%s: node %d %s and %s", msg, i, prev, as)
+		seen[i] = as
+	}
+	for b := range a.b.heads {
+		for l := a.b.heads[b].load(); !l.isNulls(); l = tab.nodes.at(l.index()).next.load() {
+			see(l.index(), "linked")
+		}
+	}
+	for b := range uint32(len(a.b.heads)) {
+		if w, m := a.home.bit(&a.b.stripes[b&a.b.stripeMask], b); *w&m != 0 {
+			see(a.home.slot(b), "a free home slot")
+		}
+	}
+	for s := range a.b.stripes {
+		for _, i := range a.b.stripes[s].cache.free {
+			see(i, "cached")
+		}
+	}
+	for _, i := range tab.nodes.depot {
+		see(i, "in the depot")
+	}
+	for i, as := range seen {
+		require.Equal(t, as == "linked", tab.nodes.at(i).seq.Load()&1 == 1, "%s: node %d %s, seq %d", msg, i, as, tab.nodes.at(i).seq.Load())
+	}
+	nodes, _ := tab.nodes.stats()
+	require.Len(t, seen, nodes, "%s: nodes accounted for, of those carved", msg)
 }
 
 // TestTableGrow grows tables of every layout step by step, and by several
@@ -174,9 +215,10 @@ func TestTableGrowMarkers(t *testing.T) {
 // looking for Y behind it, grows the table, and lets the reader go on. The
 // entries of the old array are free by then: without a reuse of X's node,
 // the reader walks the old chain to its own marker, misses, finds the array
-// replaced and walks the new one; with X's node reused in the new array,
-// it follows X into a chain of the new array and restarts on its marker.
-// Either way it finds Y, after a restart.
+// replaced (or its stripe's move count changed) and walks the new one;
+// with X's node reused in the new array, it follows X into a chain of the
+// new array and restarts on its marker. Either way it finds Y, after a
+// restart.
 func TestTableGrowReaderOnRetiredEntry(t *testing.T) {
 	for _, reuse := range []bool{false, true} {
 		t.Run(fmt.Sprint("reuse=", reuse), func(t *testing.T) {
@@ -188,14 +230,10 @@ func TestTableGrowReaderOnRetiredEntry(t *testing.T) {
 			require.NoError(t, tab.Insert(y, vy))
 			require.NoError(t, tab.Insert(x, vx))
 			xIdx := f.headIndex(t, f.a)
-			moves := tab.moves[0].n.Load()
 			r, restarts := f.lookupAcross(t, y, xIdx, func() {
 				require.NoError(t, tab.Grow(32))
 				require.Zero(t, tab.nodes.at(xIdx).seq.Load()&1, "X's old node not freed")
 				if !reuse {
-					// N.B. no move either: the restart must come from the
-					// array check.
-					require.Equal(t, moves, tab.moves[0].n.Load(), "Grow moved an entry")
 					return
 				}
 				// Fill the new array until X's old node holds an entry.
@@ -257,7 +295,10 @@ func TestTableGrowAllExactlyOnce(t *testing.T) {
 // table (they must always be found, with their value) and keys that a
 // writer inserts and deletes (any value returned must be of the key asked
 // for), and an iterator checks that All yields each staying key once and
-// that Stats counts them. Run it with -race.
+// that Stats counts them. Every other round, each Grow finds the index
+// space ending at its new home slots, so that it moves entries in their
+// own nodes, and the writer's inserts may find the table full. Run it with
+// -race.
 func TestTableGrowConcurrent(t *testing.T) {
 	dur := time.Second
 	if testing.Short() {
@@ -276,6 +317,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 	rounds, lookups := 0, int64(0)
 	for rounds < 3 || time.Now().Before(end) {
 		rounds++
+		spent := rounds%2 == 0
 		tab := New[val](WithCapacity(16), WithLockStripes(4), WithSecret(NewSecret()))
 		vals := make([]*val, len(stay))
 		for i, k := range stay {
@@ -325,7 +367,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 			for !stop.Load() {
 				c := churn[r.IntN(len(churn))]
 				if _, ok := tab.Delete(c); !ok {
-					if err := tab.Insert(c, &val{c}); err != nil {
+					if err := tab.Insert(c, &val{c}); err != nil && !(spent && errors.Is(err, ErrTableFull)) {
 						fail("round %d: insert %v: %v", rounds, c, err)
 					}
 				}
@@ -356,6 +398,9 @@ func TestTableGrowConcurrent(t *testing.T) {
 				}
 			}
 		})
+		if spent {
+			spendIndexSpace(tab)
+		}
 		for b := 32; b <= 4096; b *= 2 {
 			if err := tab.Grow(b); err != nil {
 				fail("round %d: Grow(%d): %v", rounds, b, err)
@@ -373,6 +418,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 			require.Same(t, vals[i], v)
 		}
 		tblCheckHome(t, tab, fmt.Sprintf("round %d", rounds))
+		growCheckNodes(t, tab, fmt.Sprintf("round %d", rounds))
 	}
 	t.Logf("%d rounds, %d lookups", rounds, lookups)
 }
@@ -415,5 +461,458 @@ func TestTCPTableEstablishedGrow(t *testing.T) {
 		got, ok := tbl.Lookup(k)
 		require.True(t, ok)
 		require.Same(t, v, got)
+	}
+}
+
+// growPaused starts tab.Grow(n) in a goroutine that stops before it moves
+// the entries of each stripe: next lets it go on to the next stripe and
+// returns the stripe it stopped before, and wait lets it finish and
+// returns Grow's error.
+func growPaused[T any](t *testing.T, tab *Table[T], n int) (next func() uint32, wait func() error) {
+	t.Helper()
+	paused, resume, done := make(chan uint32), make(chan struct{}), make(chan error, 1)
+	tab.growStep = func(s uint32) {
+		select {
+		case paused <- s:
+			<-resume
+		case <-resume: // closed by wait
+		}
+	}
+	go func() { done <- tab.Grow(n) }()
+	first := true
+	next = func() uint32 {
+		if !first {
+			resume <- struct{}{}
+		}
+		first = false
+		select {
+		case s := <-paused:
+			return s
+		case <-time.After(30 * time.Second):
+			t.Fatal("Grow never moved a stripe")
+			return 0
+		}
+	}
+	wait = func() error {
+		close(resume)
+		select {
+		case err := <-done:
+			tab.growStep = nil
+			return err
+		case <-time.After(30 * time.Second):
+			t.Fatal("Grow did not return")
+			return nil
+		}
+	}
+	return next, wait
+}
+
+// stripeOf returns the stripe of tup in tab.
+func stripeOf[T any](tab *Table[T], tup Tuple) uint32 {
+	var k key
+	tab.tupleKey(&k, &tup)
+	return uint32(k.meta>>32) & tab.cur().b.stripeMask
+}
+
+// unmoved returns the stripes of tab whose entries are still in the old
+// array.
+func unmoved[T any](tab *Table[T]) []uint32 {
+	a := tab.cur()
+	us := []uint32{}
+	for s := range a.b.stripes {
+		if a.b.stripes[s].flipped != a.flipped() {
+			us = append(us, uint32(s))
+		}
+	}
+	return us
+}
+
+// TestTableGrowStripeByStripe stops Grow before each stripe it moves and,
+// while it waits, uses the table: lookups, one at a time and in batches,
+// find every entry, whether its stripe has moved or not; an insert, a
+// delete and a swap in a stripe that has not moved move its entries first,
+// and none of them waits for Grow, which then skips that stripe. In the
+// All and Stats variants, that method, at the first stop, moves every
+// stripe left and counts each entry once.
+func TestTableGrowStripeByStripe(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		opts    []Option
+		iterate string // "All" or "Stats" at the first stop
+	}{
+		{"plain", nil, ""},
+		{"groups", []Option{withHomeGroups(true)}, ""},
+		{"All", nil, "All"},
+		{"Stats", nil, "Stats"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const stripes = 4
+			tab := New[int](append([]Option{WithCapacity(64), WithLockStripes(stripes), WithSecret(tblSecret)}, c.opts...)...)
+			want := map[Tuple]*int{}
+			next := 0
+			fresh := func(s uint32) Tuple { // a key of stripe s not in the table
+				for {
+					k := tblCanon(tblKey(next, next%3 == 0))
+					next++
+					if stripeOf(tab, k) == s {
+						return k
+					}
+				}
+			}
+			for s := range uint32(stripes) {
+				for range 32 { // two entries per bucket
+					k := fresh(s)
+					want[k] = new(next)
+					require.NoError(t, tab.Insert(k, want[k]))
+				}
+			}
+			check := func(msg string) {
+				t.Helper()
+				keys := make([]Tuple, 0, len(want))
+				for k, v := range want {
+					got, ok := tab.Lookup(k)
+					require.True(t, ok, "%s: %v not found", msg, k)
+					require.Same(t, v, got, msg)
+					keys = append(keys, k)
+				}
+				for i, v := range tab.AppendLookups(nil, keys) {
+					require.Same(t, want[keys[i]], v, "%s: AppendLookups", msg)
+				}
+				for range 8 {
+					_, ok := tab.Lookup(fresh(uint32(next % stripes)))
+					require.False(t, ok, msg)
+				}
+				require.Equal(t, len(want), tab.Len(), msg)
+			}
+			// writes runs an insert, a delete and a swap in stripe s in a
+			// goroutine that must not wait for Grow.
+			writes := func(s uint32) {
+				t.Helper()
+				var in []Tuple // two keys of the table in stripe s
+				for k := range want {
+					if stripeOf(tab, k) == s && len(in) < 2 {
+						in = append(in, k)
+					}
+				}
+				require.Len(t, in, 2)
+				done := make(chan struct{})
+				ins, del, swap := fresh(s), in[0], in[1]
+				vIns, vSwap, old := new(next), new(next+1), want[swap]
+				go func() {
+					defer close(done)
+					assert.NoError(t, tab.Insert(ins, vIns))
+					_, ok := tab.Delete(del)
+					assert.True(t, ok)
+					assert.True(t, tab.CompareAndSwap(swap, old, vSwap))
+				}()
+				select {
+				case <-done:
+				case <-time.After(30 * time.Second):
+					t.Fatalf("writes in stripe %d waited for Grow", s)
+				}
+				want[ins] = vIns
+				delete(want, del)
+				want[swap] = vSwap
+			}
+
+			step, wait := growPaused(t, tab, 256)
+			for i := range stripes {
+				s := step()
+				require.Equal(t, uint32(i), s, "Grow moves the stripes in order")
+				require.NotNil(t, tab.cur().old.Load(), "old array dropped before Grow ended")
+				left := unmoved(tab)
+				check(fmt.Sprintf("before stripe %d", s))
+				require.Equal(t, left, unmoved(tab), "lookups moved entries")
+				if len(left) > 0 {
+					writes(left[len(left)-1]) // moves it
+					require.Equal(t, left[:len(left)-1], unmoved(tab))
+				}
+				if i > 0 {
+					writes(s - 1) // moved by Grow
+				}
+				check(fmt.Sprintf("before stripe %d, after writes", s))
+				if c.iterate != "" && i == 0 {
+					if c.iterate == "Stats" {
+						require.Equal(t, len(want), tab.Stats().Entries)
+					} else {
+						got := tblCollect(t, tab)
+						require.Len(t, got, len(want))
+						for k, v := range want {
+							require.Same(t, v, got[k], "All %v", k)
+						}
+					}
+					require.Empty(t, unmoved(tab), "%s left entries in the old array", c.iterate)
+				}
+			}
+			require.NoError(t, wait())
+			require.Nil(t, tab.cur().old.Load(), "old array kept after Grow")
+			growCheck(t, tab, want, "grown stripe by stripe")
+		})
+	}
+}
+
+// spendIndexSpace makes each Grow of tab find the index space ending
+// where its new home slots end: no node can be carved after them.
+func spendIndexSpace[T any](tab *Table[T]) {
+	tab.nodes.mu.Lock()
+	defer tab.nodes.mu.Unlock()
+	tab.nodes.spent = true
+}
+
+// TestTableGrowIndexSpaceSpent grows a table whose index space ends at the
+// new array's home slots, so that entries beyond them find no node to be
+// copied into and move in their own nodes instead. A reader stopped on X
+// of chain A, looking for Y behind it, goes on after X has moved into a
+// chain of the new array, and finds Y; every entry is then in the new
+// array, in its own chain, and writes go on.
+func TestTableGrowIndexSpaceSpent(t *testing.T) {
+	f := newTblNulls(t)
+	tab := f.tab
+	want := map[Tuple]*string{}
+	for b := range uint32(16) {
+		want[f.filler(b)] = nil // their values are checked below by key only
+	}
+	// Enough entries in the buckets before A, moved first, to take every
+	// home slot of the new array and every node left.
+	for b := range f.a {
+		for _, k := range f.byBkt[b][:60] {
+			want[k] = new(fmt.Sprint(k))
+			require.NoError(t, tab.Insert(k, want[k]))
+		}
+	}
+	ka := f.byBkt[f.a]
+	x, y := ka[0], ka[1]
+	want[x], want[y] = new("X"), new("Y")
+	require.NoError(t, tab.Insert(y, want[y]))
+	require.NoError(t, tab.Insert(x, want[x]))
+	xIdx := f.headIndex(t, f.a)
+	spendIndexSpace(tab)
+
+	arrived, release := f.blockAt(xIdx)
+	res := f.lookupAsync(y)
+	tblWait(t, arrived)
+	before := tab.restarts.Load()
+	// Each entry moved in its own node is found by a lookup that runs
+	// while it is in both chains.
+	relinks := 0
+	tab.relinked = func(i uint32) {
+		relinks++
+		e := tab.nodes.at(i)
+		k := e.key.load()
+		got, ok := tab.lookup(&k)
+		assert.True(t, ok, "node %d, moved, not found", i)
+		assert.Same(t, e.val.Load(), got)
+	}
+	require.NoError(t, tab.Grow(32))
+	tab.relinked = nil
+	require.Positive(t, relinks)
+	e := tab.nodes.at(xIdx)
+	require.EqualValues(t, 1, e.seq.Load()&1, "X was copied, not moved in its node")
+	require.Same(t, want[x], e.val.Load())
+	close(release)
+	r := tblWaitResult(t, res)
+	require.True(t, r.ok, "Lookup(Y) missed Y")
+	require.Same(t, want[y], r.v)
+	require.Greater(t, tab.restarts.Load(), before)
+
+	for k, v := range want {
+		got, ok := tab.Lookup(k)
+		require.True(t, ok, "%v not found", k)
+		if v != nil {
+			require.Same(t, v, got)
+		}
+	}
+	require.Equal(t, len(want), tab.Len())
+	tblCheckHome(t, tab, "index space spent")
+	growCheckNodes(t, tab, "index space spent")
+	// The nodes of the entries copied were freed: inserts go on in them,
+	// up to the end of the index space, and then fail.
+	var err error
+	for i := 0; err == nil; i++ {
+		require.Less(t, i, 1000, "inserts never ran out of nodes")
+		err = tab.Insert(f.byBkt[f.b][i], new("more"))
+	}
+	require.ErrorIs(t, err, ErrTableFull)
+	tblCheckHome(t, tab, "index space spent, table full")
+}
+
+// TestTableGrowReaderBeforeStripeMoves stops a lookup of Y at the end of
+// its walk of the new array, which it began before Grow moved Y's stripe
+// (its chain there was empty), and lets Grow finish: the lookup then finds
+// no old array, but sees the move count of Y's stripe changed, and walks
+// again, finding Y.
+func TestTableGrowReaderBeforeStripeMoves(t *testing.T) {
+	tab := New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	var y Tuple
+	for i := 0; ; i++ {
+		if y = tblKey(i, false); stripeOf(tab, y) == 1 {
+			break
+		}
+	}
+	vy := new(1)
+	require.NoError(t, tab.Insert(y, vy))
+	step, wait := growPaused(t, tab, 32)
+	require.Equal(t, uint32(0), step())
+	require.Equal(t, uint32(1), step())
+	require.Equal(t, []uint32{1}, unmoved(tab))
+	lookedUp := lookupStopped(t, tab, y, visitWalkEnd, "the lookup never ended a walk")
+	before := tab.restarts.Load()
+	require.NoError(t, wait())
+	require.Nil(t, tab.cur().old.Load())
+	require.Same(t, vy, lookedUp(), "Lookup(Y) missed Y")
+	require.Greater(t, tab.restarts.Load(), before)
+}
+
+// TestTableGrowWriterAcrossPublish holds a stripe lock from before Grow
+// publishes its new array to after, as a writer that locked the stripe
+// just before may, and under it deletes X from chain A of the old array
+// and reuses its node for Z in chain B, while a lookup of Y, behind X in
+// A, stands on X in its walk of the old array. The lookup goes on into
+// chain B of the old array, ends on B's marker, walks again and finds Y,
+// which has not moved yet.
+func TestTableGrowWriterAcrossPublish(t *testing.T) {
+	f := newTblNulls(t)
+	tab := f.tab
+	ka := f.byBkt[f.a]
+	x, y, z := ka[0], ka[1], f.byBkt[f.b][0]
+	vx, vy, vz := new("X"), new("Y"), new("Z")
+	require.NoError(t, tab.Insert(y, vy))
+	require.NoError(t, tab.Insert(x, vx))
+	xIdx := f.headIndex(t, f.a)
+	var kx, kz key
+	tab.tupleKey(&kx, &x)
+	tab.tupleKey(&kz, &z)
+
+	old, st, s, _ := tab.lockStripe(uint32(kx.meta>>32), false)
+	grown := make(chan error, 1)
+	go func() { grown <- tab.Grow(32) }()
+	for start := time.Now(); tab.cur() == old; time.Sleep(time.Millisecond) {
+		require.Less(t, time.Since(start), 30*time.Second, "Grow never published its array")
+	}
+	arrived, release := f.blockAt(xIdx)
+	res := f.lookupAsync(y)
+	tblWait(t, arrived)
+	before := tab.restarts.Load()
+	// The writer, in the old array: delete X, insert Z in X's node.
+	prev, l := tab.findLocked(old, &kx)
+	require.Equal(t, xIdx, l.index())
+	require.Same(t, vx, tab.unlinkLocked(prev, l))
+	tab.free(old, st, xIdx)
+	bz := old.b.bucket(uint32(kz.meta >> 32))
+	require.Equal(t, f.b, bz)
+	i, ok := tab.place(old, st, s, bz)
+	require.True(t, ok)
+	require.Equal(t, xIdx, i, "X's node not reused")
+	tab.fill(i, &kz, vz, &old.b.heads[bz])
+	close(release)
+	r := tblWaitResult(t, res)
+	require.True(t, r.ok, "Lookup(Y) missed Y")
+	require.Same(t, vy, r.v)
+	require.Greater(t, tab.restarts.Load(), before)
+	st.mu.Unlock()
+	require.NoError(t, <-grown)
+
+	for k, v := range map[Tuple]*string{y: vy, z: vz} {
+		got, ok := tab.Lookup(k)
+		require.True(t, ok, "%v not found", k)
+		require.Same(t, v, got)
+	}
+	_, ok = tab.Lookup(x)
+	require.False(t, ok, "X found after its delete")
+	tblCheckHome(t, tab, "after Grow")
+}
+
+// TestTableGrowReaderDuringStripeMove stops a lookup of Y at the end of its
+// walk of the new array, which it began while Grow moved Y's stripe, after
+// the move began and before it copied Y (Grow is held up on the node
+// store's mutex, which it takes to hand the old array's free home slots
+// on), and lets Grow finish: the move counted itself at its end, so the
+// lookup sees the count changed, and walks again, finding Y.
+func TestTableGrowReaderDuringStripeMove(t *testing.T) {
+	tab := New[int](WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
+	var y Tuple
+	var ky key
+	for i := 0; ; i++ { // a key of the last bucket, moved last
+		y = tblKey(i, false)
+		if tab.tupleKey(&ky, &y); uint32(ky.meta>>32)&15 == 15 {
+			break
+		}
+	}
+	vy := new(1)
+	require.NoError(t, tab.Insert(y, vy))
+	step, wait := growPaused(t, tab, 32)
+	require.Equal(t, uint32(0), step())
+	// The stripe's cache keeps 4 nodes (a batch of 1): handing on the
+	// free home slot of the 4th old bucket takes the mutex.
+	tab.nodes.mu.Lock()
+	grown := make(chan error, 1)
+	go func() { grown <- wait() }()
+	time.Sleep(50 * time.Millisecond) // for Grow to reach the mutex; the test holds if it has not
+	a := tab.cur()
+	require.True(t, a.b.heads[a.b.bucket(uint32(ky.meta>>32))].load().isNulls(), "Y copied already")
+	lookedUp := lookupStopped(t, tab, y, visitWalkEnd, "the lookup never ended a walk")
+	tab.nodes.mu.Unlock()
+	require.NoError(t, <-grown)
+	require.Nil(t, tab.cur().old.Load())
+	require.Same(t, vy, lookedUp(), "Lookup(Y) missed Y")
+}
+
+// TestTableGrowReaderOnOlderArray stops a lookup of Y in lookupGrowing
+// right after it loaded the table's array B, while a Grow moves entries
+// into B, and lets that Grow finish and another move every entry into a
+// newer array C, emptying B's chains. The lookup then finds no old array
+// in B, a move count that no longer changes, and Y's chain in B empty and
+// ending on its own marker: only the array check tells it that B is no
+// longer the table's, and it walks C and finds Y.
+func TestTableGrowReaderOnOlderArray(t *testing.T) {
+	tab := New[int](WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
+	y := tblKey(1, false)
+	vy := new(1)
+	require.NoError(t, tab.Insert(y, vy))
+	step, wait := growPaused(t, tab, 32)
+	require.Equal(t, uint32(0), step())
+	b := tab.cur()
+	lookedUp := lookupStopped(t, tab, y, visitGrowing, "the lookup never reached lookupGrowing")
+	require.NoError(t, wait())
+	require.NoError(t, tab.Grow(64))
+	require.NotSame(t, b, tab.cur())
+	require.Nil(t, b.old.Load())
+	require.Same(t, vy, lookedUp(), "Lookup(Y) missed Y")
+}
+
+// lookupStopped starts Lookup(y) in a goroutine and returns once the lookup
+// has called tab.visit with at (its first such call, where it stays): what
+// names the place for the failure message. result lets the lookup go on
+// and returns its value.
+func lookupStopped(t *testing.T, tab *Table[int], y Tuple, at uint32, what string) (result func() *int) {
+	t.Helper()
+	arrived, release := make(chan struct{}), make(chan struct{})
+	blocked := false // only the reader touches it
+	tab.visit = func(i uint32) {
+		if i == at && !blocked {
+			blocked = true
+			close(arrived)
+			<-release
+		}
+	}
+	res := make(chan *int, 1)
+	go func() {
+		v, _ := tab.Lookup(y)
+		res <- v
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal(what)
+	}
+	return func() *int {
+		close(release)
+		select {
+		case v := <-res:
+			return v
+		case <-time.After(30 * time.Second):
+			t.Fatal("Lookup did not return")
+			return nil
+		}
 	}
 }

@@ -109,37 +109,43 @@ const homeGroupSize = 4
 // group saves.
 const homeGroupMinBuckets = 1 << 16
 
-// init marks every home slot of a table with the given (power-of-two)
-// bucket and stripe counts free, the first being node base, and forms home
-// groups if grouped is set and a group's buckets can share a stripe. It
-// resets the home slot fields of the stripes ss, whose locks the caller
-// holds if the table is shared.
-func (h *homeSlots) init(buckets, stripes int, ss []stripe, base uint32, grouped bool) {
+// init lays out the home slots of a table with the given (power-of-two)
+// bucket and stripe counts, the first being node base, with home groups if
+// grouped is set and a group's buckets can share a stripe; then the slots
+// of each stripe are free once initStripe has run for it. N.B. init writes
+// no stripe: Table.Grow lays out a new array while writers still use the
+// stripes' home fields for the old one, until each stripe moves.
+func (h *homeSlots) init(buckets, stripes int, base uint32, grouped bool) {
 	h.base = base
 	if grouped && stripes <= buckets/homeGroupSize {
 		h.group = [...]uint32{uint32(buckets / 2), uint32(buckets / 4), uint32(buckets/2 + buckets/4)}
 	}
-	perStripe := buckets / stripes
 	h.stripeShift = uint8(bits.TrailingZeros(uint(stripes)))
 	h.stripeMask = uint32(stripes - 1)
 	h.buckets = uint32(buckets)
 	h.words = uint32(len(stripe{}.homeBits))
-	if perStripe > 64*len(stripe{}.homeBits) {
+	if perStripe := buckets / stripes; perStripe > 64*len(stripe{}.homeBits) {
 		h.words = uint32((perStripe+511)/512) * 8 // whole cache lines
 		h.free = make([]uint64, int(h.words)*stripes)
 	}
-	for s := range stripes {
-		ss[s].homeBits = [len(stripe{}.homeBits)]uint64{}
-		run := h.run(&ss[s], uint32(s))
-		for j := range perStripe / 64 {
-			run[j] = ^uint64(0)
-		}
-		if r := perStripe % 64; r != 0 {
-			run[perStripe/64] = 1<<r - 1
-		}
-		ss[s].homeFree = uint32(perStripe)
-		ss[s].homeCursor, ss[s].homeLast = 0, 0
+}
+
+// initStripe marks every home slot of stripe s (st) free and resets st's
+// home fields for this array. The caller holds st's lock if the table is
+// shared.
+func (h *homeSlots) initStripe(st *stripe, s uint32) {
+	perStripe := h.buckets >> h.stripeShift
+	st.homeBits = [len(stripe{}.homeBits)]uint64{}
+	run := h.run(st, s)
+	clear(run)
+	for j := range perStripe / 64 {
+		run[j] = ^uint64(0)
 	}
+	if r := perStripe % 64; r != 0 {
+		run[perStripe/64] = 1<<r - 1
+	}
+	st.homeFree = perStripe
+	st.homeCursor, st.homeLast = 0, 0
 }
 
 // groupOthers returns the number of other buckets in a bucket's home group:

@@ -186,7 +186,8 @@ func TestStealTakesReleasedSlot(t *testing.T) {
 	for _, record := range []bool{true, false} {
 		var ss [1]stripe
 		var h homeSlots
-		h.init(256, 1, ss[:], 1, true)
+		h.init(256, 1, 1, true)
+		h.initStripe(&ss[0], 0)
 		st := &ss[0]
 		for range 256 {
 			_, ok := h.steal(st, 0)

@@ -64,6 +64,21 @@ type slab[N any] struct {
 	carved uint32     // next index to hand out for the first time; index 0 is never used
 	depot  []uint32   // free indexes not held by any cache
 	gaps   uint32     // indexes that are no node, past the ranges reserveMore made
+
+	// limit, when set, ends the index space there rather than at
+	// slabMaxNodes; spent, when set, makes reserveMore set limit to the
+	// end of the nodes it carves, and carve them whatever the limit. Both
+	// are set by tests only, under mu.
+	limit uint32
+	spent bool
+}
+
+// maxNodes returns the end of the index space.
+func (s *slab[N]) maxNodes() uint32 {
+	if s.limit != 0 {
+		return s.limit
+	}
+	return slabMaxNodes
 }
 
 // slabDir is a directory of chunks: node i is chunk (i-1)>>shift, at
@@ -223,26 +238,32 @@ func (s *slab[N]) reserve(n uint32) {
 // nodes; the caller manages them outside the caches, as reserve's. They
 // begin at a chunk's first index: the indexes left in the chunk carved
 // last go to the depot first. It reports false, and changes nothing, if
-// the nodes and spare more would not fit in the index space.
+// the nodes would not fit in the index space.
 //
 // N.B. as in reserve, the directory's chunks cut the new array where it
 // lies, and where n is less than a chunk the indexes past its end are no
 // node (counted in gaps). Readers never index past the directory they
-// loaded, so the longer one is published whole, as grow does.
-func (s *slab[N]) reserveMore(n, spare uint32) (first uint32, nodes []N, ok bool) {
+// loaded, so the longer one is published whole, as grow does. The nodes
+// are allocated before the store's mutex is taken: writers that refill
+// their caches meanwhile do not wait for the allocation.
+func (s *slab[N]) reserveMore(n uint32) (first uint32, nodes []N, ok bool) {
+	nodes = make([]N, n)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	size := uint32(1) << s.shift()
 	carved := max(s.carved, 1)
 	first = (carved-1+size-1)/size*size + 1
 	chunks := (n + size - 1) / size
-	if uint64(first)+uint64(chunks)*uint64(size)+uint64(spare) > slabMaxNodes {
+	end := s.maxNodes()
+	if s.spent {
+		end = slabMaxNodes
+	}
+	if uint64(first)+uint64(chunks)*uint64(size) > uint64(end) {
 		return 0, nil, false
 	}
 	for i := carved; i < first; i++ {
 		s.depot = append(s.depot, i)
 	}
-	nodes = make([]N, n)
 	d := s.nextDir()
 	for lo := uint32(0); lo < n; lo += size {
 		hi := min(lo+size, n)
@@ -251,14 +272,10 @@ func (s *slab[N]) reserveMore(n, spare uint32) (first uint32, nodes []N, ok bool
 	s.dir.Store(d)
 	s.carved = first + chunks*size
 	s.gaps += chunks*size - n
+	if s.spent {
+		s.limit = s.carved
+	}
 	return first, nodes, true
-}
-
-// putAll hands the free nodes is to the depot, for any cache to take.
-func (s *slab[N]) putAll(is []uint32) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.depot = append(s.depot, is...)
 }
 
 // gap returns the number of indexes between the reserved nodes and the
@@ -296,7 +313,7 @@ func (s *slab[N]) refill(c *slabCache) bool {
 		s.carved = 1 // index 0 is never a node
 	}
 	for range s.batchSize() {
-		if s.carved >= slabMaxNodes {
+		if s.carved >= s.maxNodes() {
 			break
 		}
 		i := s.carved

@@ -88,27 +88,50 @@ type Table[T any] struct {
 	groups tableConfig
 
 	// visit, when set (by tests only), is called by lookups on each entry
-	// of a chain before they read its next link.
-	visit func(index uint32)
-	_     [cacheLineSize]byte
+	// of a chain before they read its next link, by lookup with
+	// visitWalkEnd when its walk ends on its own chain's marker, and by
+	// lookupGrowing with visitGrowing when it has loaded the array;
+	// growStep, when set (by tests only), by Grow before it moves the
+	// entries of each stripe; relinked by migrate between linking a node
+	// into a chain of the new array and unlinking it from the old.
+	visit    func(index uint32)
+	growStep func(stripe uint32)
+	relinked func(index uint32)
+	_        [cacheLineSize]byte
 }
+
+// The values Table.visit takes besides node indexes, which are from 1 to
+// maxNullsValue.
+const (
+	visitWalkEnd = 0
+	visitGrowing = ^uint32(0)
+)
 
 // tableArray is a table's bucket array and all that its bucket count lays
 // out: the chain heads, the home slots and their bitmap. The stripes are
 // the table's, shared by every array it has had. Grow replaces the array
-// whole (see Grow); nothing in it changes once published but through the
-// heads, the home slots' entries and the bitmap, which writers change
-// under stripe locks.
+// (see Grow); nothing in it changes once published but through the heads,
+// the home slots' entries and the bitmap, which writers change under
+// stripe locks, and old.
 //
 // N.B. the pads keep the fields that every lookup reads off the lines of
-// the heap's neighbouring objects, as Table's do.
+// the heap's neighbouring objects, as Table's do. old shares a line with
+// the end of homes, which lookups read.
 type tableArray[T any] struct {
 	_     [cacheLineSize]byte
 	b     buckets
 	home  homeSlots
 	homes []entry[T] // home slots: bucket b's is homes[b], node home.slot(b)
-	_     [cacheLineSize]byte
+	// old is the array this one replaced while Grow moves the entries
+	// out of it, stripe by stripe, and nil before and after.
+	old atomic.Pointer[tableArray[T]]
+	_   [cacheLineSize]byte
 }
+
+// flipped reports whether the array's nulls values have bit 30 set
+// (arrayNullsFlip): arrays alternate, and a stripe whose flipped differs
+// from the table's array has its entries in the old one (see Grow).
+func (a *tableArray[T]) flipped() bool { return a.b.nullsBase&arrayNullsFlip != 0 }
 
 // entry is one flow. Its fields are shared by lock-free readers and by
 // writers under the stripe lock of the chain it is in: readers load them
@@ -236,7 +259,10 @@ func New[T any](opts ...Option) *Table[T] {
 	// per stripe, the default in large tables (see slab.setBatch).
 	t.nodes.setBatch(n / len(a.b.stripes) / 64)
 	t.groups = tableConfig{homeGroups: cfg.homeGroups, homeGroupsSet: cfg.homeGroupsSet}
-	a.home.init(n, len(a.b.stripes), a.b.stripes, 1, t.groups.grouped(n))
+	a.home.init(n, len(a.b.stripes), 1, t.groups.grouped(n))
+	for s := range a.b.stripes {
+		a.home.initStripe(&a.b.stripes[s], uint32(s))
+	}
 	t.moves = make([]moveCount, len(a.b.stripes))
 	t.arr.Store(a)
 	return t
@@ -441,9 +467,10 @@ func (t *Table[T]) requestLines(a *tableArray[T], bs *[lookupBatch]uint32, valid
 // the chain without locks, and trust a miss only if the walk ended on this
 // chain's own nulls marker, since an entry recycled into another chain
 // while we stood on it leads into that chain, if no move in the stripe
-// overlapped the walk (see move), and if the table's array is still the
-// one walked (see Grow). A walk that restarts does so in the table's
-// current array.
+// overlapped the walk (see move), if the table's array is still the one
+// walked, and if no Grow is moving entries out of the array before it (see
+// Grow): then the lookup goes on in lookupGrowing, as it does when it
+// finds the array replaced.
 func (t *Table[T]) lookup(k *key) (*T, bool) {
 	h := uint32(k.meta >> 32)
 	a := t.arr.Load()
@@ -490,24 +517,105 @@ func (t *Table[T]) lookup(k *key) (*T, bool) {
 			l = e.next.load()
 		}
 		if l.isNulls() && l.nullsValue() == a.b.nullsBase+b {
+			if t.visit != nil {
+				t.visit(visitWalkEnd)
+			}
 			// A miss is trusted only if no move in the stripe
-			// overlapped the walk (see move), and no Grow replaced
-			// the array: N.B. the array is loaded after the walk, so
-			// finding it unchanged means that the walk read the
-			// chain before Grow retired its entries (see Grow).
+			// overlapped the walk (see move), the array is the
+			// table's, and the stripe's entries are all in it.
+			// N.B. old is loaded before the count: Grow counts a
+			// move in each stripe once all its entries are in the
+			// new array, and clears old once every stripe's are. So
+			// if old is nil, either the walk began after the
+			// stripe's count went up and saw all its entries, or the
+			// count loaded now differs from m. (Loaded after the
+			// walk, rather than before it, old sends to
+			// lookupGrowing only the misses of lookups that overlap
+			// a Grow's moves.)
+			old := a.old.Load()
 			now := moves.Load()
 			if now == m && t.arr.Load() == a {
-				return nil, false
+				if old == nil {
+					return nil, false
+				}
+				return t.lookupGrowing(k)
 			}
 			m = now
 		}
 		t.restarts.Add(1) // the slow path's only write
-		if next := t.arr.Load(); next != a {
-			a, b = next, next.b.bucket(h)
-			head = &a.b.heads[b]
+		if t.arr.Load() != a {
+			return t.lookupGrowing(k)
 		}
 		l = head.load()
 	}
+}
+
+// lookupGrowing is lookup in a table whose array Grow replaced since the
+// lookup began, or is moving entries into (see Grow): it walks the chain
+// of k in the old array, while there is one, then in the new one, and
+// restarts both until it can trust a miss. A miss in the old array is
+// trusted, and the walk goes on in the new one, if it ended on the old
+// chain's own marker: an entry leaves the old array only once it is live in
+// the new one, so a walk that no longer meets it in the old array meets it
+// in the new. A miss in the new array is trusted as lookup trusts one. It
+// reads no home slot: every entry is in its chain.
+func (t *Table[T]) lookupGrowing(k *key) (*T, bool) {
+	h := uint32(k.meta >> 32)
+	nodes := t.nodes.view()
+	for {
+		a := t.arr.Load()
+		if t.visit != nil {
+			t.visit(visitGrowing)
+		}
+		// N.B. moves is loaded before the walks, as in lookup.
+		moves := &t.moves[h&a.b.stripeMask].n
+		m := moves.Load()
+		ok := true
+		if old := a.old.Load(); old != nil {
+			var v *T
+			var found bool
+			if v, found, ok = t.walk(old, &nodes, k, h); found {
+				return v, true
+			}
+		}
+		if ok {
+			v, found, own := t.walk(a, &nodes, k, h)
+			if found {
+				return v, true
+			}
+			// N.B. the array check is needed even when a has no
+			// old: a newer Grow may have emptied a's chain after
+			// this lookup loaded a, and counted its move before m
+			// was loaded, or not yet.
+			if own && moves.Load() == m && t.arr.Load() == a {
+				return nil, false
+			}
+		}
+		t.restarts.Add(1)
+	}
+}
+
+// walk walks the chain of hash h in array a for k and returns its value if
+// it found k live and unchanged across the read, and whether the walk
+// ended on the chain's own marker.
+func (t *Table[T]) walk(a *tableArray[T], nodes *slabView[entry[T]], k *key, h uint32) (v *T, found, own bool) {
+	b := a.b.bucket(h)
+	l := a.b.heads[b].load()
+	for !l.isNulls() {
+		e := nodes.at(l.index())
+		if seq := e.seq.Load(); seq&1 == 1 && e.key.matches(k) {
+			v := e.val.Load()
+			if e.seq.Load() != seq {
+				return nil, false, false // changed under us
+			}
+			return v, true, true
+		}
+		if t.visit != nil {
+			t.visit(l.index())
+		}
+		l = e.next.load()
+	}
+	return nil, false, l.nullsValue() == a.b.nullsBase+b
 }
 
 // lookupGroup looks for k in the home slots of bucket b's group (home.go),
@@ -672,13 +780,16 @@ func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 }
 
 // lockStripe locks the stripe of hash h, after asking for the lines that
-// insert and delete write if touch is set, and returns the table's array,
-// the stripe and its index, and h's bucket in the array.
+// insert and delete write if touch is set, and returns the array that
+// holds the stripe's entries, the stripe and its index, and h's bucket in
+// the array. If Grow has published a new array and the stripe's entries
+// are still in the old one, it moves them first (see migrate).
 //
-// N.B. the array is loaded again under the lock: Grow replaces it only
-// while it holds every stripe lock, so the array loaded under a stripe
-// lock stays the table's until that lock is released, and the stripe of a
-// hash is the same in every array.
+// N.B. the array is loaded again under the lock, and the stripe of a hash
+// is the same in every array. An array loaded under the lock is the
+// table's, or was until a Grow published a newer one since; then the
+// stripe's entries stay in it until the lock is released, when the next
+// holder (or Grow) moves them.
 func (t *Table[T]) lockStripe(h uint32, touch bool) (a *tableArray[T], st *stripe, s, b uint32) {
 	a = t.arr.Load()
 	s = h & a.b.stripeMask
@@ -688,6 +799,9 @@ func (t *Table[T]) lockStripe(h uint32, touch bool) (a *tableArray[T], st *strip
 	}
 	st.mu.Lock()
 	a = t.arr.Load()
+	if st.flipped != a.flipped() {
+		t.migrate(a, st, s)
+	}
 	return a, st, s, a.b.bucket(h)
 }
 
@@ -1012,7 +1126,8 @@ func (t *Table[T]) Len() int {
 // table.
 //
 // N.B. it copies one bucket's chain at a time under the bucket's stripe
-// lock, and visits the buckets in the order of a counter whose bits are
+// lock (after the stripe's entries have moved into the table's array, if a
+// Grow is moving them: see lockStripe), and visits the buckets in the order of a counter whose bits are
 // reversed (as Redis's SCAN): when Grow multiplies the bucket count by 2^j,
 // the entries of bucket b go to the buckets that share b's low bits, which
 // lie side by side in that order, where b lay. So the buckets of the new
@@ -1030,11 +1145,7 @@ func (t *Table[T]) All() iter.Seq2[Tuple, *T] {
 			// Copy one chain under its lock, then yield outside it, so
 			// that the body may write to the table.
 			chain = chain[:0]
-			a := t.arr.Load()
-			st := &a.b.stripes[c&a.b.stripeMask] // the same in every array
-			st.mu.Lock()
-			a = t.arr.Load()
-			b := c & a.b.mask
+			a, st, _, b := t.lockStripe(c, false)
 			for l := a.b.heads[b].load(); !l.isNulls(); {
 				e := t.nodes.at(l.index())
 				k := e.key.load()
@@ -1104,9 +1215,10 @@ func (t *Table[T]) stats() (Stats, bool) {
 	a := t.arr.Load()
 	s := Stats{Buckets: len(a.b.heads), LockStripes: len(a.b.stripes)}
 	for b := range a.b.heads {
-		st := &a.b.stripes[uint32(b)&a.b.stripeMask]
-		st.mu.Lock()
-		if t.arr.Load() != a {
+		// N.B. lockStripe moves the stripe's entries into the table's
+		// array if a Grow is moving them.
+		la, st, _, _ := t.lockStripe(uint32(b), false)
+		if la != a {
 			st.mu.Unlock()
 			return s, false
 		}
@@ -1135,25 +1247,34 @@ func (t *Table[T]) stats() (Stats, bool) {
 // Grow sizes the table for about n entries, as WithCapacity sizes a new
 // one: if n rounded up to a power of two (at most 2^29) is more buckets
 // than the table has, it replaces the bucket array with one of that many,
-// and otherwise does nothing. If the new array's nodes would not fit in
-// the table's index space it returns ErrTableFull and changes nothing.
+// and otherwise does nothing. If the new array's home slots would not fit
+// in the table's index space it returns ErrTableFull and changes nothing.
 //
 // A table does not grow by itself: Linux sizes its established table
 // once, at boot. A program that cannot know its flow count in advance
 // can call Grow(2*n) when Len passes the n it last sized the table for.
 //
-// Lookups go on while Grow runs, without locks, and find every entry;
-// writers wait for it. It holds every stripe lock while it copies each
-// entry into the new array, which takes 0.2 to 0.4 µs per entry here:
-// 0.2 to 0.4 ms for a table of 1024, 0.25 to 0.4 s for one of a million
-// (BenchmarkGrow). Calls of Grow run one at a time. The lock stripes stay
-// as New made them (see WithLockStripes): a table made small and grown
-// large keeps the small table's stripe count, and its writers meet on
-// fewer locks than in a table made at the large size.
+// Every method may run while Grow runs, and finds every entry. Grow
+// publishes the new array at once and then moves the entries into it one
+// lock stripe at a time, under that stripe's lock, as rhashtable moves
+// entries a bucket at a time. A writer (or All, or Stats) that comes to a
+// stripe whose entries have not moved yet moves them itself first. So an
+// Insert, Delete or swap waits at most for the move of one stripe's
+// entries, 0.2 to 0.4 µs each: with the default stripes, about a thousand
+// entries in a table of a million, as against the whole table. (Connect
+// may lock a stripe per port it tries, and All and Stats lock them all, so
+// each may move several.) Lookups go on without locks; until Grow returns,
+// a lookup that does not find its key in the new array, as one whose
+// stripe has not moved does not, walks the key's chain in both arrays.
+// Calls of Grow run one at a time. The lock stripes stay as New made them
+// (see WithLockStripes): a table made small and grown large keeps the
+// small table's stripe count, so its writers meet on fewer locks, and
+// wait for the move of more entries, than in a table made at the large
+// size.
 //
 // Memory: the new array reserves 60 bytes per bucket, as New does, and
 // the old array's home slots become nodes for entries beyond the new
-// home slots, as do the nodes of all the entries, which the copy frees:
+// home slots, as do the nodes of all the entries, which the moves free:
 // the table never returns memory. A table grown from n buckets to 2n
 // holds up to 56n bytes more than one made with 2n buckets, less what its
 // entries beyond the home slots use of them: made for 2^15 entries,
@@ -1167,62 +1288,106 @@ func (t *Table[T]) Grow(n int) error {
 	if nb <= len(old.b.heads) {
 		return nil
 	}
-	ss := old.b.stripes
-	for i := range ss {
-		ss[i].mu.Lock()
-	}
-	defer func() {
-		for i := range ss {
-			ss[i].mu.Unlock()
-		}
-	}()
-	// Room for every entry outside the new home slots, so that no
-	// placement below can fail.
-	base, homes, ok := t.nodes.reserveMore(uint32(nb), uint32(t.Len()))
+	base, homes, ok := t.nodes.reserveMore(uint32(nb))
 	if !ok {
 		return ErrTableFull
 	}
+	// N.B. the home slots are fresh memory, which the kernel backs only
+	// as it is first written, a page at a time: written here, the pages
+	// cost Grow, rather than each stripe's move, whose entries lie in
+	// pages of their own. (A move into unwritten pages made a writer that
+	// waited for one wait up to 10 ms in a table of a million entries.)
+	// 64 entries of 56 bytes are less than the smallest page, 4 KiB.
+	for i := 0; i < len(homes); i += 64 {
+		homes[i].seq.Store(0)
+	}
+	ss := old.b.stripes
 	a := &tableArray[T]{homes: homes}
 	a.b.initShared(nb, ss, old.b.nullsBase^arrayNullsFlip)
-	a.home.init(nb, len(ss), ss, base, t.groups.grouped(nb))
+	a.home.init(nb, len(ss), base, t.groups.grouped(nb))
+	// N.B. old is set before the array is published, and cleared only
+	// once every stripe's entries are in it: a lookup that finds old nil
+	// in the table's array needs no other (see lookup).
+	a.old.Store(old)
+	t.arr.Store(a)
+	for s := range ss {
+		if t.growStep != nil {
+			t.growStep(uint32(s))
+		}
+		st := &ss[s]
+		st.mu.Lock()
+		if st.flipped != a.flipped() {
+			t.migrate(a, st, uint32(s))
+		}
+		st.mu.Unlock()
+	}
+	a.old.Store(nil)
+	return nil
+}
 
-	// N.B. the old array stays whole until the new one is published: each
-	// entry is copied into a node of the new array (a home slot, or a
-	// free node, which a reader of the old array may stand on: it then
-	// goes on into a chain of the new array, whose nulls values differ
-	// from the old array's, and restarts), so a lookup in the old array
-	// finds every entry, with the value the new array has for it, as
-	// writers wait. Once the new array is published, the old entries turn
-	// free and their nodes go to the depot. A lookup that misses in the
-	// old array after that finds the array replaced, and walks the new
-	// one (see lookup): it loads the array after its walk, so if it finds
-	// the old one there, its walk read the old chain before any entry of
-	// it turned free.
-	var live, retired []uint32
-	for ob := range old.b.heads {
-		for l := old.b.heads[ob].load(); !l.isNulls(); {
+// migrate moves the entries of stripe s (st) from a.old into a, the
+// table's array, which Grow has published. The caller holds st's lock.
+//
+// N.B. every entry is live in a before the old array stops leading to it,
+// so a lookup that misses in the old array finds it in a (lookupGrowing):
+// first each entry is copied into a node placed as insert places one, the
+// old chains left whole; then each old chain is emptied, and only then are
+// its nodes freed. (Freed as soon as copied, a node could take the next
+// copy while its old chain still led to it, and send the readers of that
+// chain into a chain of a, to restart there.) A reader that stood on a
+// freed node that a writer reuses goes on into a chain of a, whose nulls
+// values differ from the old array's, and restarts. Should the store have no
+// node left for a copy (its index space is spent), the entry's own node
+// moves into a's chain instead, as rhashtable moves entries: linked there
+// before it is unlinked from the old chain, so a reader walking old then
+// new finds it in one chain or the other, and one standing on it is led
+// into a's chain, ends on a marker not its own and restarts (no move
+// count is needed). Last, the stripe counts a move: a lookup in a whose
+// walk began before the entries were all in a sees the count change (see
+// lookup).
+func (t *Table[T]) migrate(a *tableArray[T], st *stripe, s uint32) {
+	o := a.old.Load()
+	a.home.initStripe(st, s)
+	mc := &t.moves[s].n
+	step, end := uint32(len(o.b.stripes)), uint32(len(o.b.heads))
+	for ob := s; ob < end; ob += step {
+		// A free home slot of the old array is a node like any other
+		// from now on (a live one is freed below, with its chain).
+		if o.homes[ob].seq.Load()&1 == 0 {
+			t.nodes.put(&st.cache, o.home.slot(ob), t.nodes.cacheMax())
+		}
+		prev := &o.b.heads[ob]
+		for l := prev.load(); !l.isNulls(); {
 			e := t.nodes.at(l.index())
+			next := e.next.load()
 			k := e.key.load()
 			b := a.b.bucket(uint32(k.meta >> 32))
-			s := b & a.b.stripeMask
-			i, ok := t.place(a, &ss[s], s, b)
-			if !ok {
-				panic("hash4: Grow found no node for an entry it had reserved one for")
+			if i, ok := t.place(a, st, s, b); ok {
+				t.fill(i, &k, e.val.Load(), &a.b.heads[b])
+				prev = &e.next
+			} else {
+				linkAt(&a.b.heads[b], l, &e.next)
+				if t.relinked != nil {
+					t.relinked(l.index())
+				}
+				prev.store(next)
 			}
-			t.fill(i, &k, e.val.Load(), &a.b.heads[b])
-			live = append(live, l.index())
-			l = e.next.load()
-		}
-		if old.homes[ob].seq.Load()&1 == 0 {
-			retired = append(retired, old.home.slot(uint32(ob)))
+			l = next
 		}
 	}
-	t.arr.Store(a)
-	for _, i := range live {
-		e := t.nodes.at(i)
-		e.seq.Store(e.seq.Load() + 1) // free: N.B. after the new array is published
-		e.val.Store(nil)
+	for ob := s; ob < end; ob += step {
+		head := &o.b.heads[ob]
+		l := head.load()
+		head.initNulls(o.b.nullsBase + ob)
+		for !l.isNulls() {
+			e := t.nodes.at(l.index())
+			next := e.next.load()
+			e.seq.Store(e.seq.Load() + 1) // free: N.B. after the chain is emptied
+			e.val.Store(nil)
+			t.nodes.put(&st.cache, l.index(), t.nodes.cacheMax())
+			l = next
+		}
 	}
-	t.nodes.putAll(append(retired, live...))
-	return nil
+	st.flipped = a.flipped()
+	mc.Store(mc.Load() + 1) // N.B. once all the entries are in a (see lookup)
 }
