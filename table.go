@@ -597,7 +597,8 @@ func (t *Table[T]) lookupGrowing(k *key) (*T, bool) {
 
 // walk walks the chain of hash h in array a for k and returns its value if
 // it found k live and unchanged across the read, and whether the walk
-// ended on the chain's own marker.
+// ended on the chain's own marker. N.B. lookup's walk is this one written
+// in line, with its restarts in the loop: the fast path keeps its own.
 func (t *Table[T]) walk(a *tableArray[T], nodes *slabView[entry[T]], k *key, h uint32) (v *T, found, own bool) {
 	b := a.b.bucket(h)
 	l := a.b.heads[b].load()
