@@ -575,6 +575,48 @@ func benchChurn(b *testing.B, m benchMap, ks *benchKeySet) {
 	})
 }
 
+// BenchmarkFill measures filling an empty map with n keys from GOMAXPROCS
+// goroutines, each inserting a share of them, where every map is made
+// without a size and grows as it fills: hash4 by itself (from New's 1024
+// buckets), the others as they do; impl=hash4-sized is hash4 made for n
+// entries, for scale. It reports the time per insert (ns/insert), which
+// for hash4 includes the wait for its growth to end.
+func BenchmarkFill(b *testing.B) {
+	impls := []benchImpl{
+		{"hash4", func(int) benchMap { return benchHash4{New[benchVal](WithSecret(benchSecret))} }},
+		{"hash4-sized", benchImpls[0].new},
+		{"syncmap", func(int) benchMap { return new(benchSyncMap) }},
+		{"xsync", func(int) benchMap { return benchXsync{xsync.NewMap[Tuple, *benchVal]()} }},
+		{"rwmutex", func(int) benchMap { return &benchRWMap{m: map[Tuple]*benchVal{}} }},
+		{"cmap", func(int) benchMap { return newBenchCmap() }},
+	}
+	for _, sz := range benchSizes {
+		ks := benchKeys(sz.n)
+		for _, impl := range impls {
+			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl.name), func(b *testing.B) {
+				procs := runtime.GOMAXPROCS(0)
+				for b.Loop() {
+					m := impl.new(sz.n)
+					var wg sync.WaitGroup
+					for g := range procs {
+						wg.Go(func() {
+							for i := g; i < len(ks.fill); i += procs {
+								j := ks.fill[i]
+								m.Insert(ks.keys[j], &ks.vals[j])
+							}
+						})
+					}
+					wg.Wait()
+					if h, ok := m.(benchHash4); ok {
+						h.t.growers.Wait()
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.n), "ns/insert")
+			})
+		}
+	}
+}
+
 // BenchmarkLockStripes measures Mixed 90/10 and Churn in small tables of
 // hash4 with the stripe counts from one to the default, to choose
 // WithLockStripes by: fewer stripes hold fewer bytes per entry in a small

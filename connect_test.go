@@ -33,7 +33,7 @@ var (
 
 // connTable returns a table with a fixed secret sized for about n entries.
 func connTable(n int, opts ...Option) *Table[int] {
-	return New[int](append([]Option{WithCapacity(n), WithSecret(connSecret)}, opts...)...)
+	return New[int](append([]Option{WithFixedBuckets(), WithCapacity(n), WithSecret(connSecret)}, opts...)...)
 }
 
 // connFill connects from local to remote until the allocator runs out of
@@ -1004,7 +1004,7 @@ func TestConnectZeroAllocator(t *testing.T) {
 // keys at home and deep in chains (a 16-bucket table holding 200 keys),
 // present and absent, before and after deletes.
 func TestTablePresent(t *testing.T) {
-	tab := New[int](WithCapacity(16), WithLockStripes(2))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2))
 	check := func(i int, want bool) {
 		t.Helper()
 		var k key

@@ -208,11 +208,15 @@ func ExampleTable_CompareAndSwap() {
 }
 
 func ExampleTable_Grow() {
-	// A gateway that cannot know its flow count sizes for a guess, and
-	// doubles the table when the flows pass it: lookups and writes on
-	// other goroutines go on during Grow.
-	sizedFor := 256
-	flows := hash4.New[natMapping](hash4.WithCapacity(sizedFor))
+	// A table grows itself as flows arrive (see ExampleTable_growth). A
+	// gateway that knows a load is coming, such as the 1000 flows of a
+	// failover peer, sizes the table ahead instead, so that the inserts
+	// find it at its size; a table made WithFixedBuckets grows only this
+	// way. Lookups and writes on other goroutines go on during Grow.
+	flows := hash4.New[natMapping](hash4.WithCapacity(256), hash4.WithFixedBuckets())
+	if err := flows.Grow(1000); err != nil {
+		fmt.Println("grow:", err)
+	}
 	client := netip.MustParseAddr("192.168.1.20")
 	upstream := netip.MustParseAddrPort("93.184.216.34:443")
 	for port := uint16(10000); port < 11000; port++ {
@@ -220,20 +224,38 @@ func ExampleTable_Grow() {
 		if err := flows.Insert(flow, &natMapping{}); err != nil {
 			fmt.Println("insert:", err)
 		}
-		if flows.Len() > sizedFor {
-			sizedFor *= 2
-			if err := flows.Grow(sizedFor); err != nil {
-				fmt.Println("grow:", err)
-			}
-		}
 	}
 	st := flows.Stats()
 	fmt.Println("flows", st.Entries, "buckets", st.Buckets)
-	_, ok := flows.Lookup(hash4.Tuple{Local: netip.AddrPortFrom(client, 10000), Remote: upstream})
-	fmt.Println("first flow found:", ok)
 	// Output:
 	// flows 1000 buckets 1024
-	// first flow found: true
+}
+
+func ExampleTable_growth() {
+	// A table made for 128 flows that gets 2000 grows itself past about
+	// two flows per bucket: the insert that finds it too full starts its
+	// growth on a goroutine of the table's own and returns, and lookups
+	// find every flow while the entries move.
+	flows := hash4.New[natMapping](hash4.WithCapacity(128))
+	client := netip.MustParseAddr("192.168.1.20")
+	upstream := netip.MustParseAddrPort("93.184.216.34:443")
+	flow := func(port uint16) hash4.Tuple {
+		return hash4.Tuple{Local: netip.AddrPortFrom(client, port), Remote: upstream}
+	}
+	for port := uint16(10000); port < 12000; port++ {
+		if err := flows.Insert(flow(port), &natMapping{}); err != nil {
+			fmt.Println("insert:", err)
+		}
+	}
+	found := 0
+	for port := uint16(10000); port < 12000; port++ {
+		if _, ok := flows.Lookup(flow(port)); ok {
+			found++
+		}
+	}
+	fmt.Println("flows", flows.Len(), "found", found)
+	// Output:
+	// flows 2000 found 2000
 }
 
 func ExampleTable_Connect() {

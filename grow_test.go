@@ -96,7 +96,7 @@ func TestTableGrow(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			tab := New[int](append([]Option{WithCapacity(16), WithSecret(tblSecret)}, c.opts...)...)
+			tab := New[int](append([]Option{WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret)}, c.opts...)...)
 			stripes := tab.Stats().LockStripes
 			want := map[Tuple]*int{}
 			next := 0
@@ -148,7 +148,7 @@ func TestTableGrowHomeGroups(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills a table of 2^16 entries")
 	}
-	tab := New[int](WithCapacity(homeGroupMinBuckets/2), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(homeGroupMinBuckets/2), WithSecret(tblSecret))
 	require.False(t, tab.cur().home.grouped())
 	want := map[Tuple]*int{}
 	for i := range homeGroupMinBuckets {
@@ -169,7 +169,7 @@ func TestTableGrowHomeGroups(t *testing.T) {
 // TestTableGrowNoOp checks that Grow to no more buckets than a table has,
 // for any n, changes nothing.
 func TestTableGrowNoOp(t *testing.T) {
-	tab := New[int](WithCapacity(64))
+	tab := New[int](WithFixedBuckets(), WithCapacity(64))
 	want := map[Tuple]*int{}
 	for i := range 100 {
 		k := tblKey(i, false)
@@ -192,7 +192,7 @@ func TestTableGrowNoOp(t *testing.T) {
 // the old array was still the table's, must end on a value not its own and
 // restart, since it cannot yet see the array replaced.
 func TestTableGrowMarkers(t *testing.T) {
-	tab := New[int](WithCapacity(16))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16))
 	a := tab.cur()
 	for _, n := range []int{32, 256, 1024} {
 		require.NoError(t, tab.Grow(n))
@@ -260,7 +260,7 @@ func TestTableGrowReaderOnRetiredEntry(t *testing.T) {
 func TestTableGrowAllExactlyOnce(t *testing.T) {
 	for _, every := range []bool{false, true} {
 		t.Run(fmt.Sprint("every=", every), func(t *testing.T) {
-			tab := New[int](WithCapacity(16), WithLockStripes(4))
+			tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(4))
 			want := map[Tuple]*int{}
 			for i := range 500 {
 				k := tblCanon(tblKey(i, i%3 == 0))
@@ -318,7 +318,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 	for rounds < 3 || time.Now().Before(end) {
 		rounds++
 		spent := rounds%2 == 0
-		tab := New[val](WithCapacity(16), WithLockStripes(4), WithSecret(NewSecret()))
+		tab := New[val](WithFixedBuckets(), WithCapacity(16), WithLockStripes(4), WithSecret(NewSecret()))
 		vals := make([]*val, len(stay))
 		for i, k := range stay {
 			vals[i] = &val{k}
@@ -427,7 +427,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 // flows and its listeners are still found, and the listeners' chains, which
 // do not grow, share the node store with the new array.
 func TestTCPTableEstablishedGrow(t *testing.T) {
-	tbl := NewTCPTable[string](WithCapacity(16))
+	tbl := NewTCPTable[string](WithCapacity(16), WithFixedBuckets())
 	lis := netip.MustParseAddrPort("10.0.0.1:80")
 	vl := new("listener")
 	release, err := tbl.Listen(lis, vl)
@@ -547,7 +547,7 @@ func TestTableGrowStripeByStripe(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			const stripes = 4
-			tab := New[int](append([]Option{WithCapacity(64), WithLockStripes(stripes), WithSecret(tblSecret)}, c.opts...)...)
+			tab := New[int](append([]Option{WithFixedBuckets(), WithCapacity(64), WithLockStripes(stripes), WithSecret(tblSecret)}, c.opts...)...)
 			want := map[Tuple]*int{}
 			next := 0
 			fresh := func(s uint32) Tuple { // a key of stripe s not in the table
@@ -742,7 +742,7 @@ func TestTableGrowIndexSpaceSpent(t *testing.T) {
 // no old array, but sees the move count of Y's stripe changed, and walks
 // again, finding Y.
 func TestTableGrowReaderBeforeStripeMoves(t *testing.T) {
-	tab := New[int](WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
 	var y Tuple
 	for i := 0; ; i++ {
 		if y = tblKey(i, false); stripeOf(tab, y) == 1 {
@@ -829,7 +829,7 @@ func TestTableGrowWriterAcrossPublish(t *testing.T) {
 // on), and lets Grow finish: the move counted itself at its end, so the
 // lookup sees the count changed, and walks again, finding Y.
 func TestTableGrowReaderDuringStripeMove(t *testing.T) {
-	tab := New[int](WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
 	var y Tuple
 	var ky key
 	for i := 0; ; i++ { // a key of the last bucket, moved last
@@ -865,7 +865,7 @@ func TestTableGrowReaderDuringStripeMove(t *testing.T) {
 // ending on its own marker: only the array check tells it that B is no
 // longer the table's, and it walks C and finds Y.
 func TestTableGrowReaderOnOlderArray(t *testing.T) {
-	tab := New[int](WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
 	y := tblKey(1, false)
 	vy := new(1)
 	require.NoError(t, tab.Insert(y, vy))
@@ -915,4 +915,136 @@ func lookupStopped(t *testing.T, tab *Table[int], y Tuple, at uint32, what strin
 			return nil
 		}
 	}
+}
+
+// growItselfBuckets returns the bucket count a table that grows itself
+// must reach from n buckets under its stripes: the least power of two,
+// from n up, at which no stripe holds more than its limit.
+func growItselfBuckets[T any](tab *Table[T], n int) int {
+	ss := tab.cur().b.stripes
+	var most uint64
+	for i := range ss {
+		most = max(most, ss[i].count.Load())
+	}
+	for tab.growLimit(n, len(ss)) < most {
+		n *= 2
+	}
+	return n
+}
+
+// TestTableGrowsItself fills tables through Insert and LookupOrInsert
+// until they hold 20 to 300 entries per starting bucket: each grows itself
+// to the least bucket count at which no stripe holds more than its limit,
+// and then holds exactly what was inserted; a table made WithFixedBuckets
+// does not grow. A TCPTable's established table grows itself under its
+// listeners.
+func TestTableGrowsItself(t *testing.T) {
+	cases := []struct {
+		name string
+		opts []Option
+		n    int
+	}{
+		{"small", []Option{WithCapacity(16), WithLockStripes(4)}, 5000},
+		{"one stripe", []Option{WithCapacity(16), WithLockStripes(1)}, 600},
+		{"stripe per bucket", []Option{WithCapacity(16), WithLockStripes(16)}, 600},
+		{"groups", []Option{WithCapacity(64), WithLockStripes(4), withHomeGroups(true)}, 3000},
+		{"default", nil, 20000},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tab := New[int](append(c.opts, WithSecret(tblSecret))...)
+			fixed := New[int](append(c.opts, WithSecret(tblSecret), WithFixedBuckets())...)
+			start := tab.Stats().Buckets
+			want := map[Tuple]*int{}
+			for i := range c.n {
+				k := tblKey(i, i%3 == 0)
+				want[k] = new(i)
+				if i%2 == 0 {
+					require.NoError(t, tab.Insert(k, want[k]))
+				} else {
+					_, found, err := tab.LookupOrInsert(k, want[k])
+					require.NoError(t, err)
+					require.False(t, found)
+				}
+				require.NoError(t, fixed.Insert(k, want[k]))
+			}
+			tab.growers.Wait()
+			require.False(t, tab.growing.Load())
+			require.False(t, tab.cur().overfull())
+			require.Equal(t, growItselfBuckets(tab, start), tab.Stats().Buckets)
+			require.Greater(t, tab.Stats().Buckets, start)
+			growCheck(t, tab, want, "grown by itself")
+			require.Equal(t, start, fixed.Stats().Buckets, "WithFixedBuckets")
+			growCheck(t, fixed, want, "fixed")
+			// Deletes do not shrink it, and reinserts take it no further.
+			for k := range want {
+				_, ok := tab.Delete(k)
+				require.True(t, ok)
+			}
+			grown := tab.cur()
+			for k, v := range want {
+				require.NoError(t, tab.Insert(k, v))
+			}
+			tab.growers.Wait()
+			require.Same(t, grown, tab.cur())
+			growCheck(t, tab, want, "refilled")
+		})
+	}
+	t.Run("TCPTable", func(t *testing.T) {
+		tbl := NewTCPTable[string](WithCapacity(16), WithLockStripes(2))
+		lis := netip.MustParseAddrPort("10.0.0.1:80")
+		vl := new("listener")
+		release, err := tbl.Listen(lis, vl)
+		require.NoError(t, err)
+		defer release()
+		flows := map[Tuple]*string{}
+		for i := range 1000 {
+			k := Tuple{Local: lis, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2 + byte(i>>8), byte(i)}), uint16(1000+i))}
+			flows[k] = new(fmt.Sprint(i))
+			require.NoError(t, tbl.Established().Insert(k, flows[k]))
+		}
+		est := tbl.Established()
+		est.growers.Wait()
+		require.Equal(t, growItselfBuckets(est, 16), est.Stats().Buckets)
+		for k, v := range flows {
+			got, ok := tbl.Lookup(k)
+			require.True(t, ok)
+			require.Same(t, v, got)
+		}
+		got, ok := tbl.Lookup(Tuple{Local: lis, Remote: netip.MustParseAddrPort("198.51.100.7:5555")})
+		require.True(t, ok)
+		require.Same(t, vl, got)
+	})
+}
+
+// TestTableGrowsItselfUntilRefused fills a table whose index space has
+// room for its nodes but not for a larger array: its growth fails, the
+// table stops growing itself for good (no insert starts another growth),
+// and inserts and lookups go on in the array it has.
+func TestTableGrowsItselfUntilRefused(t *testing.T) {
+	tab := New[int](WithCapacity(16), WithLockStripes(4), WithSecret(tblSecret))
+	// The 16 home slots take the first chunk of 64 indexes, the nodes
+	// beyond them the second; a new array would need a third.
+	tab.nodes.mu.Lock()
+	tab.nodes.limit = 129
+	tab.nodes.mu.Unlock()
+	want := map[Tuple]*int{}
+	for i := range 48 {
+		k := tblKey(i, i%2 == 0)
+		want[k] = new(i)
+		require.NoError(t, tab.Insert(k, want[k]))
+	}
+	tab.growers.Wait()
+	require.True(t, tab.growing.Load(), "growing cleared after a failed growth")
+	require.True(t, tab.cur().overfull())
+	require.Equal(t, 16, tab.Stats().Buckets)
+	require.ErrorIs(t, tab.Grow(32), ErrTableFull)
+	for i := 48; i < 56; i++ {
+		k := tblKey(i, i%2 == 0)
+		want[k] = new(i)
+		require.NoError(t, tab.Insert(k, want[k]))
+	}
+	tab.growers.Wait()
+	require.Equal(t, 16, tab.Stats().Buckets)
+	growCheck(t, tab, want, "refused")
 }

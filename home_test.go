@@ -47,10 +47,10 @@ func TestTableHomeGroupsDefault(t *testing.T) {
 		if c.stripes > 0 {
 			opts = append(opts, WithLockStripes(c.stripes))
 		}
-		tab := New[int](opts...)
+		tab := New[int](append(opts, WithFixedBuckets())...)
 		require.Equal(t, c.want, tab.cur().home.grouped(), "%+v", c)
 	}
-	require.False(t, New[int](WithCapacity(16), withHomeGroups(true), WithLockStripes(8)).cur().home.grouped(),
+	require.False(t, New[int](WithFixedBuckets(), WithCapacity(16), withHomeGroups(true), WithLockStripes(8)).cur().home.grouped(),
 		"a group of four buckets of 16 spans two of 8 stripes")
 }
 
@@ -79,7 +79,7 @@ func TestTableHomeGroupPlacement(t *testing.T) {
 	const n = 1 << 14
 	r := rand.New(rand.NewPCG(8, 9))
 	for _, grouped := range []bool{false, true} {
-		tab := New[int](WithCapacity(n), withHomeGroups(grouped))
+		tab := New[int](WithFixedBuckets(), WithCapacity(n), withHomeGroups(grouped))
 		v := new(0)
 		for i := range n {
 			tup := Tuple{
@@ -235,7 +235,7 @@ func TestStealTakesReleasedSlot(t *testing.T) {
 // nothing.
 func TestTableRecordsReleasedSlot(t *testing.T) {
 	for _, grouped := range []bool{true, false} {
-		tab := New[int](WithCapacity(64), WithLockStripes(1), withHomeGroups(grouped), WithSecret(tblSecret))
+		tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(1), withHomeGroups(grouped), WithSecret(tblSecret))
 		require.Equal(t, grouped, tab.cur().home.grouped())
 		st := &tab.cur().b.stripes[0]
 		r := rand.New(rand.NewPCG(8, 9))
@@ -294,7 +294,7 @@ func TestTableChurnPlacement(t *testing.T) {
 		{false, 64, 0.61},
 	} {
 		t.Run(fmt.Sprintf("groups=%v", c.grouped), func(t *testing.T) {
-			tab := New[int](WithCapacity(n), WithLockStripes(c.stripes), withHomeGroups(c.grouped), WithSecret(tblSecret))
+			tab := New[int](WithFixedBuckets(), WithCapacity(n), WithLockStripes(c.stripes), withHomeGroups(c.grouped), WithSecret(tblSecret))
 			r := rand.New(rand.NewPCG(10, 11))
 			flow := func(i int) Tuple {
 				return Tuple{

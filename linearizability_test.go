@@ -105,11 +105,17 @@ var linModel = porcupine.Model{
 
 // linRun records a history of nClients goroutines doing opsPerClient random
 // operations each on nKeys keys of a tiny table, with or without home
-// groups, and if grow is set, while another goroutine grows the table from
-// 16 buckets to 1024, a doubling at a time.
-func linRun(t *testing.T, seed uint64, stripes int, grouped, grow bool, nClients, opsPerClient, nKeys int) []porcupine.Operation {
+// groups, and with linGrow, while another goroutine grows the table from
+// 16 buckets to 1024, a doubling at a time, or with linGrowItself, while
+// another inserts 2048 keys that no client uses, so that the table grows
+// itself.
+func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth, nClients, opsPerClient, nKeys int) []porcupine.Operation {
 	t.Helper()
-	tab := New[int](WithCapacity(16), WithLockStripes(stripes), WithSecret(tblSecret), withHomeGroups(grouped))
+	opts := []Option{WithCapacity(16), WithLockStripes(stripes), WithSecret(tblSecret), withHomeGroups(grouped)}
+	if grow == linFixed {
+		opts = append(opts, WithFixedBuckets())
+	}
+	tab := New[int](opts...)
 	// The keys: half in one bucket (a long chain), half anywhere, and each
 	// spelled two ways.
 	var keys []Tuple
@@ -210,7 +216,17 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped, grow bool, nClients
 	}
 	var grower sync.WaitGroup
 	var done atomic.Bool
-	if grow {
+	switch grow {
+	case linGrowItself:
+		grower.Go(func() {
+			start.Wait()
+			for i := range 2048 {
+				if err := tab.Insert(tblKey(1<<20+i, i%2 == 1), new(-1)); err != nil {
+					bad.Store(fmt.Sprintf("filler insert: %v", err))
+				}
+			}
+		})
+	case linGrow:
 		grower.Go(func() {
 			start.Wait()
 			for b := 32; b <= 1024 && !done.Load(); b *= 2 {
@@ -227,7 +243,11 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped, grow bool, nClients
 	wg.Wait()
 	done.Store(true)
 	grower.Wait()
+	tab.growers.Wait()
 	require.Nil(t, bad.Load())
+	if grow == linGrowItself {
+		require.Greater(t, tab.Stats().Buckets, 16, "the table grew itself")
+	}
 	var all []porcupine.Operation
 	for _, h := range hist {
 		all = append(all, h...)
@@ -260,8 +280,19 @@ func linEvents(ops []porcupine.Operation) []porcupine.Event {
 	return out
 }
 
+// linGrowth is how the table of a linRun grows while the clients run.
+type linGrowth int
+
+const (
+	linFixed      linGrowth = iota // it does not
+	linGrow                        // by Grow
+	linGrowItself                  // by inserts of keys no client uses
+)
+
+func (g linGrowth) String() string { return [...]string{"fixed", "Grow", "itself"}[g] }
+
 // TestLinearizability checks recorded concurrent histories, some made while
-// the table grows, against the map model.
+// the table grows by Grow or by itself, against the map model.
 func TestLinearizability(t *testing.T) {
 	runs, ops := 20, 150
 	if testing.Short() {
@@ -271,7 +302,7 @@ func TestLinearizability(t *testing.T) {
 	// On a loaded machine the clients may happen to run one at a time; keep
 	// going (bounded) until some history is really concurrent.
 	for run := 0; run < runs || (overlapping == 0 && run < 10*runs); run++ {
-		stripes, grouped, grow := 1+run%2, run%4 >= 2, run%8 >= 4
+		stripes, grouped, grow := 1+run%2, run%4 >= 2, linGrowth(run%12/4)
 		hist := linRun(t, uint64(run+1), stripes, grouped, grow, 4, ops, 4)
 		require.Len(t, hist, 4*ops)
 		overlapping += linOverlapping(hist)
@@ -281,7 +312,7 @@ func TestLinearizability(t *testing.T) {
 			}
 		}
 		res := porcupine.CheckOperationsTimeout(linModel, hist, 30*time.Second)
-		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v, Grow %v): history not linearizable", run, stripes, grouped, grow)
+		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v, growth %v): history not linearizable", run, stripes, grouped, grow)
 		if run%5 == 0 {
 			require.Equal(t, porcupine.Ok, porcupine.CheckEventsTimeout(linModel, linEvents(hist), 30*time.Second), "run %d as events", run)
 		}
@@ -398,7 +429,7 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 
 	// A real history made wrong by one edit: the last lookup that found a
 	// value is changed to return a value never inserted.
-	hist := linRun(t, 99, 1, false, false, 3, 60, 2)
+	hist := linRun(t, 99, 1, false, linFixed, 3, 60, 2)
 	require.True(t, porcupine.CheckOperations(linModel, hist))
 	edited := false
 	for i := len(hist) - 1; i >= 0 && !edited; i-- {

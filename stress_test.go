@@ -59,16 +59,27 @@ func stressSpell(k Tuple, r *rand.Rand) Tuple {
 // missing.
 func TestStress(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
-		t.Run(fmt.Sprint("groups=", grouped), func(t *testing.T) { stress(t, grouped, false) })
+		t.Run(fmt.Sprint("groups=", grouped), func(t *testing.T) { stress(t, grouped, stressFixed) })
 	}
-	t.Run("grow", func(t *testing.T) { stress(t, false, true) })
+	t.Run("grow", func(t *testing.T) { stress(t, false, stressGrow) })
+	t.Run("autogrow", func(t *testing.T) { stress(t, false, stressAutoGrow) })
 }
 
+// stressMode is how the bucket count of stress's table changes.
+type stressMode int
+
+const (
+	stressFixed    stressMode = iota // never: WithFixedBuckets, for long chains
+	stressGrow                       // by Grow, and by the table itself
+	stressAutoGrow                   // by the table itself only
+)
+
 // stress runs the writers, the swapper and the readers on a table of 32
-// buckets, with or without home groups; with grow, another goroutine grows
-// the table meanwhile, doubling it every eighth of the run up to 4096
-// buckets.
-func stress(t *testing.T, grouped, grow bool) {
+// buckets, with or without home groups; with stressGrow, another goroutine
+// grows the table meanwhile, doubling it every eighth of the run up to 4096
+// buckets, while the table grows itself as well (then Grow may find it
+// grown already); with stressAutoGrow, the writers' inserts grow it.
+func stress(t *testing.T, grouped bool, mode stressMode) {
 	const (
 		nPerm     = 128
 		nWriters  = 2
@@ -79,7 +90,12 @@ func stress(t *testing.T, grouped, grow bool) {
 	if testing.Short() {
 		dur = 500 * time.Millisecond
 	}
-	tab := New[stressVal](WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret), withHomeGroups(grouped))
+	opts := []Option{WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret), withHomeGroups(grouped)}
+	if mode == stressFixed {
+		opts = append(opts, WithFixedBuckets())
+	}
+	grow := mode != stressFixed
+	tab := New[stressVal](opts...)
 	require.Equal(t, grouped, tab.cur().home.grouped())
 
 	perm := make([]Tuple, nPerm)
@@ -167,7 +183,7 @@ func stress(t *testing.T, grouped, grow bool) {
 			swaps.Add(1)
 		}
 	})
-	if grow {
+	if mode == stressGrow {
 		wg.Go(func() {
 			for b := 64; b <= 4096 && !stop.Load(); b *= 2 {
 				time.Sleep(dur / 8)
@@ -242,6 +258,7 @@ func stress(t *testing.T, grouped, grow bool) {
 	time.Sleep(dur)
 	stop.Store(true)
 	wg.Wait()
+	tab.growers.Wait()
 	require.Zero(t, failures.Load())
 
 	want := map[Tuple]*stressVal{}
@@ -268,8 +285,11 @@ func stress(t *testing.T, grouped, grow bool) {
 	} else {
 		require.Greater(t, st.Buckets, 32, "the table grew")
 	}
-	t.Logf("inserts %d, swaps %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d",
-		inserts.Load(), swaps.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes)
+	t.Logf("inserts %d, swaps %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d, buckets %d",
+		inserts.Load(), swaps.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes, st.Buckets)
+	if mode == stressAutoGrow {
+		require.False(t, tab.cur().overfull(), "a stripe over its limit after the table grew")
+	}
 	require.Greater(t, inserts.Load(), int64(nWriters*perWriter), "the writers churned")
 	require.Positive(t, churnHits.Load())
 	require.Positive(t, batchLookups.Load())
@@ -282,7 +302,13 @@ func stress(t *testing.T, grouped, grow bool) {
 		reserved = 2*st.Buckets + 7*64
 	}
 	require.LessOrEqual(t, st.Nodes, reserved+nPerm+len(churn)+st.LockStripes*(slabCacheMax+slabBatch))
-	require.Less(t, int64(st.Nodes), inserts.Load()+nPerm)
+	// Beyond the home slots of the arrays it had, a table that grew holds
+	// fewer nodes than its inserts, too.
+	homes := 0
+	if grow {
+		homes = reserved
+	}
+	require.Less(t, int64(st.Nodes-homes), inserts.Load()+nPerm)
 	require.Positive(t, st.HomeEntries)
 	tblCheckHome(t, tab, "after the stress")
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"math"
 	"math/bits"
 	"net/netip"
 	"slices"
@@ -68,8 +69,22 @@ var (
 // 64 bytes per entry, after inserts and after long churn alike; smaller
 // ones hold more (69 bytes at 2^12 and 83 at 2^10 after churn), as each
 // lock stripe costs two cache lines and keeps nodes of its own, unless
-// they have fewer stripes (see WithLockStripes). The bucket count is set
-// when the table is made (WithCapacity), and raised only by Grow.
+// they have fewer stripes (see WithLockStripes).
+//
+// Growth. New sets the bucket count (WithCapacity), and the table grows
+// itself past about two entries per bucket: an insert that leaves its lock
+// stripe holding more entries than its limit (twice the stripe's buckets,
+// plus the spread that random flows give the fullest stripe at that load)
+// starts a goroutine that grows the bucket count, as Grow does, to the
+// least power of two at which no stripe is over its limit (twice it, when
+// the growth keeps up with the inserts), and returns without waiting, as
+// rhashtable's inserts leave growth to a deferred worker. With random
+// flows, tables of 2^16 buckets or more grew at 1.97 to 2.02 entries per
+// bucket, of 1024 buckets (the default) at 2.1 to 2.4, and of one bucket
+// per stripe from 1.2. Lookups and writes go on while the table grows (see
+// Grow), and the goroutine ends when it has grown. A table never shrinks.
+// WithFixedBuckets keeps the bucket count New set, as Linux keeps its
+// established table's.
 type Table[T any] struct {
 	// N.B. the pads keep the fields that every lookup reads off the cache
 	// lines of the objects the heap puts before and after the table (see
@@ -83,9 +98,15 @@ type Table[T any] struct {
 	restarts atomic.Uint64
 
 	// growMu serializes Grow; groups is the config's home groups rule,
-	// which Grow applies to each new array.
-	growMu sync.Mutex
-	groups tableConfig
+	// which Grow applies to each new array. growing is set while a growth
+	// that an insert started (see insert) runs, and for good if one
+	// failed; growers counts those growths' goroutines, for tests to wait
+	// on; fixed is WithFixedBuckets.
+	growMu  sync.Mutex
+	groups  tableConfig
+	growing atomic.Bool
+	growers sync.WaitGroup
+	fixed   bool
 
 	// visit, when set (by tests only), is called by lookups on each entry
 	// of a chain before they read its next link, by lookup with
@@ -125,7 +146,10 @@ type tableArray[T any] struct {
 	// old is the array this one replaced while Grow moves the entries
 	// out of it, stripe by stripe, and nil before and after.
 	old atomic.Pointer[tableArray[T]]
-	_   [cacheLineSize]byte
+	// growAt is the entry count of a stripe past which an insert grows
+	// the table (see insert and growLimit), or never.
+	growAt uint64
+	_      [cacheLineSize]byte
 }
 
 // flipped reports whether the array's nulls values have bit 30 set
@@ -178,6 +202,7 @@ type tableConfig struct {
 	// from the bucket count, or by tests through withHomeGroups.
 	homeGroups    bool
 	homeGroupsSet bool
+	fixed         bool // by WithFixedBuckets
 }
 
 // withHomeGroups forces home groups on or off, whatever the bucket count,
@@ -200,8 +225,15 @@ func (c *tableConfig) stripeCount() int {
 // table holds one entry per bucket on average, as Linux sizes its
 // established table. The default is 1024. New reserves 60 bytes per bucket
 // at once (see Table), as make(map[K]V, n) reserves room for n entries.
-// A table does not grow by itself; see Table.Grow.
+// Past about twice as many entries as buckets the table grows (see Table,
+// Growth), unless made WithFixedBuckets.
 func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n } }
+
+// WithFixedBuckets keeps the bucket count that New sets: the table grows
+// only when Grow is called, as Linux sizes its established table once, at
+// boot, and starts no goroutine. Chains then lengthen as entries pass the
+// bucket count.
+func WithFixedBuckets() Option { return func(c *tableConfig) { c.fixed = true } }
 
 // WithLockStripes sets the number of writer locks, rounded up to a power of
 // two and limited to the bucket count (at least 1). The default is 16 per
@@ -264,8 +296,27 @@ func New[T any](opts ...Option) *Table[T] {
 		a.home.initStripe(&a.b.stripes[s], uint32(s))
 	}
 	t.moves = make([]moveCount, len(a.b.stripes))
+	t.fixed = cfg.fixed
+	a.growAt = t.growLimit(n, len(a.b.stripes))
 	t.arr.Store(a)
 	return t
+}
+
+// growLimit returns the growAt of an array of n buckets under s stripes,
+// or never in a table made WithFixedBuckets or of the most buckets a table
+// can have: twice the buckets of a stripe, m, plus the spread of the
+// fullest of s stripes when the table holds two entries per bucket, about
+// sqrt(2 ln s) standard deviations of a stripe's count (sqrt(m) for random
+// flows), so that the first stripe to pass its limit does so when the table
+// passes about two entries per bucket, whether its stripes cover few
+// buckets or many. (With the limit at m, a table of 1024 buckets under 64
+// stripes grew at 1.2 to 1.3 entries per bucket.)
+func (t *Table[T]) growLimit(n, s int) uint64 {
+	if t.fixed || n >= maxBuckets {
+		return math.MaxUint64
+	}
+	m := float64(2 * n / s)
+	return uint64(m + math.Sqrt(2*math.Log(float64(s))*m))
 }
 
 // grouped reports whether a table of n buckets has home groups: as forced
@@ -764,20 +815,85 @@ const (
 )
 
 // insert adds k with value v under the stripe lock, unless k is present;
-// then it returns the value k has (insertExists).
+// then it returns the value k has (insertExists). An insert that leaves
+// its stripe holding more entries than the array's growAt starts the
+// table's growth (see growBehind).
 func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 	a, st, s, b := t.lockStripe(uint32(k.meta>>32), true)
-	defer st.mu.Unlock()
 	if _, l := t.findLocked(a, k); !l.isNulls() {
-		return t.nodes.at(l.index()).val.Load(), insertExists
+		old := t.nodes.at(l.index()).val.Load()
+		st.mu.Unlock()
+		return old, insertExists
 	}
 	i, ok := t.place(a, st, s, b)
 	if !ok {
+		st.mu.Unlock()
 		return nil, insertFull
 	}
 	t.fill(i, k, v, &a.b.heads[b])
-	st.count.Store(st.count.Load() + 1)
+	n := st.count.Load() + 1
+	st.count.Store(n)
+	st.mu.Unlock()
+	// N.B. growing is loaded after the unlock, an atomic read-modify-write
+	// that orders the count's store before the load on every target, as
+	// growBehind stores growing before it reads the counts: of the two,
+	// one sees the other, so a stripe left over its limit is grown.
+	if n > a.growAt && !t.growing.Load() && t.growing.CompareAndSwap(false, true) {
+		t.growers.Go(t.growBehind)
+	}
 	return nil, inserted
+}
+
+// growBehind grows the table (growTarget) until no stripe holds more
+// entries than the array's growAt, on a goroutine of its own that an
+// insert started (see insert), as rhashtable's inserts leave its growth to
+// a deferred worker (rht_deferred_worker): the insert returns at once, and
+// writers move the stripes they come to meanwhile, as in any Grow. If the
+// node store cannot index a new array (ErrTableFull), growing stays set:
+// the table grows no more by itself.
+func (t *Table[T]) growBehind() {
+	t.growMu.Lock()
+	defer t.growMu.Unlock()
+	for {
+		for a := t.arr.Load(); a.overfull(); a = t.arr.Load() {
+			if t.grow(t.growTarget(a)) != nil {
+				return
+			}
+		}
+		t.growing.Store(false)
+		// N.B. an insert that found growing set before the store above
+		// left its count where the check below sees it (see insert).
+		if !t.arr.Load().overfull() || !t.growing.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// growTarget returns the bucket count that a, overfull, grows to: the
+// least power of two, from twice a's, at which no stripe holds more
+// entries than its limit. N.B. inserts go on while a table grows, and one
+// filled fast may be past the next size already: sized for its entries, it
+// skips arrays whose moves would only be undone.
+func (t *Table[T]) growTarget(a *tableArray[T]) int {
+	var most uint64
+	for i := range a.b.stripes {
+		most = max(most, a.b.stripes[i].count.Load())
+	}
+	n := 2 * len(a.b.heads)
+	for n < maxBuckets && t.growLimit(n, len(a.b.stripes)) < most {
+		n *= 2
+	}
+	return n
+}
+
+// overfull reports whether a stripe holds more entries than a's growAt.
+func (a *tableArray[T]) overfull() bool {
+	for i := range a.b.stripes {
+		if a.b.stripes[i].count.Load() > a.growAt {
+			return true
+		}
+	}
+	return false
 }
 
 // lockStripe locks the stripe of hash h, after asking for the lines that
@@ -1251,9 +1367,9 @@ func (t *Table[T]) stats() (Stats, bool) {
 // and otherwise does nothing. If the new array's home slots would not fit
 // in the table's index space it returns ErrTableFull and changes nothing.
 //
-// A table does not grow by itself: Linux sizes its established table
-// once, at boot. A program that cannot know its flow count in advance
-// can call Grow(2*n) when Len passes the n it last sized the table for.
+// A table grows itself past about two entries per bucket (see Table,
+// Growth); Grow sizes it ahead of a known load instead, or grows a table
+// made WithFixedBuckets.
 //
 // Every method may run while Grow runs, and finds every entry. Grow
 // publishes the new array at once and then moves the entries into it one
@@ -1267,11 +1383,13 @@ func (t *Table[T]) stats() (Stats, bool) {
 // each may move several.) Lookups go on without locks; until Grow returns,
 // a lookup that does not find its key in the new array, as one whose
 // stripe has not moved does not, walks the key's chain in both arrays.
-// Calls of Grow run one at a time. The lock stripes stay as New made them
-// (see WithLockStripes): a table made small and grown large keeps the
-// small table's stripe count, so its writers meet on fewer locks, and
-// wait for the move of more entries, than in a table made at the large
-// size.
+// Calls of Grow run one at a time, and one after another with the
+// table's own growth. The lock stripes stay as New made them (see
+// WithLockStripes): a table made small and grown large, by Grow or by
+// itself, keeps the small table's stripe count, so its writers meet on
+// fewer locks, and wait for the move of more entries, than in a table
+// made at the large size; WithLockStripes gives a small table that is to
+// grow large the stripes of a large one.
 //
 // Memory: the new array reserves 60 bytes per bucket, as New does, and
 // the old array's home slots become nodes for entries beyond the new
@@ -1284,6 +1402,11 @@ func (t *Table[T]) stats() (Stats, bool) {
 func (t *Table[T]) Grow(n int) error {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
+	return t.grow(n)
+}
+
+// grow is Grow, with growMu held.
+func (t *Table[T]) grow(n int) error {
 	old := t.arr.Load()
 	nb := bucketCount(n)
 	if nb <= len(old.b.heads) {
@@ -1306,6 +1429,7 @@ func (t *Table[T]) Grow(n int) error {
 	a := &tableArray[T]{homes: homes}
 	a.b.initShared(nb, ss, old.b.nullsBase^arrayNullsFlip)
 	a.home.init(nb, len(ss), base, t.groups.grouped(nb))
+	a.growAt = t.growLimit(nb, len(ss))
 	// N.B. old is set before the array is published, and cleared only
 	// once every stripe's entries are in it: a lookup that finds old nil
 	// in the table's array needs no other (see lookup).

@@ -225,7 +225,7 @@ func TestTCPManyGroups(t *testing.T) {
 // TestTCPLookupOrder checks established, then exact listener, then wildcard
 // listener, and the families of wildcard listeners.
 func TestTCPLookupOrder(t *testing.T) {
-	tbl := NewTCPTable[string](WithSecret(udpTestSecret), WithCapacity(16))
+	tbl := NewTCPTable[string](WithSecret(udpTestSecret), WithFixedBuckets(), WithCapacity(16))
 	listen := func(addr, name string) func() {
 		rel, err := tbl.Listen(dmxAP(addr), &name)
 		require.NoError(t, err)
@@ -280,7 +280,7 @@ type tcpStray struct {
 }
 
 func newTCPStray() *tcpStray {
-	return &tcpStray{NewTCPTable[string](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(16))}
+	return &tcpStray{NewTCPTable[string](WithSecret(udpTestSecret), WithFixedBuckets(), WithCapacity(16), WithLockStripes(16))}
 }
 
 // estBucket returns the established bucket of tup.
@@ -612,7 +612,7 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 	locals := []string{"10.0.0.1", "10.0.0.2", "::ffff:10.0.0.1", "0.0.0.0", "::", "2001:db8::1", "fe80::1%eth0"}
 	ports := []uint16{80, 81}
 	remotes := []string{"192.0.2.1:1000", "192.0.2.2:1000", "[2001:db8::9]:1000", "[::ffff:192.0.2.1]:1000", "0.0.0.0:7", "192.0.2.3:0"}
-	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
+	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithFixedBuckets(), WithCapacity(16), WithLockStripes(2))
 	ref := &tcpRef{est: map[Tuple]*int{}, secret: udpTestSecret}
 	// Flows in the order they came, so that a scenario is the same on
 	// every run.
@@ -674,7 +674,7 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 // while lookups run for flows and listeners that stay: every lookup must
 // find the right one (run it under -race).
 func TestTCPLookupRace(t *testing.T) {
-	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(1))
+	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithFixedBuckets(), WithCapacity(16), WithLockStripes(1))
 	type probe struct {
 		pkt Tuple
 		val *int
@@ -749,7 +749,7 @@ func TestTCPLookupRace(t *testing.T) {
 // the group, never nothing and never another listener; one to another
 // address of the chain, its own listener (run it under -race).
 func TestTCPReusePortRace(t *testing.T) {
-	tbl := NewTCPTable[string](WithSecret(udpTestSecret), WithCapacity(16), WithLockStripes(2))
+	tbl := NewTCPTable[string](WithSecret(udpTestSecret), WithFixedBuckets(), WithCapacity(16), WithLockStripes(2))
 	group, other := dmxAP("10.0.0.1:80"), dmxAP("10.0.0.2:80")
 	names := []string{"G0", "G1", "G2", "U"}
 	for i := range 3 {

@@ -281,7 +281,9 @@ type udpPeer struct {
 // writer locks; WithSecret the keys: Secret.Ehash keys udp_ehashfn (the
 // kernel's udp_ehash_secret), Secret.Ehash6Addr the hash of remote IPv6
 // addresses, and Secret.Seed, folded to 32 bits, stands for net_hash_mix in
-// the port+address hash of hash2. WithHasher does not apply.
+// the port+address hash of hash2. WithHasher does not apply, nor does
+// WithFixedBuckets: the tables of a UDPTable keep the size it is made with,
+// as the kernel's do.
 func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	cfg := tableConfig{capacity: 1024}
 	for _, o := range opts {
