@@ -56,9 +56,8 @@ type slab[N any] struct {
 	// set before the store is shared (see setChunk).
 	chunkShift uint32
 	// batch is how many indexes a cache takes from, or gives back to,
-	// the depot at once, slabBatch if zero; set before the store is
-	// shared.
-	batch int
+	// the depot at once, slabBatch if zero (see setBatch).
+	batch atomic.Int32
 
 	mu     sync.Mutex // guards what follows, and growth of dir
 	carved uint32     // next index to hand out for the first time; index 0 is never used
@@ -123,20 +122,22 @@ func (s *slab[N]) shift() uint32 {
 
 // setBatch sets how many indexes a cache takes from, or gives back to, the
 // depot at once: n, from 1 to slabBatch. A cache keeps at most 4 batches.
-// It must be called before the store is shared.
+// It may be called while the store is shared: a cache that holds more
+// than 4 of the new batches gives the excess back at its next put.
 //
 // N.B. every cache may hold up to 5 batches of free nodes (4 kept, and one
 // carved that it has not handed out yet), so the batch sets what a store
 // with many caches holds beyond its live nodes: a table whose stripes
-// cover few buckets takes small batches (Table.New).
-func (s *slab[N]) setBatch(n int) { s.batch = min(max(n, 1), slabBatch) }
+// cover few buckets takes small batches (Table.New), and larger ones as
+// it grows (Table.grow).
+func (s *slab[N]) setBatch(n int) { s.batch.Store(int32(min(max(n, 1), slabBatch))) }
 
 // batchSize returns the number of indexes a cache moves at once.
 func (s *slab[N]) batchSize() int {
-	if s.batch == 0 {
-		return slabBatch
+	if b := s.batch.Load(); b != 0 {
+		return int(b)
 	}
-	return s.batch
+	return slabBatch
 }
 
 // cacheMax returns the most free indexes a cache keeps.
