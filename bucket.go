@@ -27,6 +27,11 @@ const (
 	// a chain of the next ends on a value that is not its own: bucket
 	// indexes, with the listener offset, stay below it.
 	arrayNullsFlip = 1 << 30
+	// releasedNullsValue ends the next links of released nodes (see
+	// slab.release): no chain ends in it, as bucket indexes, with the
+	// listener offset or the flip (listener chains never flip), stay
+	// below it.
+	releasedNullsValue = maxNullsValue
 )
 
 // stripe is one writer lock with what it guards besides chains: the cache of

@@ -231,6 +231,32 @@ func ExampleTable_Grow() {
 	// flows 1000 buckets 1024
 }
 
+func ExampleTable_Compact() {
+	// A burst of 16000 flows, four per bucket, of which all but 1000 end:
+	// the table keeps the nodes the burst took beyond its home slots, to
+	// reuse them, until Compact gives them back to the heap.
+	flows := hash4.New[natMapping](hash4.WithCapacity(4096), hash4.WithFixedBuckets())
+	upstream := netip.MustParseAddrPort("93.184.216.34:443")
+	flow := func(i int) hash4.Tuple {
+		client := netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})
+		return hash4.Tuple{Local: netip.AddrPortFrom(client, 40000), Remote: upstream}
+	}
+	for i := range 16000 {
+		if err := flows.Insert(flow(i), &natMapping{}); err != nil {
+			fmt.Println("insert:", err)
+		}
+	}
+	for i := 1000; i < 16000; i++ {
+		flows.Delete(flow(i))
+	}
+	before := flows.Stats().Nodes
+	flows.Compact()
+	after := flows.Stats().Nodes
+	fmt.Println("flows", flows.Len(), "nodes halved:", after < before/2)
+	// Output:
+	// flows 1000 nodes halved: true
+}
+
 func ExampleTable_growth() {
 	// A table made for 128 flows that gets 2000 grows itself past about
 	// two flows per bucket: the insert that finds it too full starts its

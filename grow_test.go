@@ -43,9 +43,9 @@ func growCheck(t *testing.T, tab *Table[int], want map[Tuple]*int, msg string) {
 }
 
 // growCheckNodes checks that every node tab has carved, in every array it
-// has had, is accounted for once: linked in a chain of the current array,
-// a free home slot of it, or free in a stripe's cache or the depot. The
-// table must be quiescent.
+// has had but the released ones, is accounted for once: linked in a chain
+// of the current array, a free home slot of it, or free in a stripe's cache
+// or the depot. The table must be quiescent.
 func growCheckNodes[T any](t *testing.T, tab *Table[T], msg string) {
 	t.Helper()
 	a := tab.cur()
@@ -721,9 +721,14 @@ func TestTableGrowIndexSpaceSpent(t *testing.T) {
 		assert.True(t, ok, "node %d, moved, not found", i)
 		assert.Same(t, e.val.Load(), got)
 	}
+	old := tab.cur()
 	require.NoError(t, tab.Grow(32))
 	tab.relinked = nil
 	require.Positive(t, relinks)
+	// Some moved in their own nodes were old home slots: the old array
+	// stays, its other home slots out of use (accounted for below).
+	require.Positive(t, tab.cur().relinkedHomes.Load())
+	require.NotEqual(t, nullsLink(releasedNullsValue), tab.nodes.at(old.home.slot(0)).next.load(), "old home slots released")
 	e := tab.nodes.at(xIdx)
 	require.EqualValues(t, 1, e.seq.Load()&1, "X was copied, not moved in its node")
 	require.Same(t, want[x], e.val.Load())
@@ -840,14 +845,15 @@ func TestTableGrowWriterAcrossPublish(t *testing.T) {
 	tblCheckHome(t, tab, "after Grow")
 }
 
-// TestTableGrowWriterAcrossPublishTakesOldHomeSlot holds a writer on
-// stripe 1 across Grow's publish, lets Grow move stripe 0, and has the
-// writer insert Z into the old array in a node that stripe 0's move freed:
-// the old home slot of a bucket c of stripe 0, past Z's bucket. Moving
-// stripe 1 then frees that node from Z's old chain, and must hand it on
-// itself: the move of stripe 0, which alone looks at c's home slot, is
-// over. Every node is accounted for after the Grow.
-func TestTableGrowWriterAcrossPublishTakesOldHomeSlot(t *testing.T) {
+// TestTableGrowWriterAcrossPublishTakesNode holds a writer on stripe 1 across
+// Grow's publish, lets Grow move stripe 0, and has the writer insert Z into
+// the old array: every home slot of its stripe is taken and its cache is
+// empty, so Z's node comes from the store, and it is no old home slot of
+// stripe 0, freed by that stripe's move, since home slots are never handed
+// on. Every node is accounted for after the Grow, and the old array's home
+// slots read as released: free, their next links ending on
+// releasedNullsValue.
+func TestTableGrowWriterAcrossPublishTakesNode(t *testing.T) {
 	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
 	want := map[Tuple]*int{}
 	byBkt := map[uint32][]Tuple{}
@@ -871,45 +877,55 @@ func TestTableGrowWriterAcrossPublishTakesOldHomeSlot(t *testing.T) {
 	step, wait := growPaused(t, tab, 32)
 	require.Equal(t, uint32(0), step())
 	require.Equal(t, uint32(1), step(), "stripe 0 moved, stripe 1 next")
-	// The writer, in the old array, which it loaded under its lock before
-	// the publish: every home slot of its stripe is taken and its cache
-	// is empty, so Z's node comes from the depot.
 	i, ok := tab.place(old, st, s, bz)
 	require.True(t, ok)
-	c, home := old.home.isHome(i)
-	require.True(t, home, "Z's node %d is no old home slot", i)
-	require.Zero(t, c&old.b.stripeMask, "Z's node is the home slot of bucket %d, not of stripe 0", c)
-	require.Greater(t, c, bz, "Z's node is the home slot of bucket %d, not past Z's", c)
+	_, home := old.home.isHome(i)
+	require.False(t, home, "Z's node %d is an old home slot", i)
 	want[z] = new(-1)
 	tab.fill(i, &kz, want[z], &old.b.heads[bz])
 	st.count.Store(st.count.Load() + 1)
 	st.mu.Unlock()
 	require.NoError(t, wait())
 	growCheck(t, tab, want, "after Grow")
+	for b := range uint32(16) {
+		e := tab.nodes.at(old.home.slot(b))
+		require.Zero(t, e.seq.Load()&1, "old home slot of bucket %d live", b)
+		require.Equal(t, nullsLink(releasedNullsValue), e.next.load(), "old home slot of bucket %d", b)
+		require.NotZero(t, old.homes[b].seq.Load(), "the old array itself, which a reader may hold, is left as it was")
+	}
 }
 
 // TestTableGrowReaderDuringStripeMove stops a lookup of Y at the end of its
 // walk of the new array, which it began while Grow moved Y's stripe, after
 // the move began and before it copied Y (Grow is held up on the node
-// store's mutex, which it takes to hand the old array's free home slots
-// on), and lets Grow finish: the move counted itself at its end, so the
-// lookup sees the count changed, and walks again, finding Y.
+// store's mutex, which it takes to give the nodes it freed to the depot),
+// and lets Grow finish: the move counted itself at its end, so the lookup
+// sees the count changed, and walks again, finding Y.
 func TestTableGrowReaderDuringStripeMove(t *testing.T) {
 	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
 	var y Tuple
 	var ky key
-	for i := 0; ; i++ { // a key of the last bucket, moved last
-		y = tblKey(i, false)
-		if tab.tupleKey(&ky, &y); uint32(ky.meta>>32)&15 == 15 {
-			break
+	n, found := 0, false
+	for i := 0; !found || n < 16+8; i++ {
+		k := tblKey(i, false)
+		var kk key
+		tab.tupleKey(&kk, &k)
+		if b := uint32(kk.meta>>32) & 15; b == 15 && !found {
+			y, ky, found = k, kk, true // a key of the last bucket, moved last
+		} else if b < 14 && n < 16+8 {
+			// The home slots, then 8 nodes beyond them, in chains
+			// that the move empties before Y's.
+			require.NoError(t, tab.Insert(k, new(i)))
+			n++
 		}
 	}
+	require.Equal(t, 16+8, n)
 	vy := new(1)
 	require.NoError(t, tab.Insert(y, vy))
 	step, wait := growPaused(t, tab, 32)
 	require.Equal(t, uint32(0), step())
-	// The stripe's cache keeps 4 nodes (a batch of 1): handing on the
-	// free home slot of the 4th old bucket takes the mutex.
+	// The stripe's cache keeps 4 nodes (a batch of 1): freeing the 8
+	// nodes of the old chains takes the mutex.
 	tab.nodes.mu.Lock()
 	grown := make(chan error, 1)
 	go func() { grown <- wait() }()
@@ -1113,4 +1129,15 @@ func TestTableGrowsItselfUntilRefused(t *testing.T) {
 	tab.growers.Wait()
 	require.Equal(t, 16, tab.Stats().Buckets)
 	growCheck(t, tab, want, "refused")
+}
+
+// TestReleasedNullsValue checks that the marker of released nodes ends no
+// chain of a Table's store: bucket indexes of either flip of the array,
+// and of listener chains, which never flip, stay below it.
+func TestReleasedNullsValue(t *testing.T) {
+	require.Less(t, uint64(arrayNullsFlip+maxBuckets-1), uint64(releasedNullsValue), "array chains")
+	require.Less(t, uint64(listenerNullsBase+maxBuckets-1), uint64(releasedNullsValue), "listener chains")
+	require.Less(t, uint64(listenerNullsBase+maxBuckets-1), uint64(arrayNullsFlip), "listener chains below the flip")
+	require.True(t, nullsLink(releasedNullsValue).isNulls())
+	require.EqualValues(t, releasedNullsValue, nullsLink(releasedNullsValue).nullsValue())
 }

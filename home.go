@@ -67,8 +67,7 @@ import "math/bits"
 func (h *homeSlots) slot(b uint32) uint32 { return h.base + b }
 
 // homeAt returns bucket b's home slot, t.nodes.at(a.home.slot(b)), with
-// no test of the index: home slots are reserved nodes (see slab.reserve,
-// slab.reserveMore).
+// no test of the index: home slots are reserved nodes (see slab.reserve).
 func (a *tableArray[T]) homeAt(b uint32) *entry[T] {
 	return &a.homes[b]
 }

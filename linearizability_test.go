@@ -106,7 +106,8 @@ var linModel = porcupine.Model{
 // linRun records a history of nClients goroutines doing opsPerClient random
 // operations each on nKeys keys of a tiny table, with or without home
 // groups, and with linGrow, while another goroutine grows the table from
-// 16 buckets to 1024, a doubling at a time, or with linGrowItself, while
+// 16 buckets to 1024, a doubling at a time, each followed by a Compact, or
+// with linGrowItself, while
 // another inserts 2048 keys that no client uses, so that the table grows
 // itself.
 func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth, nClients, opsPerClient, nKeys int) []porcupine.Operation {
@@ -233,6 +234,7 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 				if err := tab.Grow(b); err != nil {
 					bad.Store(fmt.Sprintf("Grow(%d): %v", b, err))
 				}
+				tab.Compact()
 				for range 1 + int(seed)%8 {
 					runtime.Gosched()
 				}

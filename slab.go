@@ -2,6 +2,7 @@ package hash4
 
 import (
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -18,7 +19,11 @@ import (
 // (copied) when it grows, and readers load it atomically, so growth never
 // blocks them. The chunks hold a power-of-two count of nodes each, set per
 // store: a small table grows by small chunks, so that its first node beyond
-// the reserved ones does not bring 1024 with it.
+// the reserved ones does not bring 1024 with it. A range of reserved nodes
+// that its owner has done with is released (see release), and so are chunks
+// that a compaction has emptied (see beginCompaction): their chunks leave
+// the directory, and the memory goes back to the heap once no reader holds
+// a directory that has them.
 //
 // Free indexes are kept in per-stripe caches used under the stripe's lock,
 // like per-CPU slab caches, backed by a shared depot under the store's mutex
@@ -46,11 +51,6 @@ const (
 // slab is a store of nodes of type N. The zero value is empty and ready.
 type slab[N any] struct {
 	dir atomic.Pointer[slabDir[N]]
-	// reserved is the nodes that reserve made, indexes 1 to len, one
-	// array: set before the store is shared and never changed after, so
-	// it is read without synchronization, and at reaches the nodes in it
-	// without loading dir.
-	reserved []N
 
 	// chunkShift is log2 of the nodes in a chunk, slabChunkShift if zero;
 	// set before the store is shared (see setChunk).
@@ -59,13 +59,26 @@ type slab[N any] struct {
 	// the depot at once, slabBatch if zero (see setBatch).
 	batch atomic.Int32
 
-	mu     sync.Mutex // guards what follows, and growth of dir
+	mu     sync.Mutex // guards what follows, and changes of dir
 	carved uint32     // next index to hand out for the first time; index 0 is never used
 	depot  []uint32   // free indexes not held by any cache
-	gaps   uint32     // indexes that are no node, past the ranges reserveMore made
+	gaps   uint32     // indexes that are no node, past the ranges reserve made
+	// retired counts the nodes that are no longer nodes of the store:
+	// released (see release and endCompaction), or left out of use (see
+	// retire).
+	retired uint32
+	// released is the chunk that stands in the directory for every
+	// released one, made at the first release (see release).
+	released []N
+	// kinds records what each chunk of the directory holds (slabKind).
+	kinds []slabKind
+	// victims, while a compaction runs, marks the chunks it empties:
+	// put drops their nodes (see beginCompaction). Read by put without
+	// mu.
+	victims atomic.Pointer[slabVictims]
 
 	// limit, when set, ends the index space there rather than at
-	// slabMaxNodes; spent, when set, makes reserveMore set limit to the
+	// slabMaxNodes; spent, when set, makes reserve set limit to the
 	// end of the nodes it carves, and carve them whatever the limit. Both
 	// are set by tests only, under mu.
 	limit uint32
@@ -80,21 +93,32 @@ func (s *slab[N]) maxNodes() uint32 {
 	return slabMaxNodes
 }
 
+// slabKind is what a chunk of the directory holds.
+type slabKind uint8
+
+const (
+	slabCarved   slabKind = iota // nodes handed out by get
+	slabReserved                 // nodes of a range reserve made
+	slabReleased                 // the released chunk, in place of one of the others
+)
+
 // slabDir is a directory of chunks: node i is chunk (i-1)>>shift, at
 // (i-1)&(1<<shift-1); index 0 is never a node, and takes no room. Every
-// chunk but the one that ends the reserved nodes holds 1<<shift nodes; that
-// one may hold fewer, and the indexes past its end are never handed out.
+// chunk but the one that ends a range of reserved nodes holds 1<<shift
+// nodes; that one may hold fewer, and the indexes past its end are never
+// handed out.
 //
 // N.B. counting from index 1 keeps the reserved nodes of a table of 2^k
 // buckets at 2^k nodes, a whole number of the allocator's pages (2^k+1
 // nodes took one page more).
-// slabDir is a store's directory of chunks. N.B. every walk past the
-// reserved nodes reads it, and the slice of chunk headers it points to, so
-// both fill whole cache lines of their own (TestSlabDirLines): the heap
-// packs small objects of one size side by side, and a neighbor that
-// another core writes would cost each such read a miss. Before, a
-// benchmark's per-goroutine counters, 32-byte objects like the directory,
-// landed in its line in some runs, and lookups at 1K took twice as long.
+//
+// N.B. every chain walk reads the directory, and the slice of chunk headers
+// it points to, so both fill whole cache lines of their own
+// (TestSlabDirLines): the heap packs small objects of one size side by side,
+// and a neighbor that another core writes would cost each such read a miss.
+// Before, a benchmark's per-goroutine counters, 32-byte objects like the
+// directory, landed in its line in some runs, and lookups at 1K took twice
+// as long.
 type slabDir[N any] struct {
 	chunks [][]N
 	shift  uint32
@@ -102,8 +126,8 @@ type slabDir[N any] struct {
 }
 
 // setChunk sets the nodes in a chunk: n rounded up to a power of two,
-// from 64 to 1024. It must be called before reserve, before the store is
-// shared and before any other method.
+// from 64 to 1024. It must be called before the store is shared and before
+// any other method.
 //
 // N.B. a store holds its nodes beyond the reserved ones in whole chunks:
 // a table sizes them to a 64th of its buckets (Table.New), so that
@@ -148,13 +172,10 @@ type slabCache struct {
 	free []uint32
 }
 
-// at returns node i. Any index ever handed out by get is valid for the life
-// of the store.
+// at returns node i. Any index ever handed out by get, or reserved, is
+// valid for the life of the store: once released, it is a node of the
+// released chunk (see release).
 func (s *slab[N]) at(i uint32) *N {
-	// i-1 wraps to the largest uint32 for index 0, which is no node.
-	if j := i - 1; j < uint32(len(s.reserved)) {
-		return &s.reserved[j]
-	}
 	d := s.dir.Load()
 	return &d.chunks[(i-1)>>(d.shift&31)][(i-1)&(1<<(d.shift&31)-1)]
 }
@@ -211,43 +232,21 @@ func (c *slabCache) pop() uint32 {
 	return i
 }
 
-// reserve carves nodes 1 to n, in one allocation of exactly n nodes, for
-// the caller to manage outside the caches: they are never handed out by
-// get. It must be called on an empty store, before the store is shared and
-// before any method but setChunk.
+// reserve carves n nodes in one allocation, and returns the index of the
+// first and the nodes, for the caller to manage outside the caches: they
+// are never handed out by get. They begin at a chunk's first index (in an
+// empty store, index 1): the indexes left in the chunk carved last go to
+// the depot first. It reports false, and changes nothing, if the nodes
+// would not fit in the index space. The store may be shared.
 //
-// N.B. the directory's chunks cut the reserved array where it lies; its
-// last chunk ends with it, short where n is not a multiple of the chunk,
-// and the nodes carved later begin at the next chunk's first index, so the
-// indexes between (the gap) are no node.
-func (s *slab[N]) reserve(n uint32) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.reserved = make([]N, n)
-	size := uint32(1) << s.shift()
-	d := &slabDir[N]{shift: s.shift()}
-	for lo := uint32(0); lo < n; lo += size {
-		hi := min(lo+size, n)
-		d.chunks = append(d.chunks, s.reserved[lo:hi:hi])
-	}
-	s.dir.Store(d)
-	s.carved = uint32(len(d.chunks))<<d.shift + 1
-}
-
-// reserveMore carves n nodes in one allocation, as reserve does, in a
-// store that may be shared, and returns the index of the first and the
-// nodes; the caller manages them outside the caches, as reserve's. They
-// begin at a chunk's first index: the indexes left in the chunk carved
-// last go to the depot first. It reports false, and changes nothing, if
-// the nodes would not fit in the index space.
-//
-// N.B. as in reserve, the directory's chunks cut the new array where it
-// lies, and where n is less than a chunk the indexes past its end are no
-// node (counted in gaps). Readers never index past the directory they
-// loaded, so the longer one is published whole, as grow does. The nodes
-// are allocated before the store's mutex is taken: writers that refill
-// their caches meanwhile do not wait for the allocation.
-func (s *slab[N]) reserveMore(n uint32) (first uint32, nodes []N, ok bool) {
+// N.B. the directory's chunks cut the new array where it lies, and where n
+// is not a multiple of the chunk the indexes past its end, to the end of
+// its last chunk, are no node (counted in gaps): so the array's chunks are
+// its own, and release can take them out whole. Readers never index past
+// the directory they loaded, so the longer one is published whole, as grow
+// does. The nodes are allocated before the store's mutex is taken: writers
+// that refill their caches meanwhile do not wait for the allocation.
+func (s *slab[N]) reserve(n uint32) (first uint32, nodes []N, ok bool) {
 	nodes = make([]N, n)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -269,6 +268,7 @@ func (s *slab[N]) reserveMore(n uint32) (first uint32, nodes []N, ok bool) {
 	for lo := uint32(0); lo < n; lo += size {
 		hi := min(lo+size, n)
 		d.chunks = appendChunk(d.chunks, nodes[lo:hi:hi])
+		s.kinds = append(s.kinds, slabReserved)
 	}
 	s.dir.Store(d)
 	s.carved = first + chunks*size
@@ -279,17 +279,13 @@ func (s *slab[N]) reserveMore(n uint32) (first uint32, nodes []N, ok bool) {
 	return first, nodes, true
 }
 
-// gap returns the number of indexes between the reserved nodes and the
-// first carved one, which are no node (see reserve): the reserved count
-// rounded up to a whole chunk, less that count.
-func (s *slab[N]) gap() uint32 {
-	return uint32(-len(s.reserved)) & (1<<s.shift() - 1)
-}
-
 // put returns node i to c; when c holds limit indexes or more (limit is at
 // most s.cacheMax()), it keeps limit/2 and gives the rest back to the
 // depot, so that nodes freed under one stripe serve the others.
 func (s *slab[N]) put(c *slabCache, i uint32, limit int) {
+	if v := s.victims.Load(); v != nil && v.has(i) {
+		return // see beginCompaction
+	}
 	c.free = append(c.free, i)
 	if len(c.free) >= limit {
 		keep := limit / 2
@@ -342,6 +338,7 @@ func (s *slab[N]) chunks() int {
 func (s *slab[N]) grow() {
 	d := s.nextDir()
 	d.chunks = appendChunk(d.chunks, make([]N, 1<<d.shift))
+	s.kinds = append(s.kinds, slabCarved)
 	s.dir.Store(d)
 }
 
@@ -369,10 +366,185 @@ func appendChunk[N any](chunks [][]N, chunk []N) [][]N {
 	return append(chunks, chunk)
 }
 
-// stats returns the nodes carved (handed out at least once, or reserved)
-// and the free ones held by the depot.
+// release takes the n reserved nodes from first, a range that reserve
+// returned, out of the store: each of their chunks in the directory is
+// replaced by the released chunk, whose nodes are free (their seq as the
+// zero node's) and whose next links are marker, which must end no chain.
+// The caller must hold none of the nodes in a chain or a cache, and hand
+// none out again. The store may be shared.
+//
+// N.B. a lock-free reader may still hold an index of the range, read
+// before the release from a chain that led to it. Through a directory
+// loaded before the release it reads the node as it was, and the garbage
+// collector keeps the array alive for it; through one loaded after, it
+// reads a free node of the released chunk, whose next link ends its walk
+// on a marker not its chain's, so it restarts, as a reader led into
+// another chain does (nulls.go). Every released chunk is the one array,
+// at least as long as any chunk, so the indexes of the range stay in
+// bounds.
+func (s *slab[N]) release(first, n uint32, marker func(*N)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	size := uint32(1) << s.shift()
+	d := s.releasing(marker)
+	for c := (first - 1) / size; c <= (first-1+n-1)/size; c++ {
+		s.releaseChunk(d, c)
+	}
+	s.dir.Store(d)
+	s.retired += n
+}
+
+// releasing returns a copy of the directory for the caller to release
+// chunks in (releaseChunk) and publish, and makes the released chunk, with
+// marker, if there is none yet. s.mu is held.
+func (s *slab[N]) releasing(marker func(*N)) *slabDir[N] {
+	if s.released == nil {
+		s.released = make([]N, 1<<s.shift())
+		for i := range s.released {
+			marker(&s.released[i])
+		}
+	}
+	old := s.dir.Load()
+	// A new array of chunk headers, since readers hold the old one; of
+	// the old one's capacity, for the size class appendChunk keeps.
+	d := &slabDir[N]{shift: old.shift, chunks: make([][]N, len(old.chunks), cap(old.chunks))}
+	copy(d.chunks, old.chunks)
+	return d
+}
+
+// releaseChunk puts the released chunk in place of chunk c in d. s.mu is
+// held.
+func (s *slab[N]) releaseChunk(d *slabDir[N], c uint32) {
+	d.chunks[c] = s.released[:len(d.chunks[c])]
+	s.kinds[c] = slabReleased
+}
+
+// slabVictims marks the chunks a compaction empties (see beginCompaction).
+type slabVictims struct {
+	shift  uint32
+	chunks []uint32 // the victims' chunk numbers, in order
+	marked []bool   // by chunk number
+	stuck  []bool   // by chunk number: a node could not be moved out
+}
+
+// has reports whether node i is in a victim chunk.
+func (v *slabVictims) has(i uint32) bool {
+	c := (i - 1) >> (v.shift & 31)
+	return c < uint32(len(v.marked)) && v.marked[c]
+}
+
+// nodes returns the indexes of victim chunk c's nodes.
+func (v *slabVictims) nodes(c uint32) (first, end uint32) {
+	return c<<v.shift + 1, (c+1)<<v.shift + 1
+}
+
+// beginCompaction picks the chunks of carved nodes whose nodes are all
+// free but for a few, to give back to the heap, keeping at least keep free
+// nodes in the others, and marks them: from then on put drops their nodes,
+// and none of them is in caches or the depot. It returns nil if no chunk
+// is worth emptying. The caller holds the lock of every cache's owner,
+// so that no node moves between caches and the depot; caches are all the
+// store's caches.
+//
+// Every victim costs the others a chunk's worth of free nodes: its free
+// ones leave the store, and each live one takes another's node when the
+// caller moves it out. So the victims are the chunks with the most free
+// nodes, at least half a chunk each (moving more than half a chunk's
+// entries to free one is not worth the writes), as many as the free nodes
+// beyond keep pay for.
+func (s *slab[N]) beginCompaction(caches []*slabCache, keep int) *slabVictims {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	shift := s.shift()
+	size := 1 << shift
+	full := (max(s.carved, 1) - 1) >> shift // chunks below are carved to their end
+	freeIn := make([]int, full)
+	total := 0
+	count := func(free []uint32) {
+		for _, i := range free {
+			if c := (i - 1) >> shift; c < full {
+				freeIn[c]++
+			}
+			total++
+		}
+	}
+	for _, c := range caches {
+		count(c.free)
+	}
+	count(s.depot)
+	var cands []uint32
+	for c := range full {
+		if s.kinds[c] == slabCarved && freeIn[c] >= size/2 {
+			cands = append(cands, c)
+		}
+	}
+	// The freest first; among equals, the chunks carved last.
+	slices.SortFunc(cands, func(x, y uint32) int {
+		if d := freeIn[y] - freeIn[x]; d != 0 {
+			return d
+		}
+		return int(y) - int(x)
+	})
+	cands = cands[:min(len(cands), max(total-keep, 0)/size)]
+	if len(cands) == 0 {
+		return nil
+	}
+	slices.Sort(cands)
+	v := &slabVictims{shift: shift, chunks: cands, marked: make([]bool, full), stuck: make([]bool, full)}
+	for _, c := range cands {
+		v.marked[c] = true
+	}
+	s.victims.Store(v)
+	drop := func(free []uint32) []uint32 {
+		return slices.DeleteFunc(free, v.has)
+	}
+	for _, c := range caches {
+		c.free = drop(c.free)
+	}
+	s.depot = drop(s.depot)
+	return v
+}
+
+// endCompaction ends the compaction of v: it releases each victim chunk
+// (as release does) but those marked stuck, whose free nodes (free reports
+// which) go to the depot, and stops dropping their nodes in put. The
+// caller holds the lock of every cache's owner, as for beginCompaction,
+// and has moved every live node it could out of the victims: none but
+// those of stuck chunks is live, linked, or held by a cache or a writer.
+func (s *slab[N]) endCompaction(v *slabVictims, free func(*N) bool, marker func(*N)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.releasing(marker)
+	for _, c := range v.chunks {
+		if v.stuck[c] {
+			first, end := v.nodes(c)
+			for i := first; i < end; i++ {
+				if free(&d.chunks[c][i-first]) {
+					s.depot = append(s.depot, i)
+				}
+			}
+			continue
+		}
+		s.releaseChunk(d, c)
+		s.retired += uint32(len(d.chunks[c]))
+	}
+	s.dir.Store(d)
+	s.victims.Store(nil)
+}
+
+// retire counts n reserved nodes that the caller leaves out of use, as
+// release does, but keeps in the store: for a range some of whose nodes
+// live on in chains (see Table.migrate).
+func (s *slab[N]) retire(n uint32) {
+	s.mu.Lock()
+	s.retired += n
+	s.mu.Unlock()
+}
+
+// stats returns the nodes carved (handed out at least once, or reserved
+// and not retired) and the free ones held by the depot.
 func (s *slab[N]) stats() (carved, depot int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return int(max(s.carved, 1) - 1 - s.gap() - s.gaps), len(s.depot)
+	return int(max(s.carved, 1) - 1 - s.gaps - s.retired), len(s.depot)
 }

@@ -124,6 +124,9 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 		// batchLookups counts the AppendLookups calls of the readers.
 		batchLookups atomic.Int64
 		swaps        atomic.Int64
+		// compacted counts the entries moved and chunks released by
+		// the compactions that follow each Grow, with stressGrow.
+		compacted atomic.Int64
 	)
 	fail := func(format string, args ...any) {
 		if failures.Add(1) <= 10 {
@@ -190,6 +193,23 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 				if err := tab.Grow(b); err != nil {
 					fail("Grow(%d): %v", b, err)
 				}
+				// Flows that peak and go, then a compaction
+				// that moves the churned entries out of the
+				// chunks those flows left nearly free.
+				peak := make([]Tuple, 1024)
+				for i := range peak {
+					peak[i] = stressKey(nPerm + len(churn) + i)
+					if err := tab.Insert(peak[i], &stressVal{tup: tblCanon(peak[i])}); err != nil {
+						fail("peak insert: %v", err)
+					}
+				}
+				for _, k := range peak {
+					if _, ok := tab.Delete(k); !ok {
+						fail("peak delete: %v missing", k)
+					}
+				}
+				moved, released := tab.compact()
+				compacted.Add(int64(moved + released))
 			}
 		})
 	}
@@ -285,10 +305,13 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 	} else {
 		require.Greater(t, st.Buckets, 32, "the table grew")
 	}
-	t.Logf("inserts %d, swaps %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d, buckets %d",
-		inserts.Load(), swaps.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes, st.Buckets)
+	t.Logf("inserts %d, swaps %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d, buckets %d, compacted %d",
+		inserts.Load(), swaps.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes, st.Buckets, compacted.Load())
 	if mode == stressAutoGrow {
 		require.False(t, tab.cur().overfull(), "a stripe over its limit after the table grew")
+	}
+	if mode == stressGrow {
+		require.Positive(t, compacted.Load(), "no compaction moved an entry or released a chunk")
 	}
 	require.Greater(t, inserts.Load(), int64(nWriters*perWriter), "the writers churned")
 	require.Positive(t, churnHits.Load())

@@ -64,7 +64,8 @@ var (
 // lives in those slots (an entry may use the free home slot of another
 // bucket under the same lock stripe); beyond that, an entry takes 56
 // bytes, allocated in chunks of a 64th of the buckets. All of it is beyond
-// the caller's T. Nodes, once allocated, are kept for reuse: on the heap, a
+// the caller's T. Nodes, once allocated, are kept for reuse until Compact
+// gives back those beyond the entries' needs: on the heap, a
 // table of 2^15 random flows or more, at one entry per bucket, holds 61 to
 // 64 bytes per entry, after inserts and after long churn alike; smaller
 // ones hold more (69 bytes at 2^12 and 83 at 2^10 after churn), as each
@@ -82,7 +83,8 @@ var (
 // flows, tables of 2^16 buckets or more grew at 1.97 to 2.02 entries per
 // bucket, of 1024 buckets (the default) at 2.1 to 2.4, and of one bucket
 // per stripe from 1.2. Lookups and writes go on while the table grows (see
-// Grow), and the goroutine ends when it has grown. A table never shrinks.
+// Grow), and the goroutine ends when it has grown. A table never shrinks
+// its bucket array.
 // WithFixedBuckets keeps the bucket count New set, as Linux keeps its
 // established table's.
 type Table[T any] struct {
@@ -107,6 +109,10 @@ type Table[T any] struct {
 	growing atomic.Bool
 	growers sync.WaitGroup
 	fixed   bool
+	// listenerStripes are the lock stripes of a TCPTable's listener
+	// chains, whose caches hold nodes of this table's store (set by
+	// NewTCPTable before the table is shared), for compactNodes.
+	listenerStripes []stripe
 
 	// visit, when set (by tests only), is called by lookups on each entry
 	// of a chain before they read its next link, by lookup with
@@ -146,6 +152,9 @@ type tableArray[T any] struct {
 	// old is the array this one replaced while Grow moves the entries
 	// out of it, stripe by stripe, and nil before and after.
 	old atomic.Pointer[tableArray[T]]
+	// relinkedHomes counts the home slots of old that migrate linked
+	// into this array's chains, for want of nodes (see releaseOld).
+	relinkedHomes atomic.Uint32
 	// growAt is the entry count of a stripe past which an insert grows
 	// the table (see insert and growLimit), or never.
 	growAt uint64
@@ -282,14 +291,15 @@ func New[T any](opts ...Option) *Table[T] {
 	a := new(tableArray[T])
 	a.b.init(cfg.capacity, cfg.stripeCount(), 0)
 	n := len(a.b.heads)
-	// The home slots are reserved nodes; nodes beyond them come in chunks
-	// of a 64th of the buckets, 64 to 1024 (see slab.setChunk).
+	// The home slots are reserved nodes, from index 1; nodes beyond them
+	// come in chunks of a 64th of the buckets, 64 to 1024 (see
+	// slab.setChunk). N.B. an empty store always has room for them.
 	t.nodes.setChunk(n / 64)
-	t.nodes.reserve(uint32(n))
-	a.homes = t.nodes.reserved
+	base, homes, _ := t.nodes.reserve(uint32(n))
+	a.homes = homes
 	t.nodes.setBatch(nodeBatch(n, len(a.b.stripes)))
 	t.groups = tableConfig{homeGroups: cfg.homeGroups, homeGroupsSet: cfg.homeGroupsSet}
-	a.home.init(n, len(a.b.stripes), 1, t.groups.grouped(n))
+	a.home.init(n, len(a.b.stripes), base, t.groups.grouped(n))
 	for s := range a.b.stripes {
 		a.home.initStripe(&a.b.stripes[s], uint32(s))
 	}
@@ -1314,9 +1324,10 @@ type Stats struct {
 	// bucket of their home group, which a lookup also reaches without
 	// walking the chain; zero in tables without home groups (home.go).
 	GroupEntries int
-	// Nodes counts the entry nodes ever allocated, live or free,
-	// including the one reserved per bucket, in every bucket array the
-	// table has had (see Grow).
+	// Nodes counts the entry nodes the table holds, live or free: the
+	// one reserved per bucket and those allocated beyond, less those
+	// given back to the heap, by Grow (the old array's home slots) and
+	// by Compact.
 	Nodes int
 }
 
@@ -1395,14 +1406,13 @@ func (t *Table[T]) stats() (Stats, bool) {
 // made at the large size; WithLockStripes gives a small table that is to
 // grow large the stripes of a large one.
 //
-// Memory: the new array reserves 60 bytes per bucket, as New does, and
-// the old array's home slots become nodes for entries beyond the new
-// home slots, as do the nodes of all the entries, which the moves free:
-// the table never returns memory. A table grown from n buckets to 2n
-// holds up to 56n bytes more than one made with 2n buckets, less what its
-// entries beyond the home slots use of them: made for 2^15 entries,
-// filled, grown to 2^16 and filled again, a table holds 91.5 bytes per
-// entry, against 62 for one made for 2^16 (TestTableMemoryPerEntry).
+// Memory: the new array reserves 60 bytes per bucket, as New does. Once
+// every entry has moved, the old array's home slots go back to the heap
+// (as soon as no lookup still reads them), and the nodes beyond them that
+// the moves free serve the new array's entries beyond its home slots; the
+// table keeps those. Made for 2^15 entries, filled, grown to 2^16 and
+// filled again, a table holds 63.5 bytes per entry, as one made for 2^16
+// does (TestTableMemoryPerEntry).
 func (t *Table[T]) Grow(n int) error {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
@@ -1416,7 +1426,7 @@ func (t *Table[T]) grow(n int) error {
 	if nb <= len(old.b.heads) {
 		return nil
 	}
-	base, homes, ok := t.nodes.reserveMore(uint32(nb))
+	base, homes, ok := t.nodes.reserve(uint32(nb))
 	if !ok {
 		return ErrTableFull
 	}
@@ -1456,7 +1466,24 @@ func (t *Table[T]) grow(n int) error {
 		st.mu.Unlock()
 	}
 	a.old.Store(nil)
+	t.releaseOld(a, old)
 	return nil
+}
+
+// releaseOld gives the memory of old's home slots back, once grow has
+// moved every entry out of old into a and no writer can reach them: none
+// is in a chain of a, a cache or the depot (see migrate), so the node
+// store releases them (slab.release), and lookups that still hold one of
+// their indexes end on releasedNullsValue and restart. Only where migrate
+// relinked some of them into a's chains (the index space was spent) are
+// they kept, and the others left out of use.
+func (t *Table[T]) releaseOld(a, old *tableArray[T]) {
+	n := uint32(len(old.homes))
+	if kept := a.relinkedHomes.Load(); kept > 0 {
+		t.nodes.retire(n - kept)
+		return
+	}
+	t.nodes.release(old.home.base, n, func(e *entry[T]) { e.next.initNulls(releasedNullsValue) })
 }
 
 // migrateAhead is how many of a stripe's old buckets ahead of the one it
@@ -1492,14 +1519,15 @@ func (t *Table[T]) touchMigrate(a, o *tableArray[T], ob uint32) {
 // bucket by bucket, each entry of the old chain is copied into a node
 // placed as insert places one, the chain left whole; then the chain is
 // emptied, and only then are its nodes freed, while their lines are still
-// in the cache. (Freed as soon as copied, a node could take the next copy
-// while its old chain still led to it, and send the readers of that chain
-// into a chain of a, to restart there. Freed once the whole stripe was
-// copied, each node was read again from memory in a table beyond the
-// caches: BenchmarkGrow of a million entries took 5.6% longer, and
-// BenchmarkFill 7.4%.) A reader that stood on a
-// freed node that a writer reuses goes on into a chain of a, whose nulls
-// values differ from the old array's, and restarts. Should the store have no
+// in the cache, and all but the old home slots kept for reuse (releaseOld
+// gives those back once every stripe has moved). (Freed as soon as
+// copied, a node could take the next copy while its old chain still led
+// to it, and send the readers of that chain into a chain of a, to restart
+// there. Freed once the whole stripe was copied, each node was read again
+// from memory in a table beyond the caches: BenchmarkGrow of a million
+// entries took 5.6% longer, and BenchmarkFill 7.4%.) A reader that stood
+// on a freed node that a writer reuses goes on into a chain of a, whose
+// nulls values differ from the old array's, and restarts. Should the store have no
 // node left for a copy (its index space is spent), the entry's own node
 // moves into a's chain instead, as rhashtable moves entries: linked there
 // before it is unlinked from the old chain, so a reader walking old then
@@ -1517,11 +1545,6 @@ func (t *Table[T]) migrate(a *tableArray[T], st *stripe, s uint32) {
 		if ahead := ob + migrateAhead*step; canPrefetchW && ahead < end {
 			t.touchMigrate(a, o, ahead)
 		}
-		// A free home slot of the old array is a node like any other
-		// from now on (a live one is freed below, with its chain).
-		if o.homes[ob].seq.Load()&1 == 0 {
-			t.nodes.put(&st.cache, o.home.slot(ob), t.nodes.cacheMax())
-		}
 		head := &o.b.heads[ob]
 		prev := head
 		for l := prev.load(); !l.isNulls(); {
@@ -1537,6 +1560,9 @@ func (t *Table[T]) migrate(a *tableArray[T], st *stripe, s uint32) {
 				if t.relinked != nil {
 					t.relinked(l.index())
 				}
+				if _, home := o.home.isHome(l.index()); home {
+					a.relinkedHomes.Add(1) // see releaseOld
+				}
 				prev.store(next)
 			}
 			l = next
@@ -1551,14 +1577,9 @@ func (t *Table[T]) migrate(a *tableArray[T], st *stripe, s uint32) {
 			next := e.next.load()
 			e.seq.Store(e.seq.Load() + 1) // free: N.B. after the chain is emptied
 			e.val.Store(nil)
-			// N.B. a node that is the old home slot of a bucket of
-			// this stripe still to come is handed on there, by the
-			// check of its home slot above, and only there. Any other
-			// is handed on here, even the old home slot of another
-			// stripe's bucket: that stripe's move freed it, and a
-			// writer that held this stripe's lock across Grow's
-			// publish took it for an entry of the old array.
-			if c, home := o.home.isHome(l.index()); !home || c&o.b.stripeMask != s || c <= ob {
+			// The old array's home slots are released with it
+			// (releaseOld): only other nodes serve again.
+			if _, home := o.home.isHome(l.index()); !home {
 				t.nodes.put(&st.cache, l.index(), t.nodes.cacheMax())
 			}
 			l = next

@@ -1129,7 +1129,7 @@ func FuzzTable(f *testing.F) {
 						want, ok := model[i]
 						check(want, ok, v, true, msg)
 					}
-				case 6: // Len, Stats; with arg&64, after a Grow to 2 or 4 times the buckets
+				case 6: // Len, Stats; with arg&64, after a Grow to 2 or 4 times the buckets, else with arg&1 after Compact
 					if finish[ti] != nil {
 						require.NoError(rt, finish[ti](), msg)
 						finish[ti] = nil
@@ -1166,6 +1166,8 @@ func FuzzTable(f *testing.F) {
 						require.Equal(rt, n, tab.Stats().Buckets, msg)
 						require.NoError(rt, tab.Grow(n/2), msg) // never shrinks
 						seen[ti] = n
+					} else if arg&1 != 0 {
+						tab.Compact()
 					}
 					require.Equal(rt, len(model), tab.Len(), msg)
 					st := tab.Stats()
@@ -2015,14 +2017,19 @@ func TestTableMemoryPerEntry(t *testing.T) {
 		grown      bool    // made for n/2 entries, filled, grown to n
 		itself     bool    // made with the default capacity, grown by itself
 		limit      float64 // bytes per entry; measured: see the log
+		compacted  float64 // the same after Compact
 	}{
-		{1 << 10, 0, false, false, 90}, // 78 and 83
-		{1 << 10, 1, false, false, 64}, // 61 and 61: one stripe, no stripe's imbalance
-		{1 << 12, 0, false, false, 72}, // 67 and 69
-		{1 << 12, 2, false, false, 64}, // 62 and 63
-		{1 << 16, 0, false, false, 64}, // 61 and 63
-		{1 << 16, 0, true, false, 96},  // 91.5 and 91.6: the first array's nodes stay (see Table.Grow)
-		{1 << 16, 0, false, true, 160}, // 63.5 to 80.9 and 124.6 to 142.5 (7 runs; when the growths run differs): grown to 2^15 buckets by the inserts, to 2^16 by the churn; every array's nodes stay
+		{1 << 10, 0, false, false, 90, 90}, // 78 and 83, 83
+		{1 << 10, 1, false, false, 64, 64}, // 61 and 61, 61: one stripe, no stripe's imbalance
+		{1 << 12, 0, false, false, 72, 72}, // 67 and 69, 69
+		{1 << 12, 2, false, false, 64, 64}, // 62 and 63, 63
+		{1 << 16, 0, false, false, 64, 64}, // 61 and 63, 63
+		{1 << 16, 0, true, false, 64, 64},  // 62.5 and 63.5, 63.5: the first array's home slots released (see Table.Grow)
+		// 64.5 to 76 and 97 to 109, then 66 (8 runs; when the growths
+		// run differs): grown to 2^15 buckets by the inserts, to 2^16 by
+		// the churn, with the nodes of the entries beyond the home slots
+		// at 2^15 kept until Compact
+		{1 << 16, 0, false, true, 120, 68},
 	} {
 		t.Run(fmt.Sprintf("n=%d/stripes=%d/grown=%v/itself=%v", c.n, c.stripes, c.grown, c.itself), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, 6))
@@ -2069,13 +2076,16 @@ func TestTableMemoryPerEntry(t *testing.T) {
 				require.NoError(t, tab.Insert(live[j], v))
 			}
 			churned := float64(heap()-before) / float64(c.n)
+			tab.Compact()
+			compacted := float64(heap()-before) / float64(c.n)
 			runtime.KeepAlive(live) // allocated before the table: not counted, but not freed either
 			st := tab.Stats()
 			runtime.KeepAlive(tab)
-			t.Logf("%.1f bytes per entry after inserts, %.1f after churn; %d nodes for %d entries in %d buckets", filled, churned, st.Nodes, st.Entries, st.Buckets)
+			t.Logf("%.1f bytes per entry after inserts, %.1f after churn, %.1f after Compact; %d nodes for %d entries in %d buckets", filled, churned, compacted, st.Nodes, st.Entries, st.Buckets)
 			require.Equal(t, c.n, st.Entries)
 			require.LessOrEqual(t, filled, c.limit, "after inserts")
 			require.LessOrEqual(t, churned, c.limit, "after churn")
+			require.LessOrEqual(t, compacted, c.compacted, "after Compact")
 		})
 	}
 }

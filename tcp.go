@@ -124,6 +124,7 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 	t := &TCPTable[T]{est: New[T](ok...)}
 	a := t.est.arr.Load()
 	t.lb.init(len(a.b.heads), len(a.b.stripes), listenerNullsBase)
+	t.est.listenerStripes = t.lb.stripes
 	t.groups = make([]atomic.Pointer[[]*tcpGroup[T]], len(t.lb.stripes))
 	t.mix = portaddrMix(&t.est.secret)
 	t.anyMix = JHash1Word(0, t.mix)
