@@ -110,7 +110,7 @@ func (t *Table[T]) compactNodes(a *tableArray[T]) (moved, released int) {
 	lockAll()
 	t.nodes.endCompaction(v,
 		func(e *entry[T]) bool { return e.seq.Load()&1 == 0 },
-		func(e *entry[T]) { e.next.initNulls(releasedNullsValue) })
+		markReleased[T])
 	unlockAll()
 	return moved, released
 }

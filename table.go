@@ -1483,8 +1483,12 @@ func (t *Table[T]) releaseOld(a, old *tableArray[T]) {
 		t.nodes.retire(n - kept)
 		return
 	}
-	t.nodes.release(old.home.base, n, func(e *entry[T]) { e.next.initNulls(releasedNullsValue) })
+	t.nodes.release(old.home.base, n, markReleased[T])
 }
+
+// markReleased makes e a node of the node store's released chunk: free,
+// its next link ending on releasedNullsValue (see slab.release).
+func markReleased[T any](e *entry[T]) { e.next.initNulls(releasedNullsValue) }
 
 // migrateAhead is how many of a stripe's old buckets ahead of the one it
 // moves migrate asks for the lines of (touchMigrate).
