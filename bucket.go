@@ -85,6 +85,7 @@ func (b *buckets) init(n, s int, nullsBase uint32) {
 // array too (Table.Grow). Chain i ends in the nulls value nullsBase+i.
 func (b *buckets) initShared(n int, ss []stripe, nullsBase uint32) {
 	b.heads = make([]linkField, n)
+	adviseHugePages(b.heads) // written whole below
 	b.mask = uint32(n - 1)
 	b.stripes = ss
 	b.stripeMask = uint32(len(ss) - 1)

@@ -70,7 +70,13 @@ var (
 // 64 bytes per entry, after inserts and after long churn alike; smaller
 // ones hold more (69 bytes at 2^12 and 83 at 2^10 after churn), as each
 // lock stripe costs two cache lines and keeps nodes of its own, unless
-// they have fewer stripes (see WithLockStripes).
+// they have fewer stripes (see WithLockStripes). On Linux, the arrays a
+// table writes whole as it makes them, its chain heads and the home slots
+// of a Grow, are advised for transparent huge pages (madvise
+// MADV_HUGEPAGE), as the kernel maps its own large hash tables, unless
+// GODEBUG=disablethp=1 is in the environment; the home slots of New are
+// left to small pages, so that a table made for more flows than it holds
+// backs only the pages its entries touch.
 //
 // Growth. New sets the bucket count (WithCapacity), and the table grows
 // itself past about two entries per bucket: an insert that leaves its lock
@@ -1435,7 +1441,10 @@ func (t *Table[T]) grow(n int) error {
 	// cost Grow, rather than each stripe's move, whose entries lie in
 	// pages of their own. (A move into unwritten pages made a writer that
 	// waited for one wait up to 10 ms in a table of a million entries.)
-	// 64 entries of 56 bytes are less than the smallest page, 4 KiB.
+	// 64 entries of 56 bytes are less than the smallest page, 4 KiB. On
+	// Linux the slots are first advised for huge pages, which take one
+	// fault each instead of 512 (hugepage_linux.go).
+	adviseHugePages(homes)
 	for i := 0; i < len(homes); i += 64 {
 		homes[i].seq.Store(0)
 	}

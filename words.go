@@ -17,8 +17,9 @@ import (
 // As16 costs a copy of its result that stalls on store-to-load forwarding:
 // 4 ns a conversion, two of which every table operation makes; and it reads
 // a netip.AddrPort's address in place (setWordsReprAt), so that a tuple need
-// not be copied to be converted. Nothing else in the package does so;
-// release.go uses unsafe.Pointer only as the type of a pointer field.
+// not be copied to be converted. Nothing else in the package reads
+// through unsafe.Pointer; release.go uses it only as the type of a pointer
+// field, and hugepage_linux.go to name a slice's memory to madvise.
 
 // addrReprKnown reports whether a netip.Addr starts with its 128 bits as
 // two uint64s, the high half first, as it has since Go 1.18, and a

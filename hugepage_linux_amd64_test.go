@@ -1,0 +1,125 @@
+package hash4
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// The test below reads what the kernel recorded of the advice, so it runs
+// where the kernel runs the test natively: CI runs the other targets under
+// qemu-user, which takes madvise's advice and drops it.
+
+// TestHugePagesAdvised checks that the arrays a table writes whole are
+// advised for huge pages, where the kernel has them, and that the home
+// slots New leaves to the inserts are not: the kernel's flag for the
+// advice ("hg" in the VmFlags of /proc/self/smaps) is on the huge pages
+// within a Grow's chain heads and home slots, and on none within the home
+// slots of New. N.B. it runs in a process of its own: the advice stays
+// with memory the heap reuses, and an array freed by an earlier test may
+// hold an array of this one.
+func TestHugePagesAdvised(t *testing.T) {
+	if os.Getenv(hugePagesChildEnv) == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHugePagesAdvised$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), hugePagesChildEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestHugePagesAdvised") {
+			t.Fatalf("in a process of its own: %v\n%s", err, out)
+		}
+		t.Logf("in a process of its own:\n%s", out)
+		return
+	}
+	hp := hugePageSize()
+	advised := hp != 0
+	if !advised {
+		t.Log("no transparent huge pages: checking that nothing is advised")
+		hp = 2 << 20
+	}
+	tab := New[int](WithCapacity(1 << 17))
+	madeHomes := tab.arr.Load().homes
+	if err := tab.Grow(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	grown := tab.arr.Load()
+	for _, c := range []struct {
+		name    string
+		base    unsafe.Pointer
+		size    uintptr
+		advised bool
+	}{
+		{"chain heads of Grow", unsafe.Pointer(&grown.b.heads[0]), uintptr(len(grown.b.heads)) * unsafe.Sizeof(grown.b.heads[0]), advised},
+		{"home slots of Grow", unsafe.Pointer(&grown.homes[0]), uintptr(len(grown.homes)) * unsafe.Sizeof(grown.homes[0]), advised},
+		{"home slots of New", unsafe.Pointer(&madeHomes[0]), uintptr(len(madeHomes)) * unsafe.Sizeof(madeHomes[0]), false},
+	} {
+		off, n := hugePageSpan(uintptr(c.base), c.size, hp)
+		if n == 0 {
+			t.Fatalf("%s: no whole huge page in %d bytes", c.name, c.size)
+		}
+		areas, err := vmAreas(uintptr(c.base)+off, uintptr(c.base)+off+n)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		for _, a := range areas {
+			if got := slices.Contains(strings.Fields(a.flags), "hg"); got != c.advised {
+				t.Errorf("%s: mapping %#x-%#x has VmFlags %q: advised %v, want %v", c.name, a.start, a.end, a.flags, got, c.advised)
+			}
+		}
+	}
+	runtime.KeepAlive(madeHomes)
+	runtime.KeepAlive(tab)
+}
+
+// hugePagesChildEnv, set in the environment, runs TestHugePagesAdvised's
+// checks in the process rather than in a child.
+const hugePagesChildEnv = "HASH4_HUGEPAGES_CHILD"
+
+// vmArea is a mapping of /proc/self/smaps.
+type vmArea struct {
+	start, end uintptr
+	flags      string // VmFlags
+}
+
+// vmAreas returns the mappings of /proc/self/smaps that overlap [beg,
+// end), or an error unless they cover it, each with its VmFlags.
+func vmAreas(beg, end uintptr) ([]vmArea, error) {
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return nil, err
+	}
+	var areas []vmArea
+	in := false // whether the lines read belong to a mapping kept
+	for line := range strings.Lines(string(b)) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if !strings.HasSuffix(fields[0], ":") { // a mapping's first line
+			var lo, hi uintptr
+			if _, err := fmt.Sscanf(fields[0], "%x-%x", &lo, &hi); err != nil {
+				return nil, fmt.Errorf("smaps line %q: %v", line, err)
+			}
+			in = lo < end && hi > beg
+			if in {
+				areas = append(areas, vmArea{start: lo, end: hi})
+			}
+		} else if fields[0] == "VmFlags:" && in {
+			areas[len(areas)-1].flags = strings.Join(fields[1:], " ")
+		}
+	}
+	next := beg
+	for _, a := range areas {
+		if a.start > next || a.flags == "" {
+			return nil, fmt.Errorf("[%#x, %#x) is not covered by mappings with VmFlags in /proc/self/smaps: %+v", beg, end, areas)
+		}
+		next = a.end
+	}
+	if next < end {
+		return nil, fmt.Errorf("[%#x, %#x) is not covered by mappings in /proc/self/smaps: %+v", beg, end, areas)
+	}
+	return areas, nil
+}
