@@ -19,7 +19,7 @@ import (
 func tblGroupFind(f *tblNulls, tup Tuple) (*string, bool) {
 	var k key
 	f.tab.tupleKey(&k, &tup)
-	return f.tab.lookupGroup(f.tab.cur(), &k, f.tab.cur().b.bucket(uint32(k.meta>>32)))
+	return f.tab.lookupGroup(f.tab.cur(), &k, f.tab.cur().b.bucket(uint32(k.meta>>32)), false)
 }
 
 // freeHome deletes bucket b's filler and empties the free cache, so that

@@ -27,3 +27,21 @@ func addLineHint[P any](h *lineHints, p *P) {
 	h.addr[h.n] = unsafe.Pointer(p)
 	h.n++
 }
+
+// requestGroupLines asks for the lines that a lookup in a table with home
+// groups reads after its own home slot's: its chain head's and those of
+// the other three home slots' seqs (Table.lookupGroup). With a prefetch
+// instruction (prefetch_amd64.go) the requests do not wait; elsewhere they
+// are loads, which overlap too but hold the lookup up until all four lines
+// have come.
+func requestGroupLines(head *linkField, s1, s2, s3 *relUint32) {
+	if canPrefetch {
+		prefetch4(unsafe.Pointer(head), unsafe.Pointer(s1), unsafe.Pointer(s2), unsafe.Pointer(s3))
+		return
+	}
+	// N.B. atomic loads are not removed for want of a use.
+	head.load()
+	s1.Load()
+	s2.Load()
+	s3.Load()
+}

@@ -333,7 +333,7 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	var k key
 	if pkt.Remote.Port() != 0 {
 		t.est.tupleKey(&k, &pkt)
-		if v, ok := t.est.lookup(&k); ok {
+		if v, ok := t.est.lookup(&k, false); ok {
 			return v, true
 		}
 	}
