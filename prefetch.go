@@ -4,8 +4,8 @@ import "unsafe"
 
 // lineHints is a list of cache lines about to be read or written, for a
 // prefetch: those a writer writes under a stripe lock, before it takes the
-// lock (Table.touch), or those a lookup of a batch reads
-// (Table.AppendLookups). It holds addresses as unsafe.Pointers so that the
+// lock (Table.touch), or those lookups read: of a batch
+// (Table.AppendLookups), or of one key's home group (requestGroupLines). It holds addresses as unsafe.Pointers so that the
 // fields named may be of any type; nothing dereferences them, only the
 // prefetch instructions take them (prefetch_amd64.s).
 //
@@ -19,7 +19,8 @@ type lineHints struct {
 
 // maxLineHints is the most lines a list names: for Table.touch, a home
 // bitmap word, a move count and two lines of each of the other three home
-// slots of a group; for a lookup, fewer (Table.requestLines).
+// slots of a group; for a lookup, fewer (Table.requestLines,
+// requestGroupLines).
 const maxLineHints = 2 + 2*(homeGroupSize-1)
 
 // addLineHint adds the line of *p to h.
@@ -33,10 +34,17 @@ func addLineHint[P any](h *lineHints, p *P) {
 // the other three home slots' seqs (Table.lookupGroup). With a prefetch
 // instruction (prefetch_amd64.go) the requests do not wait; elsewhere they
 // are loads, which overlap too but hold the lookup up until all four lines
-// have come.
+// have come. (An assembly function taking the four addresses in place of
+// the list measured the same: lookups at 1M 165 against 167 ns, p = 0.96,
+// 8 interleaved rounds.)
 func requestGroupLines(head *linkField, s1, s2, s3 *relUint32) {
 	if canPrefetch {
-		prefetch4(unsafe.Pointer(head), unsafe.Pointer(s1), unsafe.Pointer(s2), unsafe.Pointer(s3))
+		var h lineHints
+		addLineHint(&h, head)
+		addLineHint(&h, s1)
+		addLineHint(&h, s2)
+		addLineHint(&h, s3)
+		h.prefetchRead()
 		return
 	}
 	// N.B. atomic loads are not removed for want of a use.

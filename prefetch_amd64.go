@@ -67,12 +67,5 @@ func (h *lineHints) prefetchRead() { prefetch(h.addr[:h.n], false) }
 //go:noescape
 func prefetch(addrs []unsafe.Pointer, write bool)
 
-// prefetch4 issues PREFETCHT0 for a, b, c and d: prefetch with four
-// addresses and no slice, for a single lookup (requestGroupLines). It is
-// a hint, as prefetch is.
-//
-//go:noescape
-func prefetch4(a, b, c, d unsafe.Pointer)
-
 // cpuid executes CPUID with EAX = leaf and ECX = sub.
 func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)

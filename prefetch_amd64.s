@@ -37,18 +37,6 @@ next:
 done:
 	RET
 
-// func prefetch4(a, b, c, d unsafe.Pointer)
-TEXT ·prefetch4(SB), NOSPLIT|NOFRAME, $0-32
-	MOVQ a+0(FP), AX
-	MOVQ b+8(FP), BX
-	MOVQ c+16(FP), CX
-	MOVQ d+24(FP), DX
-	PREFETCHT0 (AX)
-	PREFETCHT0 (BX)
-	PREFETCHT0 (CX)
-	PREFETCHT0 (DX)
-	RET
-
 // func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)
 TEXT ·cpuid(SB), NOSPLIT|NOFRAME, $0-24
 	MOVL leaf+0(FP), AX
