@@ -4,10 +4,11 @@ import "unsafe"
 
 // lineHints is a list of cache lines about to be read or written, for a
 // prefetch: those a writer writes under a stripe lock, before it takes the
-// lock (Table.touch), or those lookups read: of a batch
-// (Table.AppendLookups), or of one key's home group (requestGroupLines). It holds addresses as unsafe.Pointers so that the
-// fields named may be of any type; nothing dereferences them, only the
-// prefetch instructions take them (prefetch_amd64.s).
+// lock (Table.touch), or those lookups read, of a batch
+// (Table.AppendLookups) or of one key's home group (requestGroupLines). It
+// holds addresses as unsafe.Pointers so that the fields named may be of
+// any type; nothing dereferences them, only the prefetch instructions take
+// them (prefetch_amd64.s).
 //
 // N.B. the room is an array in the list, so that a list on the stack stays
 // there: a slice of an array the caller declares made the array escape to
