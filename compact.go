@@ -123,7 +123,7 @@ func (t *Table[T]) compactNodes(a *tableArray[T]) (moved, released int) {
 func (t *Table[T]) moveOut(i uint32) (free, moved bool) {
 	e := t.nodes.at(i)
 	k := e.key.load()
-	a, st, s, b := t.lockStripe(uint32(k.meta>>32), false)
+	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockOnly)
 	defer st.mu.Unlock()
 	if e.seq.Load()&1 == 0 {
 		return true, false

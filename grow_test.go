@@ -806,7 +806,7 @@ func TestTableGrowWriterAcrossPublish(t *testing.T) {
 	tab.tupleKey(&kx, &x)
 	tab.tupleKey(&kz, &z)
 
-	old, st, s, _ := tab.lockStripe(uint32(kx.meta>>32), false)
+	old, st, s, _ := tab.lockStripe(uint32(kx.meta>>32), lockOnly)
 	grown := make(chan error, 1)
 	go func() { grown <- tab.Grow(32) }()
 	for start := time.Now(); tab.cur() == old; time.Sleep(time.Millisecond) {
@@ -870,7 +870,7 @@ func TestTableGrowWriterAcrossPublishTakesNode(t *testing.T) {
 	z := byBkt[1][1] // bucket 1, of stripe 1
 	var kz key
 	tab.tupleKey(&kz, &z)
-	old, st, s, bz := tab.lockStripe(uint32(kz.meta>>32), false)
+	old, st, s, bz := tab.lockStripe(uint32(kz.meta>>32), lockOnly)
 	require.Equal(t, uint32(1), s)
 	require.Empty(t, st.cache.free)
 

@@ -11,8 +11,8 @@ import (
 // TestTouchIsAHint checks that Table.touch changes no memory, on a small
 // table, one whose home bitmap lies beyond its stripes' lines, where touch
 // names the head and the home slot, and one with home groups, where it also
-// names the bitmap word, the move count and the group's home slots; and
-// that it allocates nothing. (It cannot tell a prefetch for writing from
+// names the bitmap word, the move count and the group's home slots, and
+// for a delete their chain heads; and that it allocates nothing. (It cannot tell a prefetch for writing from
 // any other hint: what that buys is measured, in BenchmarkChurn.)
 func TestTouchIsAHint(t *testing.T) {
 	for _, c := range []struct {
@@ -48,7 +48,9 @@ func TestTouchIsAHint(t *testing.T) {
 			before, entries := snapshot(), tblCollect(t, tab)
 			allocs := testing.AllocsPerRun(100, func() {
 				for b := range uint32(len(tab.cur().b.heads)) {
-					tab.touch(tab.cur(), b)
+					for _, intent := range []lockIntent{lockToInsert, lockToDelete} {
+						tab.touch(tab.cur(), b, intent)
+					}
 				}
 			})
 			require.Zero(t, allocs)
