@@ -21,8 +21,7 @@ type lineHints struct {
 // maxLineHints is the most lines a list names: for Table.touch, a home
 // bitmap word, a move count and, for each of the other three buckets of a
 // group, two lines of its home slot and, for a delete, its chain head; for
-// a lookup, fewer (Table.requestLines,
-// requestGroupLines).
+// a lookup, fewer (Table.requestLines, requestGroupLines).
 const maxLineHints = 2 + 3*(homeGroupSize-1)
 
 // addLineHint adds the line of *p to h.

@@ -12,8 +12,9 @@ import (
 // table, one whose home bitmap lies beyond its stripes' lines, where touch
 // names the head and the home slot, and one with home groups, where it also
 // names the bitmap word, the move count and the group's home slots, and
-// for a delete their chain heads; and that it allocates nothing. (It cannot tell a prefetch for writing from
-// any other hint: what that buys is measured, in BenchmarkChurn.)
+// for a delete their chain heads; and that it allocates nothing. (It
+// cannot tell a prefetch for writing from any other hint: what that buys
+// is measured, in BenchmarkChurn.)
 func TestTouchIsAHint(t *testing.T) {
 	for _, c := range []struct {
 		name            string

@@ -945,8 +945,9 @@ const (
 // lockStripe locks the stripe of hash h, after asking for the lines that
 // an insert or a delete writes (touch) unless intent is lockOnly, and
 // returns the array that holds the stripe's entries, the stripe and its
-// index, and h's bucket in the array. If Grow has published a new array and the stripe's entries
-// are still in the old one, it moves them first (see migrate).
+// index, and h's bucket in the array. If Grow has published a new array
+// and the stripe's entries are still in the old one, it moves them first
+// (see migrate).
 //
 // N.B. the array is loaded again under the lock, and the stripe of a hash
 // is the same in every array. An array loaded under the lock is the
