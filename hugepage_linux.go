@@ -56,7 +56,7 @@ var hugePageSize = sync.OnceValue(func() uintptr {
 // a number other than 0; the last setting wins, as for the runtime.
 func thpDisabled(godebug string) bool {
 	off := false
-	for kv := range strings.SplitSeq(godebug, ",") {
+	for _, kv := range strings.Split(godebug, ",") {
 		if k, v, ok := strings.Cut(kv, "="); ok && k == "disablethp" {
 			if n, err := strconv.Atoi(v); err == nil {
 				off = n != 0

@@ -230,7 +230,7 @@ func ParseReservedPorts(s string) ([]uint16, error) {
 		return nil, nil
 	}
 	var set [65536 / 64]uint64
-	for item := range strings.SplitSeq(s, ",") {
+	for _, item := range strings.Split(s, ",") {
 		item = strings.TrimSpace(item)
 		if item == "" {
 			return nil, fmt.Errorf("%w: empty item in %q", ErrInvalidReservedPorts, s)

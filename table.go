@@ -875,7 +875,11 @@ func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 	// growBehind stores growing before it reads the counts: of the two,
 	// one sees the other, so a stripe left over its limit is grown.
 	if n > a.growAt && !t.growing.Load() && t.growing.CompareAndSwap(false, true) {
-		t.growers.Go(t.growBehind)
+		t.growers.Add(1)
+		go func() {
+			defer t.growers.Done()
+			t.growBehind()
+		}()
 	}
 	return nil, inserted
 }
