@@ -521,11 +521,11 @@ func TestConnectExhaustion(t *testing.T) {
 			sentinels := connSentinels(t, tb, connLocal, dst, rng)
 			n := tb.Len()
 			visits := make(map[uint32]int)
-			tb.visit = func(i uint32) { visits[i]++ }
+			hooksOf(tb).visit = func(i uint32) { visits[i]++ }
 			start := time.Now()
 			_, err = tb.Connect(a, connLocal, dst, new(int))
 			elapsed := time.Since(start)
-			tb.visit = nil
+			hooksOf(tb).visit = nil
 			require.ErrorIs(t, err, ErrNoPorts)
 			require.ErrorIs(t, err, syscall.EADDRNOTAVAIL)
 			require.Equal(t, n, tb.Len())
@@ -580,7 +580,7 @@ func TestConnectLosesRace(t *testing.T) {
 		// sentinel, another writer inserts that candidate's tuple.
 		var raced Tuple
 		w := new(int)
-		tb.visit = func(i uint32) {
+		hooksOf(tb).visit = func(i uint32) {
 			if raced != (Tuple{}) {
 				return
 			}
@@ -589,7 +589,7 @@ func TestConnectLosesRace(t *testing.T) {
 		}
 		v := new(int)
 		tup, err := tb.connect(a, connLocal, dst, v, strategy, nil)
-		tb.visit = nil
+		hooksOf(tb).visit = nil
 		require.NoError(t, err)
 		require.NotEqual(t, Tuple{}, raced, "no pre-check ran")
 		require.NotEqual(t, raced, tup)

@@ -488,7 +488,7 @@ func TestTCPTableEstablishedGrow(t *testing.T) {
 func growPaused[T any](t *testing.T, tab *Table[T], n int) (next func() uint32, wait func() error) {
 	t.Helper()
 	paused, resume, done := make(chan uint32), make(chan struct{}), make(chan error, 1)
-	tab.growStep = func(s uint32) {
+	hooksOf(tab).growStep = func(s uint32) {
 		select {
 		case paused <- s:
 			<-resume
@@ -514,7 +514,7 @@ func growPaused[T any](t *testing.T, tab *Table[T], n int) (next func() uint32, 
 		close(resume)
 		select {
 		case err := <-done:
-			tab.growStep = nil
+			hooksOf(tab).growStep = nil
 			return err
 		case <-time.After(30 * time.Second):
 			t.Fatal("Grow did not return")
@@ -673,7 +673,7 @@ func TestTableGrowStripeByStripe(t *testing.T) {
 func spendIndexSpace[T any](tab *Table[T]) {
 	tab.nodes.mu.Lock()
 	defer tab.nodes.mu.Unlock()
-	tab.nodes.spent = true
+	hooksOf(tab).nodesSpent = true
 }
 
 // TestTableGrowIndexSpaceSpent grows a table whose index space ends at the
@@ -713,7 +713,7 @@ func TestTableGrowIndexSpaceSpent(t *testing.T) {
 	// Each entry moved in its own node is found by a lookup that runs
 	// while it is in both chains.
 	relinks := 0
-	tab.relinked = func(i uint32) {
+	hooksOf(tab).relinked = func(i uint32) {
 		relinks++
 		e := tab.nodes.at(i)
 		k := e.key.load()
@@ -723,7 +723,7 @@ func TestTableGrowIndexSpaceSpent(t *testing.T) {
 	}
 	old := tab.cur()
 	require.NoError(t, tab.Grow(32))
-	tab.relinked = nil
+	hooksOf(tab).relinked = nil
 	require.Positive(t, relinks)
 	// Some moved in their own nodes were old home slots: the old array
 	// stays, its other home slots out of use (accounted for below).
@@ -970,7 +970,7 @@ func lookupStopped(t *testing.T, tab *Table[int], y Tuple, at uint32, what strin
 	t.Helper()
 	arrived, release := make(chan struct{}), make(chan struct{})
 	blocked := false // only the reader touches it
-	tab.visit = func(i uint32) {
+	hooksOf(tab).visit = func(i uint32) {
 		if i == at && !blocked {
 			blocked = true
 			close(arrived)
@@ -1108,7 +1108,7 @@ func TestTableGrowsItselfUntilRefused(t *testing.T) {
 	// The 16 home slots take the first chunk of 64 indexes, the nodes
 	// beyond them the second; a new array would need a third.
 	tab.nodes.mu.Lock()
-	tab.nodes.limit = 129
+	hooksOf(tab).nodeLimit = 129
 	tab.nodes.mu.Unlock()
 	want := map[Tuple]*int{}
 	for i := range 48 {

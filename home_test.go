@@ -2,6 +2,7 @@ package hash4
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
@@ -335,5 +336,104 @@ func TestTableChurnPlacement(t *testing.T) {
 			}
 			tblCheckHome(t, tab, "after churn")
 		})
+	}
+}
+
+// tblCheckHome checks a quiescent table's home slot bookkeeping against its
+// chains: every linked node is in one chain only; a home slot's free bit is
+// set exactly when no chain links it, and only while its bucket is empty; an
+// entry of another bucket in a home slot belongs to the same stripe; each
+// stripe's free count matches its bits; and every node in a chain is live.
+func tblCheckHome[T any](t require.TestingT, tab *Table[T], msg any) {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
+	a := tab.cur()
+	in := map[uint32]uint32{} // node -> bucket of the chain linking it
+	for b := range a.b.heads {
+		for l := a.b.heads[b].load(); !l.isNulls(); l = tab.nodes.at(l.index()).next.load() {
+			_, dup := in[l.index()]
+			require.False(t, dup, "%v: node %d in two chains", msg, l.index())
+			in[l.index()] = uint32(b)
+			require.Equal(t, uint32(b), a.b.bucket(uint32(tab.nodes.at(l.index()).key.meta.Load()>>32)), "%v: node %d in the chain of another bucket", msg, l.index())
+			require.EqualValues(t, 1, tab.nodes.at(l.index()).seq.Load()&1, "%v: node %d linked but free", msg, l.index())
+		}
+	}
+	free := make([]uint32, len(a.b.stripes))
+	for b := range uint32(len(a.b.heads)) {
+		w, m := a.home.bit(&a.b.stripes[b&a.b.stripeMask], b)
+		owner, used := in[a.home.slot(b)]
+		if !a.b.heads[b].load().isNulls() {
+			require.True(t, used, "%v: bucket %d not empty, its home slot free", msg, b)
+		}
+		require.Equal(t, !used, *w&m != 0, "%v: free bit of bucket %d", msg, b)
+		if used {
+			require.Equal(t, b&a.b.stripeMask, owner&a.b.stripeMask, "%v: home slot of %d used by bucket %d of another stripe", msg, b, owner)
+		} else {
+			free[b&a.b.stripeMask]++
+		}
+	}
+	for s := range a.b.stripes {
+		require.Equal(t, free[s], a.b.stripes[s].homeFree, "%v: free home slots of stripe %d", msg, s)
+		bitsSet := bits.OnesCount64(a.b.stripes[s].homeBits[0])
+		if a.home.free != nil {
+			for _, w := range a.home.free[uint32(s)*a.home.words : uint32(s+1)*a.home.words] {
+				bitsSet += bits.OnesCount64(w)
+			}
+		}
+		require.EqualValues(t, free[s], bitsSet, "%v: bits set in the run of stripe %d", msg, s)
+	}
+}
+
+// TestTableHomeAfterInserts checks placement after inserts only: every
+// non-empty bucket holds one of its own entries at home, whatever the
+// stripes (with one bucket per stripe nothing can be stolen; with fewer, an
+// insert evicts a stealer from its bucket's home slot), and the
+// bookkeeping holds.
+func TestTableHomeAfterInserts(t *testing.T) {
+	for _, stripes := range []int{1, 4, 256} {
+		tab := New[int](WithFixedBuckets(), WithCapacity(256), WithLockStripes(stripes), WithSecret(tblSecret))
+		v := new(0)
+		for i := range 256 {
+			require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), v))
+			if i%16 == 15 {
+				tblCheckHome(t, tab, fmt.Sprintf("stripes %d", stripes))
+			}
+		}
+		st := tab.Stats()
+		t.Logf("stripes %d: %d of %d entries home", stripes, st.HomeEntries, st.Entries)
+		require.Equal(t, st.Buckets-st.ChainLengths[0], st.HomeEntries)
+	}
+}
+
+// TestTableHomeBitmapLines checks where each stripe's run of the home
+// bitmap lives: in the stripe itself where the stripe covers 64 buckets or
+// fewer, else in words that start a cache line of their own, for small and
+// large tables.
+func TestTableHomeBitmapLines(t *testing.T) {
+	for _, c := range []struct{ capacity, stripes int }{
+		{16, 1}, {16, 16}, {1024, 16}, {1024, 64}, {4096, 64}, {8192, 64},
+		{1 << 16, 4}, {1 << 16, 64}, {1 << 20, 64},
+	} {
+		tab := New[int](WithFixedBuckets(), WithCapacity(c.capacity), WithLockStripes(c.stripes))
+		perStripe := c.capacity / c.stripes
+		for s := range tab.cur().b.stripes {
+			require.EqualValues(t, perStripe, tab.cur().b.stripes[s].homeFree, "%+v", c)
+		}
+		if perStripe <= 64 {
+			require.EqualValues(t, 1, tab.cur().home.words, "%+v", c)
+			require.Nil(t, tab.cur().home.free, "%+v", c)
+			for s := range tab.cur().b.stripes {
+				require.Equal(t, perStripe, bits.OnesCount64(tab.cur().b.stripes[s].homeBits[0]), "%+v: stripe %d", c, s)
+			}
+			continue
+		}
+		require.NotZero(t, tab.cur().home.words, "%+v", c)
+		require.Zero(t, tab.cur().home.words%8, "%+v", c)
+		for s := range uint32(len(tab.cur().b.stripes)) {
+			require.Zero(t, tab.cur().b.stripes[s].homeBits[0], "%+v", c)
+			p := uintptr(unsafe.Pointer(&tab.cur().home.free[s*tab.cur().home.words]))
+			require.Zero(t, p%cacheLineSize, "%+v: run of stripe %d at %#x", c, s, p)
+		}
 	}
 }

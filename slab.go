@@ -77,18 +77,13 @@ type slab[N any] struct {
 	// mu.
 	victims atomic.Pointer[slabVictims]
 
-	// limit, when set, ends the index space there rather than at
-	// slabMaxNodes; spent, when set, makes reserve set limit to the
-	// end of the nodes it carves, and carve them whatever the limit. Both
-	// are set by tests only, under mu.
-	limit uint32
-	spent bool
+	hooks *testHooks // nil but in tests: see nodeLimit
 }
 
 // maxNodes returns the end of the index space.
 func (s *slab[N]) maxNodes() uint32 {
-	if s.limit != 0 {
-		return s.limit
+	if s.hooks != nil && s.hooks.nodeLimit != 0 {
+		return s.hooks.nodeLimit
 	}
 	return slabMaxNodes
 }
@@ -255,7 +250,8 @@ func (s *slab[N]) reserve(n uint32) (first uint32, nodes []N, ok bool) {
 	first = (carved-1+size-1)/size*size + 1
 	chunks := (n + size - 1) / size
 	end := s.maxNodes()
-	if s.spent {
+	spent := s.hooks != nil && s.hooks.nodesSpent
+	if spent {
 		end = slabMaxNodes
 	}
 	if uint64(first)+uint64(chunks)*uint64(size) > uint64(end) {
@@ -273,8 +269,8 @@ func (s *slab[N]) reserve(n uint32) (first uint32, nodes []N, ok bool) {
 	s.dir.Store(d)
 	s.carved = first + chunks*size
 	s.gaps += chunks*size - n
-	if s.spent {
-		s.limit = s.carved
+	if spent {
+		s.hooks.nodeLimit = s.carved
 	}
 	return first, nodes, true
 }

@@ -141,7 +141,7 @@ func TestSlabDirLines(t *testing.T) {
 	require.Equal(t, uintptr(cacheLineSize), unsafe.Sizeof(slabDir[entry[int]]{}))
 	var tab Table[int]
 	require.GreaterOrEqual(t, unsafe.Offsetof(tab.arr), uintptr(cacheLineSize))
-	require.GreaterOrEqual(t, unsafe.Sizeof(tab)-unsafe.Offsetof(tab.visit)-unsafe.Sizeof(tab.visit), uintptr(cacheLineSize))
+	require.GreaterOrEqual(t, unsafe.Sizeof(tab)-unsafe.Offsetof(tab.hooks)-unsafe.Sizeof(tab.hooks), uintptr(cacheLineSize))
 	var a tableArray[int]
 	require.GreaterOrEqual(t, unsafe.Offsetof(a.b), uintptr(cacheLineSize))
 	require.GreaterOrEqual(t, unsafe.Sizeof(a)-unsafe.Offsetof(a.homes)-unsafe.Sizeof(a.homes), uintptr(cacheLineSize))

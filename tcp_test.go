@@ -364,7 +364,7 @@ func TestTCPStrayEstablishedIntoListener(t *testing.T) {
 	la, lh := s.listenerIn(b, 0)
 
 	hook, paused, resume := pauseAt(iy)
-	tbl.est.visit = hook
+	hooksOf(tbl.est).visit = hook
 	done := make(chan *string)
 	go func() {
 		v, _ := tbl.Lookup(x)

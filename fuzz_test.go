@@ -1,0 +1,340 @@
+package hash4
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tblFuzzKeys are the key space of FuzzTable: 32 distinct keys (16 IPv4,
+// 16 IPv6) crowded into 4 of 16 buckets under LinuxHasher and tblSecret,
+// each with two spellings (tblFuzzSpell), 64 tuples in all.
+var tblFuzzKeys = sync.OnceValue(func() []Tuple {
+	var keys []Tuple
+	for _, v6 := range []bool{false, true} {
+		n := 0
+		for i := 0; n < 16; i++ {
+			var k Tuple
+			if v6 {
+				k = Tuple{
+					Local:  netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xfe, 0x80, 15: byte(i%7 + 1)}), uint16(1+i/7)),
+					Remote: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte(i >> 8), 15: byte(i)}), 443),
+				}
+			} else {
+				k = Tuple{
+					Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i%5 + 1)}), uint16(30000+i)),
+					Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i >> 4)}), 80),
+				}
+			}
+			if HashTuple(k, LinuxHasher, tblSecret)&15 < 4 {
+				keys = append(keys, k)
+				n++
+			}
+		}
+	}
+	return keys
+})
+
+// tblFuzzSpell returns spelling alt (0 or 1) of key k: IPv4 keys as IPv4
+// or (partly) IPv4-mapped, IPv6 keys with or without zones.
+func tblFuzzSpell(k Tuple, i, alt int) Tuple {
+	if alt == 0 {
+		return k
+	}
+	if k.Local.Addr().Is4() {
+		m := tblMapped(k)
+		switch i % 3 {
+		case 1:
+			m.Remote = k.Remote
+		case 2:
+			m.Local = k.Local
+		}
+		return m
+	}
+	return Tuple{
+		Local:  netip.AddrPortFrom(k.Local.Addr().WithZone(fmt.Sprint("eth", i%3)), k.Local.Port()),
+		Remote: netip.AddrPortFrom(k.Remote.Addr().WithZone("z"), k.Remote.Port()),
+	}
+}
+
+var tblFuzzInvalid = []Tuple{
+	{},
+	tblTuple("0.0.0.0:1", "10.0.0.1:2"),
+	tblTuple("10.0.0.1:0", "10.0.0.1:2"),
+	tblTuple("[fe80::1]:1", "10.0.0.1:2"),
+	tblTuple("[::ffff:10.0.0.1]:1", "[2001:db8::1]:2"),
+	tblTuple("[2001:db8::1]:1", "[::]:2"),
+}
+
+// FuzzTable runs a sequence of operations decoded from the input against
+// five tables (one per hasher, one with home groups, one whose home bitmap
+// is a run of words, one that grows itself) and a map model.
+func FuzzTable(f *testing.F) {
+	f.Add([]byte{})
+	var all []byte
+	for i := range 64 {
+		all = append(all, 0, byte(i))
+	}
+	all = append(all, 5, 0, 6, 0)
+	for i := range 64 {
+		all = append(all, 2, byte(63-i), 3, byte(i^1), 5, 0)
+	}
+	f.Add(all)
+	f.Add([]byte{0, 0, 0, 1, 2, 1, 3, 1, 2, 0, 0, 1, 5, 0, 3, 0, 0, 3, 2, 2})
+	f.Add([]byte{0, 7, 1, 9, 3, 8, 0, 8, 2, 9, 7, 0, 7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7, 6, 6, 0})
+	f.Add([]byte{8, 4, 8, 5, 9, 68, 2, 4, 9, 5, 2, 4, 8, 4, 5, 0, 9, 4, 6, 0, 8, 9, 8, 9, 3, 8, 6, 0})
+	r := rand.New(rand.NewPCG(2024, 7))
+	for range 6 {
+		b := make([]byte, 400)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		keys := tblFuzzKeys()
+		canon := map[Tuple]int{}
+		for i, k := range keys {
+			canon[tblCanon(k)] = i
+		}
+		tabs := []*Table[int]{
+			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret)),
+			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(XXH3Hasher)),
+			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), withHomeGroups(true)),
+			// 128 buckets under one lock: the home bitmap is a run of
+			// words rather than the stripe's own word (home.go).
+			New[int](WithFixedBuckets(), WithCapacity(128), WithLockStripes(1), WithSecret(tblSecret)),
+			// A table that grows itself, from one bucket per stripe
+			// (past 5 entries in one), and from where its Grows leave it.
+			New[int](WithCapacity(16), WithLockStripes(16), WithSecret(tblSecret)),
+		}
+		const autoTab = 4
+		// models[i] is what tabs[i] must hold: key index -> the very
+		// pointer inserted (each table gets its own pointer; both point to
+		// the same content).
+		models := []map[int]*int{{}, {}, {}, {}, {}}
+		// reserved[i] counts the home slots tabs[i]'s arrays reserved,
+		// grows[i] its Grows.
+		reserved := make([]int, len(tabs))
+		for i, tab := range tabs {
+			reserved[i] = tab.Stats().Buckets
+		}
+		grows := make([]int, len(tabs))
+		// seen[autoTab] is the bucket count the table that grows itself
+		// had after its last op 6: it doubled since as often as it has
+		// more now.
+		seen := make([]int, len(tabs))
+		seen[autoTab] = reserved[autoTab]
+		// finish[i], if set, lets a Grow of tabs[i] that stopped before
+		// its first stripe run to its end.
+		finish := make([]func() error, len(tabs))
+		serial := 0
+		if len(data) > 1024 {
+			data = data[:1024]
+		}
+		// check compares a returned value with the model's pointer.
+		// N.B. the loop asserts through rt, whose failures go to t but
+		// which has no Helper method, and with a step message formatted
+		// only on failure: testify marks each assertion a helper, and that
+		// walk of the stack took most of an input's time.
+		rt := tblFailOnly{t}
+		check := func(want *int, wok bool, got *int, gok bool, msg tblStep) {
+			require.Equal(rt, wok, gok, msg)
+			if wok {
+				require.Same(rt, want, got, msg)
+				require.Equal(rt, *want, *got, msg)
+			} else {
+				require.Nil(rt, got, msg)
+			}
+		}
+		for step := 0; step+1 < len(data); step += 2 {
+			op, arg := data[step], int(data[step+1])
+			ki, alt := (arg%64)/2, arg%2
+			tup := tblFuzzSpell(keys[ki], ki, alt)
+			serial++
+			for ti, tab := range tabs {
+				model := models[ti]
+				msg := tblStep{ti, step, op % 10, tup}
+				switch op % 10 {
+				case 0, 1: // Insert
+					v := new(serial)
+					err := tab.Insert(tup, v)
+					if old, ok := model[ki]; ok {
+						require.ErrorIs(rt, err, ErrExists, msg)
+						got, gok := tab.Lookup(keys[ki])
+						check(old, true, got, gok, msg)
+					} else {
+						require.NoError(rt, err, msg)
+						model[ki] = v
+					}
+				case 2: // Lookup, and AppendLookups of the same tuple twice
+					want, ok := model[ki]
+					got, gok := tab.Lookup(tup)
+					check(want, ok, got, gok, msg)
+					both := tab.AppendLookups(nil, []Tuple{tup, keys[ki]})
+					require.Len(rt, both, 2, msg)
+					for _, got := range both {
+						check(want, ok, got, got != nil, msg)
+					}
+				case 3, 4: // Delete
+					want, ok := model[ki]
+					got, gok := tab.Delete(tup)
+					check(want, ok, got, gok, msg)
+					delete(model, ki)
+				case 5: // All
+					got := tblCollect(t, tab)
+					require.Len(rt, got, len(model), msg)
+					for tup, v := range got {
+						i, ok := canon[tup]
+						require.True(rt, ok, "%s: All yielded %v, not a canonical key", msg, tup)
+						want, ok := model[i]
+						check(want, ok, v, true, msg)
+					}
+				case 6: // Len, Stats; with arg&64, after a Grow to 2 or 4 times the buckets, else with arg&1 after Compact
+					if finish[ti] != nil {
+						require.NoError(rt, finish[ti](), msg)
+						finish[ti] = nil
+					}
+					if ti == autoTab {
+						tab.growers.Wait()
+						require.False(rt, tab.cur().overfull(), msg)
+						for ; seen[ti] < len(tab.cur().b.heads); seen[ti] *= 2 {
+							reserved[ti] += 2 * seen[ti]
+							grows[ti]++
+						}
+					}
+					if n := len(tab.cur().b.heads); arg&64 != 0 && n < 1024 {
+						n <<= 1 + arg>>7
+						reserved[ti] += n
+						grows[ti]++
+						// (Not the table that grows itself: its growths
+						// would run into the stopped one's hook.)
+						if arg&32 != 0 && ti != autoTab {
+							// The Grow stops before it moves any entry,
+							// and the steps up to the next op 6 find the
+							// table half grown (Stats would move the
+							// rest): every entry is still found.
+							next, wait := growPaused(t, tab, n)
+							next()
+							finish[ti] = wait
+							for ki, want := range model {
+								got, ok := tab.Lookup(keys[ki])
+								check(want, true, got, ok, msg)
+							}
+							break
+						}
+						require.NoError(rt, tab.Grow(n-(arg&31)%(n/2)), msg) // rounded up to n
+						require.Equal(rt, n, tab.Stats().Buckets, msg)
+						require.NoError(rt, tab.Grow(n/2), msg) // never shrinks
+						seen[ti] = n
+					} else if arg&1 != 0 {
+						tab.Compact()
+					}
+					require.Equal(rt, len(model), tab.Len(), msg)
+					st := tab.Stats()
+					require.Equal(rt, len(model), st.Entries, msg)
+					// Beyond the home slots, a stripe carves a new batch
+					// only when all it has carved is live: at most 32
+					// keys are live, so the nodes stay within that plus a
+					// batch per stripe, the home slots of every array and,
+					// for each Grow, the rest of the chunk carved last
+					// (64 nodes in these tables).
+					require.LessOrEqual(rt, st.Nodes, reserved[ti]+32+st.LockStripes*slabBatch+grows[ti]*64, msg)
+					tblCheckHome(rt, tab, msg)
+				case 7: // bad input leaves the table unchanged
+					bad := tblFuzzInvalid[arg%len(tblFuzzInvalid)]
+					require.ErrorIs(rt, tab.Insert(bad, new(-1)), ErrInvalidTuple, msg)
+					require.ErrorIs(rt, tab.Insert(tup, nil), ErrNilValue, msg)
+					_, found, err := tab.LookupOrInsert(bad, new(-1))
+					require.ErrorIs(rt, err, ErrInvalidTuple, msg)
+					require.False(rt, found, msg)
+					_, _, err = tab.LookupOrInsert(tup, nil)
+					require.ErrorIs(rt, err, ErrNilValue, msg)
+					require.False(rt, tab.CompareAndDelete(bad, new(-1)), msg)
+					require.False(rt, tab.CompareAndDelete(tup, nil), msg)
+					require.False(rt, tab.CompareAndSwap(bad, new(-1), new(-1)), msg)
+					require.False(rt, tab.CompareAndSwap(tup, nil, new(-1)), msg)
+					if cur, ok := model[ki]; ok {
+						require.False(rt, tab.CompareAndSwap(tup, cur, nil), msg)
+					}
+					_, ok := tab.Lookup(bad)
+					require.False(rt, ok, msg)
+					want, wok := model[ki]
+					got, gok := tab.Lookup(tup)
+					check(want, wok, got, gok, msg)
+					require.Equal(rt, len(model), tab.Len(), msg)
+				case 8: // LookupOrInsert
+					v := new(serial)
+					got, found, err := tab.LookupOrInsert(tup, v)
+					require.NoError(rt, err, msg)
+					old, ok := model[ki]
+					if !ok {
+						old = v
+						model[ki] = v
+					}
+					check(old, true, got, true, msg)
+					require.Equal(rt, ok, found, msg)
+				case 9: // CompareAndDelete or CompareAndSwap, with the value held or another
+					old, ok := model[ki]
+					if arg&64 != 0 {
+						old, ok = new(serial), false
+					}
+					if arg&128 != 0 {
+						v := new(serial)
+						require.Equal(rt, ok, tab.CompareAndSwap(tup, old, v), msg)
+						if ok {
+							model[ki] = v
+						}
+						break
+					}
+					require.Equal(rt, ok, tab.CompareAndDelete(tup, old), msg)
+					if ok {
+						delete(model, ki)
+					}
+				}
+				// The table that grows itself has grown before the next
+				// step: the fuzzer needs each input to run the same code
+				// every time (the stress and linearizability tests run
+				// steps during growths).
+				if ti == autoTab {
+					tab.growers.Wait()
+				}
+			}
+		}
+		for ti, tab := range tabs {
+			if finish[ti] != nil {
+				require.NoError(t, finish[ti]())
+			}
+			require.Equal(t, len(models[ti]), tab.Len())
+			got := tblCollect(t, tab)
+			require.Len(t, got, len(models[ti]))
+			for i, want := range models[ti] {
+				require.Same(t, want, got[tblCanon(keys[i])])
+			}
+			tab.growers.Wait()
+		}
+	})
+}
+
+// tblStep names a step of FuzzTable in failure messages.
+type tblStep struct {
+	table, step int
+	op          byte
+	tup         Tuple
+}
+
+func (s tblStep) String() string {
+	return fmt.Sprintf("table %d step %d op %d %v", s.table, s.step, s.op, s.tup)
+}
+
+// tblFailOnly passes failures to t and hides its Helper method (see
+// FuzzTable).
+type tblFailOnly struct{ t *testing.T }
+
+func (f tblFailOnly) Errorf(format string, args ...any) { f.t.Errorf(format, args...) }
+
+func (f tblFailOnly) FailNow() { f.t.FailNow() }

@@ -1,0 +1,81 @@
+package hash4
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tblCheckAppendLookups checks AppendLookups against Lookup on tab, over
+// batches of every length up to 3*lookupBatch+1 drawn from keys (present
+// and absent ones, in several spellings) and the invalid tuples: every
+// answer is Lookup's, in order, after dst's own values, which stay. It
+// returns the number of answers that found a value.
+func tblCheckAppendLookups(t *testing.T, tab *Table[int], keys []Tuple, r *rand.Rand) (found int) {
+	t.Helper()
+	pool := append(slices.Clone(keys), tblFuzzInvalid...)
+	for _, k := range keys {
+		if k.Local.Addr().Is4() {
+			mapped := k
+			mapped.Local = netip.AddrPortFrom(netip.AddrFrom16(k.Local.Addr().As16()), k.Local.Port())
+			pool = append(pool, mapped)
+		}
+	}
+	prefix := []*int{new(-1), nil, new(-2)}
+	for n := range 3*lookupBatch + 2 {
+		for range 20 {
+			tups := make([]Tuple, n)
+			for i := range tups {
+				tups[i] = pool[r.IntN(len(pool))]
+			}
+			got := tab.AppendLookups(slices.Clone(prefix), tups)
+			require.Len(t, got, len(prefix)+n)
+			for i, p := range prefix {
+				require.Same(t, p, got[i], "dst's own value %d", i)
+			}
+			for i, tup := range tups {
+				want, ok := tab.Lookup(tup)
+				if !ok {
+					require.Nil(t, got[len(prefix)+i], "%v, %d of %d", tup, i, n)
+					continue
+				}
+				require.Same(t, want, got[len(prefix)+i], "%v, %d of %d", tup, i, n)
+				found++
+			}
+		}
+	}
+	return found
+}
+
+// TestTableAppendLookups checks AppendLookups against Lookup, on a table
+// with home groups and one without, each holding some of the keys asked
+// for; and that it allocates nothing when dst has room.
+func TestTableAppendLookups(t *testing.T) {
+	for _, grouped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("groups=%v", grouped), func(t *testing.T) {
+			tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(4), withHomeGroups(grouped), WithSecret(tblSecret))
+			require.Equal(t, grouped, tab.cur().home.grouped())
+			var keys []Tuple
+			for i := range 200 {
+				k := tblKey(i, i%2 == 1)
+				keys = append(keys, k)
+				if i%3 != 0 { // a third absent
+					require.NoError(t, tab.Insert(k, new(i)))
+				}
+			}
+			found := tblCheckAppendLookups(t, tab, keys, rand.New(rand.NewPCG(1, 2)))
+			require.Greater(t, found, 1000)
+
+			require.Empty(t, tab.AppendLookups(nil, nil))
+			dst := make([]*int, 0, len(keys))
+			allocs := testing.AllocsPerRun(100, func() {
+				dst = tab.AppendLookups(dst[:0], keys)
+			})
+			require.Zero(t, allocs)
+		})
+	}
+}
