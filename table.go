@@ -26,69 +26,20 @@ var (
 
 // Table is a concurrent hash table from 4-tuples to *T, built as the Linux
 // established-socket table (inet_ehash): a power-of-two array of
-// hlist_nulls chains read without locks, written under striped locks, with
-// entries recycled without allocation.
+// hlist_nulls chains that lookups walk without locks, writers under
+// striped locks, entries recycled without allocation. Make one with [New];
+// all methods are safe for concurrent use.
 //
-// Lookup takes no lock and never allocates; it reads shared memory with
-// atomic loads only, and writes it only to count a restart
-// (Stats.LookupRestarts) on the rare paths where its walk met an entry
-// recycled under it or missed while an entry of its stripe moved. Insert,
-// Delete, CompareAndSwap and CompareAndDelete lock one stripe;
-// LookupOrInsert looks up first, and locks one only to insert. All methods
-// are safe for concurrent use. A Table must be created with New.
+// Cost: [Table.Lookup] takes no lock and never allocates; writes lock one
+// stripe of the table and allocate only when the table needs more nodes.
+// A table reserves about 60 bytes per bucket when it is made or grown, and
+// up to 56 bytes for each entry beyond one per bucket, besides the caller's
+// T. It grows itself past about two entries per bucket (see
+// [WithFixedBuckets]) and never shrinks its bucket array.
 //
-// Keys. An IPv4 address and its IPv4-mapped IPv6 form (::ffff:a.b.c.d) are
-// the same address, as for a dual-stack Linux socket talking to an IPv4
-// peer; tuples come back from All in the IPv4 form. Zones are not part of
-// the key: fe80::1%eth0 and fe80::1%eth1 are one address, as a Linux socket
-// that is not bound to a device matches packets from every interface; keep
-// one Table per interface where flows on link-local addresses must be told
-// apart by interface.
-//
-// Placement. Each bucket owns one entry slot, its home slot, and an entry
-// goes there when it can: Lookup reads the home slot in parallel with the
-// chain head, so a key held there costs one memory access. In tables of
-// 2^16 buckets or more (with at most a quarter as many lock stripes as
-// buckets, which the default always gives), Lookup reads the home slots of
-// a group of four buckets, and an entry goes to any free one of them (see
-// home.go): at one entry per bucket, 80.5% of the entries of a table of
-// random flows are in a home slot of their group after inserts, and 76 to
-// 77% after churn.
-//
-// Memory: a table reserves, when it is made, 60 bytes and 1 bit per bucket:
-// a 4-byte chain head and a 56-byte entry slot. Up to one entry per bucket
-// lives in those slots (an entry may use the free home slot of another
-// bucket under the same lock stripe); beyond that, an entry takes 56
-// bytes, allocated in chunks of a 64th of the buckets. All of it is beyond
-// the caller's T. Nodes, once allocated, are kept for reuse until Compact
-// gives back those beyond the entries' needs: on the heap, a
-// table of 2^15 random flows or more, at one entry per bucket, holds 61 to
-// 64 bytes per entry, after inserts and after long churn alike; smaller
-// ones hold more (69 bytes at 2^12 and 83 at 2^10 after churn), as each
-// lock stripe costs two cache lines and keeps nodes of its own, unless
-// they have fewer stripes (see WithLockStripes). On Linux, the arrays a
-// table writes whole as it makes them, its chain heads and the home slots
-// of a Grow, are advised for transparent huge pages (madvise
-// MADV_HUGEPAGE), as the kernel maps its own large hash tables, unless
-// GODEBUG=disablethp=1 is in the environment; the home slots of New are
-// left to small pages, so that a table made for more flows than it holds
-// backs only the pages its entries touch.
-//
-// Growth. New sets the bucket count (WithCapacity), and the table grows
-// itself past about two entries per bucket: an insert that leaves its lock
-// stripe holding more entries than its limit (twice the stripe's buckets,
-// plus the spread that random flows give the fullest stripe at that load)
-// starts a goroutine that grows the bucket count, as Grow does, to the
-// least power of two at which no stripe is over its limit (twice it, when
-// the growth keeps up with the inserts), and returns without waiting, as
-// rhashtable's inserts leave growth to a deferred worker. With random
-// flows, tables of 2^16 buckets or more grew at 1.97 to 2.02 entries per
-// bucket, of 1024 buckets (the default) at 2.1 to 2.4, and of one bucket
-// per stripe from 1.2. Lookups and writes go on while the table grows (see
-// Grow), and the goroutine ends when it has grown. A table never shrinks
-// its bucket array.
-// WithFixedBuckets keeps the bucket count New set, as Linux keeps its
-// established table's.
+// Keys: an IPv4 address and its IPv4-mapped IPv6 form are one address, and
+// zones are not part of a key (keep one Table per interface where
+// link-local flows must be told apart).
 type Table[T any] struct {
 	// N.B. the pads keep the fields that every lookup reads off the cache
 	// lines of the objects the heap puts before and after the table (see
