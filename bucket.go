@@ -77,15 +77,22 @@ type buckets struct {
 // of two and clamped to what the table supports (s to at most n).
 func (b *buckets) init(n, s int, nullsBase uint32) {
 	n = bucketCount(n)
-	b.initShared(n, make([]stripe, ceilPow2(min(max(s, 1), n))), nullsBase)
+	b.initShared(n, newStripes(s, n), nullsBase, false)
 }
+
+// newStripes returns s lock stripes for n buckets, s rounded up to a power
+// of two and clamped to [1, n].
+func newStripes(s, n int) []stripe { return make([]stripe, ceilPow2(min(max(s, 1), n))) }
 
 // initShared sizes the array to n buckets, a power of two, guarded by the
 // stripes ss, a power of two no larger than n, which may guard another
 // array too (Table.Grow). Chain i ends in the nulls value nullsBase+i.
-func (b *buckets) initShared(n int, ss []stripe, nullsBase uint32) {
+// huge asks for the heads in huge pages (WithHugePages).
+func (b *buckets) initShared(n int, ss []stripe, nullsBase uint32, huge bool) {
 	b.heads = make([]linkField, n)
-	adviseHugePages(b.heads) // written whole below
+	if huge {
+		adviseHugePages(b.heads) // written whole below
+	}
 	b.mask = uint32(n - 1)
 	b.stripes = ss
 	b.stripeMask = uint32(len(ss) - 1)

@@ -133,7 +133,9 @@ func (t *Table[T]) grow(n int) error {
 	// 64 entries of 56 bytes are less than the smallest page, 4 KiB. On
 	// Linux the slots are first advised for huge pages, which take one
 	// fault each instead of 512 (hugepage_linux.go).
-	adviseHugePages(homes)
+	if t.groups.hugePages {
+		adviseHugePages(homes) // written below, a word per page
+	}
 	for i := 0; i < len(homes); i += 64 {
 		homes[i].seq.Store(0)
 	}
@@ -144,7 +146,7 @@ func (t *Table[T]) grow(n int) error {
 	// million entries from the default size took 24% less time with this.
 	t.nodes.setBatch(nodeBatch(nb, len(ss)))
 	a := &tableArray[T]{homes: homes}
-	a.b.initShared(nb, ss, old.b.nullsBase^arrayNullsFlip)
+	a.b.initShared(nb, ss, old.b.nullsBase^arrayNullsFlip, t.groups.hugePages)
 	a.home.init(nb, len(ss), base, t.groups.grouped(nb))
 	a.growAt = t.growLimit(nb, len(ss))
 	// N.B. old is set before the array is published, and cleared only

@@ -9,30 +9,20 @@ import (
 	"unsafe"
 )
 
-// This file asks Linux to back the table's largest arrays with transparent
+// This file asks Linux to back a table's largest arrays with transparent
 // huge pages, as the kernel allocates its own socket hash tables
-// (alloc_large_system_hash) with huge mappings where it can. It takes a
-// slice's address with unsafe, to name its memory to madvise; it reads and
-// writes nothing through it.
+// (alloc_large_system_hash) with huge mappings where it can; tables made
+// WithHugePages ask. It takes a slice's address with unsafe, to name its
+// memory to madvise; it reads and writes nothing through it.
 //
 // Why: the kernel backs fresh memory a page at a time, as it is first
-// written, and on the machine measured each 4 KiB page cost about 10 µs;
-// a Grow writes its new home slots whole (see Table.grow), and a million
-// buckets' slots are 14,000 pages. With them advised, a Grow of a million
-// entries took 31% less time, and the longest write that overlapped one
-// 31% less (BenchmarkGrow, BenchmarkGrowWriterWait, 6 interleaved rounds;
-// README, "Growing"). Lookups in a table of a million entries ran no
-// faster: the pages' translations are not what they wait for.
-//
-// Only arrays the table writes whole right away are advised, the chain
-// heads (each holds its nulls marker) and the home slots a Grow writes, so
+// written, and a Grow writes its new home slots whole (see Table.grow): a
+// million buckets' slots are 14,000 pages. Only arrays a table writes whole
+// right away are advised, the chain heads and the home slots of a Grow, so
 // a huge page never holds memory that small pages would have left
-// unbacked. A table made by New leaves its home slots to the inserts that
-// fill them, in small pages: one sized for more flows than it holds backs
-// only the pages its entries touch. The advice stays with the memory once
-// an array is freed: whatever the heap puts there next may be backed by
-// huge pages too, as all of the heap is where the system sets transparent
-// huge pages to always.
+// unbacked. Why it is an option: the advice stays with the memory once an
+// array is freed, and whatever the heap puts there next may be backed by
+// huge pages too.
 
 // hugePageSize returns the size of a transparent huge page (a PMD mapping),
 // or 0 if the kernel has none or GODEBUG in the environment sets

@@ -15,14 +15,15 @@ import (
 // where the kernel runs the test natively: CI runs the other targets under
 // qemu-user, which takes madvise's advice and drops it.
 
-// TestHugePagesAdvised checks that the arrays a table writes whole are
-// advised for huge pages, where the kernel has them, and that the home
-// slots New leaves to the inserts are not: the kernel's flag for the
-// advice ("hg" in the VmFlags of /proc/self/smaps) is on the huge pages
-// within a Grow's chain heads and home slots, and on none within the home
-// slots of New. N.B. it runs in a process of its own: the advice stays
-// with memory the heap reuses, and an array freed by an earlier test may
-// hold an array of this one.
+// TestHugePagesAdvised checks that a table made WithHugePages advises the
+// arrays it writes whole for huge pages, where the kernel has them, and
+// that neither the home slots New leaves to the inserts nor any array of a
+// table made without the option are: the kernel's flag for the advice
+// ("hg" in the VmFlags of /proc/self/smaps) is on the huge pages within a
+// Grow's chain heads and home slots, and on none within the home slots of
+// New. N.B. it runs in a process of its own, the table without the option
+// first: the advice stays with memory the heap reuses, and an array freed
+// by an earlier test may hold an array of this one.
 func TestHugePagesAdvised(t *testing.T) {
 	if os.Getenv(hugePagesChildEnv) == "" {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHugePagesAdvised$", "-test.v", "-test.count=1")
@@ -40,20 +41,28 @@ func TestHugePagesAdvised(t *testing.T) {
 		t.Log("no transparent huge pages: checking that nothing is advised")
 		hp = 2 << 20
 	}
-	tab := New[int](WithCapacity(1 << 17))
+	checkHugePages(t, hp, false, nil)
+	checkHugePages(t, hp, advised, []Option{WithHugePages()})
+}
+
+// checkHugePages makes a table with opts, grows it and checks the advice
+// on its arrays: on a Grow's chain heads and home slots as grown says, on
+// the home slots of New never.
+func checkHugePages(t *testing.T, hp uintptr, grown bool, opts []Option) {
+	tab := New[int](append([]Option{WithCapacity(1 << 17)}, opts...)...)
 	madeHomes := tab.arr.Load().homes
 	if err := tab.Grow(1 << 20); err != nil {
 		t.Fatal(err)
 	}
-	grown := tab.arr.Load()
+	a := tab.arr.Load()
 	for _, c := range []struct {
 		name    string
 		base    unsafe.Pointer
 		size    uintptr
 		advised bool
 	}{
-		{"chain heads of Grow", unsafe.Pointer(&grown.b.heads[0]), uintptr(len(grown.b.heads)) * unsafe.Sizeof(grown.b.heads[0]), advised},
-		{"home slots of Grow", unsafe.Pointer(&grown.homes[0]), uintptr(len(grown.homes)) * unsafe.Sizeof(grown.homes[0]), advised},
+		{"chain heads of Grow", unsafe.Pointer(&a.b.heads[0]), uintptr(len(a.b.heads)) * unsafe.Sizeof(a.b.heads[0]), grown},
+		{"home slots of Grow", unsafe.Pointer(&a.homes[0]), uintptr(len(a.homes)) * unsafe.Sizeof(a.homes[0]), grown},
 		{"home slots of New", unsafe.Pointer(&madeHomes[0]), uintptr(len(madeHomes)) * unsafe.Sizeof(madeHomes[0]), false},
 	} {
 		off, n := hugePageSpan(uintptr(c.base), c.size, hp)
@@ -64,9 +73,9 @@ func TestHugePagesAdvised(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		for _, a := range areas {
-			if got := slices.Contains(strings.Fields(a.flags), "hg"); got != c.advised {
-				t.Errorf("%s: mapping %#x-%#x has VmFlags %q: advised %v, want %v", c.name, a.start, a.end, a.flags, got, c.advised)
+		for _, ar := range areas {
+			if got := slices.Contains(strings.Fields(ar.flags), "hg"); got != c.advised {
+				t.Errorf("options %d, %s: mapping %#x-%#x has VmFlags %q: advised %v, want %v", len(opts), c.name, ar.start, ar.end, ar.flags, got, c.advised)
 			}
 		}
 	}
@@ -93,7 +102,7 @@ func vmAreas(beg, end uintptr) ([]vmArea, error) {
 	}
 	var areas []vmArea
 	in := false // whether the lines read belong to a mapping kept
-	for line := range strings.Lines(string(b)) {
+	for _, line := range strings.Split(string(b), "\n") {
 		fields := strings.Fields(line)
 		if len(fields) == 0 {
 			continue

@@ -1,4 +1,4 @@
-//go:build amd64 && !race
+//go:build amd64 && !race && !hash4_atomicstores
 
 package hash4
 

@@ -3,6 +3,7 @@ package hash4
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -93,6 +94,34 @@ func TestInlining(t *testing.T) {
 			if !strings.Contains(string(out)+"\n", "can inline "+fn+"\n") {
 				t.Errorf("%s: %s no longer inlines", arch, fn)
 			}
+		}
+	}
+}
+
+// TestAtomicStoresTag checks that the hash4_atomicstores build tag builds
+// every release store as a sync/atomic store on amd64, where the default
+// build makes them plain stores.
+func TestAtomicStoresTag(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command, which runs these tests, is not on PATH: %v", err)
+	}
+	for _, c := range []struct {
+		tags string
+		want string
+	}{
+		{"", "release_amd64.go"},
+		{"hash4_atomicstores", "release_atomic.go"},
+	} {
+		cmd := exec.Command(goTool, "list", "-tags="+c.tags, "-f", "{{.GoFiles}}", ".")
+		cmd.Env = append(os.Environ(), "GOARCH=amd64", "GOFLAGS=")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -tags=%q: %v\n%s", c.tags, err, out)
+		}
+		files := strings.Fields(strings.Trim(strings.TrimSpace(string(out)), "[]"))
+		if !slices.Contains(files, c.want) || slices.Contains(files, "release_amd64.go") == slices.Contains(files, "release_atomic.go") {
+			t.Errorf("tags %q: files %v, want %s and not the other release file", c.tags, files, c.want)
 		}
 	}
 }
