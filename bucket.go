@@ -110,12 +110,10 @@ func bucketCount(n int) int { return ceilPow2(min(max(n, minBuckets), maxBuckets
 // is given: enough that writers on every P rarely meet (16 per P, at least
 // 64), and in large tables one per 1024 buckets. Writers on two cores that
 // lock one stripe after the other pass its line between them, and in a
-// large table more stripes make that less frequent: at 1M buckets, 1024
-// stripes instead of 64 make churn 13% and Mixed 90/10 5% faster with two
-// goroutines, for 128 bytes per stripe (its line and its move count) and one
-// more line per stripe for Len to read. A stripe covers at least 16 buckets:
-// in a small table those 128 bytes are a large part of each entry's share
-// (64 stripes in a table of 256 buckets were 32 bytes per entry).
+// large table more stripes make that less frequent, for 128 bytes per
+// stripe (its line and its move count) and one more line per stripe for
+// Len to read. A stripe covers at least 16 buckets: in a small table those
+// 128 bytes would be a large part of each entry's share.
 func defaultStripes(n int) int {
 	return min(max(64, ceilPow2(16*runtime.GOMAXPROCS(0)), n/1024), max(n/16, 1))
 }

@@ -8,30 +8,18 @@ package hash4
 // Why: a table keeps the nodes of deleted entries for reuse, and after a
 // growth the nodes that held entries beyond the old home slots, most of
 // which the new array holds in its own: about a third of the entries' worth
-// when the table grew at two entries per bucket (TestTableMemoryPerEntry).
+// when the table grew at two entries per bucket.
 // Those nodes lie in chunks among nodes still in use, so the store cannot
 // give them back as they are.
 
-// Compact gives back to the heap the memory of the table's free nodes
-// beyond what its entries are likely to need soon: entries take nodes
-// beyond their home slots past one entry per bucket (see Table, Memory),
-// and the table keeps the nodes of entries deleted, to reuse them without
-// allocating. After the flows have peaked and many have gone, and after a
-// table has grown (a growth frees the nodes that held entries beyond the
-// old home slots, but the new array holds most of them in its own), Compact
-// moves entries out of chunks of nodes that are at least half free and
-// releases those chunks. It keeps free nodes for an eighth of the entries
-// beyond the home slots, and at least two chunks. The table does not call
-// it by itself: a table filling from empty would allocate the same nodes
-// again (filling a million entries took 26% longer when each growth was
-// followed by a compaction).
-//
-// Every method may run while Compact runs; writers wait for it only while
-// it locks every stripe, twice, to take the chosen chunks' free nodes out
-// of use and to release them, and each for the move of one entry. It waits
-// for any Grow, and the table's own growth, to end. A table grown by itself
-// from the default size to 2^16 buckets under churn held 66 bytes per entry
-// after Compact, against 97 to 109 without (TestTableMemoryPerEntry).
+// Compact gives back to the heap the free nodes the table keeps beyond
+// what its entries are likely to need soon: call it after the flows have
+// peaked and many have gone, or after a growth the table will not fill. It
+// moves entries out of chunks of nodes at least half free and releases
+// them, keeping free nodes for an eighth of the entries beyond one per
+// bucket. Every method may run meanwhile; writers wait only for two brief
+// passes over the stripe locks and for the move of one entry. The table
+// never compacts by itself, as a filling table would allocate again.
 func (t *Table[T]) Compact() { t.compact() }
 
 // compact is Compact; it returns the entries it moved and the chunks it

@@ -215,8 +215,8 @@ func portaddrHashWords(w *[2]uint64, v4 bool, port uint16, mix uint32) uint32 {
 // InetEhashfn returns the established-table hash of an IPv4 flow, as the
 // kernel's inet_ehashfn (net/ipv4/inet_hashtables.c, Linux 6.15 and later):
 // lport + jhash_3words(laddr, faddr, fport, secret). secret already includes
-// net_hash_mix. Addresses of another family: see the note at the top of
-// hash.go.
+// net_hash_mix. An IPv6 address enters as the last 32 bits of its 16-byte
+// form.
 func InetEhashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret uint32) uint32 {
 	lw, fw := addrWords(laddr), addrWords(faddr)
 	return uint32(lport) + inetEhashWords(&lw, &fw, true, fport, secret, 0)
@@ -224,8 +224,8 @@ func InetEhashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16,
 
 // Inet6Ehashfn returns the established-table hash of an IPv6 flow, as the
 // kernel's inet6_ehashfn (net/ipv6/inet6_hashtables.c): lport +
-// jhash_3words(last word of laddr, jhash2(faddr, 4, addrSecret), fport,
-// secret). Only the last 32 bits of the local address take part; the remote
+// jhash_3words(last word of laddr, jhash2(faddr, 4, addr), fport, secret),
+// where addr is addrSecret. Only the last 32 bits of the local address take part; the remote
 // address is hashed whole. An IPv4 address is read as its IPv4-mapped form.
 func Inet6Ehashfn(laddr netip.Addr, lport uint16, faddr netip.Addr, fport uint16, secret, addrSecret uint32) uint32 {
 	lw, fw := addrWords(laddr), addrWords(faddr)

@@ -3,60 +3,35 @@ package hash4
 import "math/bits"
 
 // This file holds home slots, the one place where Table departs from the
-// kernel's inet_ehash layout.
+// kernel's inet_ehash layout (docs/design.md, "Home slots" and "Home
+// groups", says why and what it gains), and the placement of entries.
 //
-// Every bucket b owns one entry slot of the node store, its home slot
-// (index b+1 in a table that never grew), reserved with the bucket array. An entry goes to its
-// bucket's home slot when that is free, so a lookup can fetch the home slot
-// at the same time as the chain head, from the hash alone, and a key held
-// there is found with one memory access instead of two dependent ones (head,
-// then entry). The chains are unchanged: an entry in a home slot is linked
-// in its bucket's chain like any other, and a lookup that does not find its
-// key in the home slot walks the chain.
+// Every bucket b owns one entry slot of the node store, its home slot,
+// reserved with the bucket array. An entry goes to its bucket's home slot
+// when that is free, so a lookup fetches the home slot with the chain head,
+// from the hash alone. The chains are unchanged: an entry in a home slot is
+// linked in its bucket's chain like any other.
 //
-// A home slot whose bucket is empty may be taken by an entry of another
-// bucket of the same lock stripe (it is stolen), so that a table holding
-// one entry per bucket needs few nodes beyond the reserved ones. An entry
-// that no home slot of its own (or of its group, below) can hold takes a
-// free home slot of its stripe before a node of the free cache: taken the
-// other way round, slots stayed free while entries kept nodes of their own,
-// and a churned table's nodes grew round after round (Table.spareNode). An
-// insert into the owner's bucket takes the slot back, moving the stealer
-// (unless it is of the owner's home group, below) to a spare node
-// (Table.evict, Table.move). When a home slot is freed while its bucket has
-// entries, the entry at the head of that bucket's chain moves into it
-// (Table.free). All of it happens under the one stripe lock, and a home
-// slot is free only while its bucket is empty. So, without groups, every
-// bucket that has entries holds one of them in its home slot: 63% of the
-// entries of a table at one entry per bucket (the share of non-empty
-// buckets), after inserts and after churn alike.
+// Rules, all applied under the one stripe lock:
 //
-// Home groups. In a large table, whose entries are far beyond the caches,
-// each bucket is one of a group of four: the buckets whose indexes differ
-// from its own in the top two bits only, which share its lock stripe. A
-// lookup reads the four home slots of its group at the same time as the
-// chain head, and an entry that cannot have its own home slot takes a free
-// home slot of its group before any other node. An insert into a bucket
-// whose home slot holds an entry of another bucket of its group leaves that
-// entry in place, where lookups of its key read it; where every slot of the
-// group is taken, the insert evicts a stealer from outside the group, from
-// its own slot first, then from the group's (Table.place). Of a table of
-// random flows at one entry per bucket, 80.5% of the entries are in a home
-// slot of their group after inserts, the ceiling (a group holds four
-// entries on average, and Poisson(4) entries fill 3.22 of its four slots),
-// and 76 to 77% after churn that replaces every flow, round after round.
-// Evicting stealers only from an insert's own slot, and only at the head
-// of their chains, left 77% after inserts and 62 to 67% after such churn:
-// stealers, which take the free slots of a stripe, sat in the slots that
-// entries of the group later needed. The rest of the gap after churn is
-// slots freed while their own bucket is empty but others of the group
-// have entries in nodes elsewhere. Refilling such a slot from the group,
-// with a move of such an entry, took the share after churn to the ceiling,
-// but made churn at 1M 19% slower (27% in a table per goroutine), with or
-// without a prefetch of the other buckets' chain heads, and lookups after
-// churn no faster measurably (6 interleaved rounds); it is not done.
-// Small tables, whose chain walks hit the caches, read only their own home
-// slot: there the three more reads cost 9% of a lookup at 1K entries.
+//  1. A home slot whose bucket is empty may be taken (stolen) by an entry of
+//     another bucket of the same stripe; an entry that no slot of its own
+//     or of its group can hold takes a free home slot of its stripe before
+//     a free node (Table.spareNode), so that the nodes a table holds stay
+//     steady under churn.
+//  2. An insert into the owner's bucket takes the slot back, moving the
+//     stealer to a spare node (Table.evict, Table.move), unless the stealer
+//     is of the owner's home group.
+//  3. When a home slot is freed while its bucket has entries, the head of
+//     that bucket's chain moves into it (Table.free). So a home slot is
+//     free only while its bucket is empty.
+//
+// Home groups. In tables of homeGroupMinBuckets buckets or more, the four
+// buckets whose indexes differ in the top two bits only form a group under
+// one stripe. A lookup reads the group's four home slots, and an entry that
+// cannot have its own home slot takes a free one of its group before any
+// other node. Where every slot of the group is taken, an insert evicts a
+// stealer from outside the group, from its own slot first (Table.place).
 //
 // N.B. the direct read relies on the order in which writers change an
 // entry's seq (see entry): an entry turns live only once it is linked and
@@ -80,13 +55,10 @@ func (a *tableArray[T]) homeAt(b uint32) *entry[T] {
 // b is bit b>>stripeShift of the run of stripe b&stripeMask. The run of a
 // stripe is accessed only under that stripe's lock.
 //
-// Where a stripe covers 64 buckets or fewer (with the default stripes,
-// tables of 4096 buckets or fewer, more with GOMAXPROCS above 4), its run is
-// one word, the stripe's own homeBits, in the line its lock is in: insert
-// and delete take and free home slots under the lock anyway, so the bits
-// cost them no line of their own. In a churn of a 1K table shared by two
-// cores, where each line a writer touches may have to come from the other
-// core, that made churn 6% faster.
+// Where a stripe covers 64 buckets or fewer, its run is one word, the
+// stripe's own homeBits, in the line its lock is in: insert and delete take
+// and free home slots under the lock anyway, so the bits cost them no line
+// of their own.
 type homeSlots struct {
 	free        []uint64 // the runs, or nil where they are stripes' homeBits
 	words       uint32   // words per stripe run
@@ -207,12 +179,10 @@ func (h *homeSlots) release(st *stripe, b uint32) {
 // released last, if that is still free: in a table with home groups, whose
 // slots are beyond the caches, the delete that freed it wrote its lines,
 // which may still be cached, while any other free slot is most likely a
-// miss under the lock; with two goroutines, that made churn
-// of a 1M table 8.5% faster (6 interleaved rounds). Otherwise the search
-// resumes where the last one ended, so it costs a few words on average.
-// Tables without groups do not record the slot: there a stripe covers few
-// buckets, the search took the same slots in a churn of a 1K table, and
-// recording them made that churn 5 to 6% slower.
+// miss under the lock. Otherwise the search resumes where the last one
+// ended, so it costs a few words on average. Tables without groups do not
+// record the slot: there a stripe covers few buckets, and the search finds
+// the same slots (docs/performance.md has both measurements).
 func (h *homeSlots) steal(st *stripe, s uint32) (uint32, bool) {
 	if st.homeFree == 0 {
 		return 0, false
@@ -361,11 +331,7 @@ func (t *Table[T]) groupSlot(a *tableArray[T], st *stripe, b uint32) (uint32, bo
 // them do not grow under churn. Taken after the stripe's cached nodes, the
 // slots stayed free wherever entries in nodes of their own were deleted and
 // their nodes taken again, while stripes whose entries outnumber their
-// buckets took more nodes from the store: after 16 rounds of churn of a
-// table of 2^18 random flows, each round replacing every flow, it held 64.8
-// bytes per entry and growing, against 61.8 and steady this way. The cost:
-// churn of a 1K table 1.4% slower in a table per goroutine (a cold slot
-// where a cached node was warm), at 1M unchanged (8 interleaved rounds).
+// buckets took more nodes from the store, round after round of churn.
 func (t *Table[T]) spareNode(a *tableArray[T], st *stripe, s uint32) (uint32, bool) {
 	if b, ok := a.home.steal(st, s); ok {
 		return a.home.slot(b), true

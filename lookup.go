@@ -18,19 +18,12 @@ func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
 
 // AppendLookups appends to dst the value stored for each tuple of tups, in
 // order, nil for a tuple that is absent, and returns the extended slice. It
-// allocates only if dst has too little room. Each lookup is a Lookup,
-// without a lock, and the lookups run in order: under concurrent writes the
-// answers are those of as many Lookups in a row, not a snapshot of the
-// table.
-//
-// In a table beyond the caches it is faster than a loop of Lookup: it
-// hashes up to 8 tuples and asks for the lines that each lookup will read
-// before reading any, so that their memory misses overlap, as packet
-// processors look up a burst of packets (DPDK's rte_hash_lookup_bulk). A
-// loop of Lookup overlaps none: at 1M entries it runs as fast when each key
-// depends on the last answer (BenchmarkLookupChained). In a table of 1M
-// entries, batches of 8 made lookups about twice as fast, and 4 or 16 less
-// than 8 (BenchmarkAppendLookups).
+// allocates only if dst has too little room. Each lookup is a Lookup, run
+// in order: under concurrent writes the answers are those of as many
+// Lookups in a row, not a snapshot. In a table larger than the caches it is
+// about twice as fast as a loop of Lookup: it hashes up to 8 tuples and
+// asks for the memory of all before reading any, so that their misses
+// overlap, as packet processors look up a burst (DPDK's rte_hash_lookup_bulk).
 func (t *Table[T]) AppendLookups(dst []*T, tups []Tuple) []*T {
 	dst = slices.Grow(dst, len(tups))
 	var keys [lookupBatch]key
@@ -69,9 +62,7 @@ const lookupBatch = 8
 // (those marked valid) will read: each chain head, home slot and the other
 // home slots of its group. With a prefetch instruction (prefetch_amd64.go)
 // the requests do not wait; elsewhere they are loads, which overlap too but
-// hold up what comes after them while they wait: in a 1M-entry table on
-// amd64, with two goroutines, loads made AppendLookups 30% faster than a
-// loop of Lookup, and PREFETCHT0 50% (4 interleaved rounds).
+// hold up what comes after them while they wait.
 func (t *Table[T]) requestLines(a *tableArray[T], bs *[lookupBatch]uint32, valid *[lookupBatch]bool, n int) {
 	if !canPrefetch {
 		// N.B. atomic loads are not removed for want of a use.
@@ -261,11 +252,9 @@ func (t *Table[T]) walk(a *tableArray[T], nodes *slabView[entry[T]], k *key, h u
 // each other and with its own slot's; and it loads each slot's seq only
 // when it comes to test the slot. A lookup waits for every line it has
 // loaded, needed or not, before it is done: with the four seqs loaded up
-// front and the head loaded by the caller before them, a key found in its
-// own slot waited for the slowest of five misses, and lookups in a 1M
-// table took 10% longer. The four are written out: as a loop over arrays,
-// the loaded seqs went through the stack, and lookups in a 1M table took
-// 40% longer.
+// front, a key found in its own slot waited for the slowest of five
+// misses. The four are written out: as a loop over arrays, the loaded
+// seqs went through the stack.
 func (t *Table[T]) lookupGroup(a *tableArray[T], k *key, b uint32, asked bool) (*T, bool) {
 	g := &a.home.group
 	e0, e1, e2, e3 := a.homeAt(b), a.homeAt(b^g[0]), a.homeAt(b^g[1]), a.homeAt(b^g[2])

@@ -14,8 +14,8 @@ import (
 // raw32(&w, i).
 //
 // It reads a netip.Addr's bits through unsafe.Pointer (setWords), since
-// As16 costs a copy of its result that stalls on store-to-load forwarding:
-// 4 ns a conversion, two of which every table operation makes; and it reads
+// As16 costs a copy of its result that stalls on store-to-load forwarding,
+// twice in every table operation; and it reads
 // a netip.AddrPort's address in place (setWordsReprAt), so that a tuple need
 // not be copied to be converted. Nothing else in the package reads
 // through unsafe.Pointer; release.go uses it only as the type of a pointer
@@ -25,7 +25,7 @@ import (
 // two uint64s, the high half first, as it has since Go 1.18, and a
 // netip.AddrPort with its Addr: checked once, against As16, on addresses of
 // every kind. If a Go release changes that, setWords and Table.tupleKey
-// fall back to As16 (and TestAddrReprKnown fails, to tell).
+// fall back to As16 (and a test fails, to tell).
 var addrReprKnown = checkAddrRepr()
 
 // checkAddrRepr reports whether the words setWords reads from a netip.Addr's
