@@ -15,17 +15,17 @@ import (
 // but for established TCP, where RFC 5382's 2h4m replaces conntrack's 5
 // days.
 const (
-	defaultPorts          = "1024-65535" // as masquerade maps source ports above 1023
-	defaultMaxFlows       = 65536
-	defaultUDPIdle        = 30 * time.Second
-	defaultICMPIdle       = 30 * time.Second
-	defaultTCPSyn         = 2 * time.Minute
-	defaultTCPEstablished = 2*time.Hour + 4*time.Minute
-	defaultTCPFin         = 2 * time.Minute
-	defaultTCPTimeWait    = 2 * time.Minute
-	defaultTCPClose       = 10 * time.Second
-	defaultDemoDuration   = 2 * time.Second
-	defaultCompareSeconds = 3 * time.Second
+	defaultPorts           = "1024-65535" // as masquerade maps source ports above 1023
+	defaultMaxFlows        = 65536
+	defaultUDPIdle         = 30 * time.Second
+	defaultICMPIdle        = 30 * time.Second
+	defaultTCPSyn          = 2 * time.Minute
+	defaultTCPEstablished  = 2*time.Hour + 4*time.Minute
+	defaultTCPFin          = 2 * time.Minute
+	defaultTCPTimeWait     = 2 * time.Minute
+	defaultTCPClose        = 10 * time.Second
+	defaultDemoDuration    = 2 * time.Second
+	defaultCompareDuration = 3 * time.Second
 )
 
 // options is the parsed command line.
@@ -95,7 +95,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	case o.demo && !set["duration"]:
 		o.duration = defaultDemoDuration
 	case o.compare && !set["duration"]:
-		o.duration = defaultCompareSeconds
+		o.duration = defaultCompareDuration
 	}
 	return o, nil
 }
