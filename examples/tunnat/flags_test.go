@@ -1,0 +1,51 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Bad flags exit 2 with a message naming the flag; -h exits 0.
+func TestFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"-ports", "0-10"}, 2, "-ports"},
+		{[]string{"-ports", "20-10"}, 2, "-ports"},
+		{[]string{"-max-flows", "0"}, 2, "-max-flows"},
+		{[]string{"-udp-idle", "0s"}, 2, "-udp-idle"},
+		{[]string{"-tcp-close", "-1s"}, 2, "-tcp-close"},
+		{[]string{"-demo", "-compare"}, 2, "choose one"},
+		{[]string{"-duration", "2s"}, 2, "-duration"},
+		{[]string{"-demo", "-duration", "500ms"}, 2, "-duration"},
+		{[]string{"extra"}, 2, "unexpected argument"},
+		{[]string{"-h"}, 0, "usage"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := realMain(context.Background(), c.args, &stdout, &stderr); code != c.code || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%q: exit %d, want %d; stderr:\n%s", c.args, code, c.code, stderr.String())
+		}
+	}
+}
+
+// The defaults, and the demo's and comparison's run lengths.
+func TestFlagDefaults(t *testing.T) {
+	o, err := parseFlags(nil, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.nat.ports.Low != 1024 || o.nat.ports.High != 65535 || o.nat.timeouts.tcpEstablished != defaultTCPEstablished || o.duration != 0 {
+		t.Errorf("defaults: %+v", o)
+	}
+	if o, _ := parseFlags([]string{"-demo"}, &bytes.Buffer{}); o.duration != defaultDemoDuration {
+		t.Errorf("-demo duration %v", o.duration)
+	}
+	if o, _ := parseFlags([]string{"-compare", "-duration", "5s", "-udp-idle", "1s"}, &bytes.Buffer{}); o.duration != 5*time.Second || o.nat.timeouts.udp != time.Second {
+		t.Errorf("-compare -duration 5s -udp-idle 1s: %+v", o)
+	}
+}

@@ -1,0 +1,456 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hash4/hash4"
+	"golang.org/x/sys/unix"
+)
+
+// These tests build real topologies: they need Linux, root, /dev/net/tun
+// and ip, and skip, saying why, without them.
+
+// needTopology skips the test if the topology cannot be built here.
+func needTopology(t *testing.T, tools ...string) {
+	t.Helper()
+	if err := checkEnv(tools...); err != nil {
+		t.Skip(err)
+	}
+}
+
+// testTimeouts are short timeouts for the tests.
+var testTimeouts = timeouts{udp: 30 * time.Second, icmp: 30 * time.Second, tcpSyn: 30 * time.Second,
+	tcpEstablished: time.Hour, tcpFin: 30 * time.Second, tcpTimeWait: 30 * time.Second, tcpClose: 30 * time.Second}
+
+// startTestNAT builds a topology and runs a NAT over ports with to; both
+// go away when the test ends.
+func startTestNAT(t *testing.T, ports hash4.PortRange, to timeouts) (*topology, *gateway) {
+	t.Helper()
+	topo, err := newTUNTopology()
+	t.Cleanup(func() {
+		if err := topo.close(); err != nil {
+			t.Errorf("removing the topology: %v", err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := startGateway(natConfig{external4: extAddr4, external6: extAddr6, ports: ports, maxFlows: 10000, timeouts: to}, topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.close)
+	return topo, g
+}
+
+// peers records the client addresses a test server saw.
+type peers struct {
+	mu   sync.Mutex
+	seen []netip.AddrPort
+}
+
+func (p *peers) add(a netip.AddrPort) {
+	p.mu.Lock()
+	p.seen = append(p.seen, netip.AddrPortFrom(a.Addr().Unmap(), a.Port()))
+	p.mu.Unlock()
+}
+
+func (p *peers) list() []netip.AddrPort {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]netip.AddrPort(nil), p.seen...)
+}
+
+// startEchoes runs a TCP echo and a UDP echo in the server namespace on
+// serverAddr4:port, recording their peers, until the test ends.
+func startEchoes(t *testing.T, topo *topology, port uint16) (tcpPeers, udpPeers *peers) {
+	t.Helper()
+	addr := netip.AddrPortFrom(serverAddr4, port).String()
+	var ln net.Listener
+	var pc net.PacketConn
+	if err := inNetns(topo.server, func() error {
+		var err error
+		if ln, err = net.Listen("tcp4", addr); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp4", addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tcpPeers, udpPeers = &peers{}, &peers{}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			tcpPeers.add(c.RemoteAddr().(*net.TCPAddr).AddrPort())
+			wg.Go(func() { io.Copy(c, c); c.Close() })
+		}
+	})
+	wg.Go(func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			udpPeers.add(from.(*net.UDPAddr).AddrPort())
+			pc.WriteTo(buf[:n], from)
+		}
+	})
+	t.Cleanup(func() { ln.Close(); pc.Close(); wg.Wait() })
+	return tcpPeers, udpPeers
+}
+
+// dialIn opens a connection of network ("tcp4", "udp4") from the client
+// namespace to addr.
+func dialIn(topo *topology, network string, addr netip.AddrPort) (net.Conn, error) {
+	var c net.Conn
+	err := inNetns(topo.client, func() error {
+		var err error
+		c, err = net.DialTimeout(network, addr.String(), 5*time.Second)
+		return err
+	})
+	return c, err
+}
+
+// udpExchange sends msg on c and waits for its echo, trying tries times
+// with timeout each.
+func udpExchange(c net.Conn, msg []byte, tries int, timeout time.Duration) error {
+	buf := make([]byte, len(msg)+1)
+	for range tries {
+		if _, err := c.Write(msg); err != nil {
+			return err
+		}
+		c.SetReadDeadline(time.Now().Add(timeout))
+		n, err := c.Read(buf)
+		if err == nil {
+			if !bytes.Equal(buf[:n], msg) {
+				return fmt.Errorf("echo %q, want %q", buf[:n], msg)
+			}
+			return nil
+		}
+		if !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("no echo after %d tries", tries)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// The demo, short, passes, and leaves no namespace behind.
+func TestDemo(t *testing.T) {
+	needTopology(t, demoTools...)
+	var out, prog bytes.Buffer
+	o := options{duration: time.Second, nat: natConfig{ports: hash4.PortRange{Low: 1024, High: 65535}, maxFlows: 1000, timeouts: testTimeouts}}
+	res, err := runDemo(context.Background(), o, &out, &prog)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Logf("demo:\n%s", out.String())
+	if !res.ok() || !strings.Contains(out.String(), "PASS") {
+		t.Errorf("demo failed")
+	}
+	if res.nat.FlowsCreated < 10 || res.nat.PktsOut == 0 || res.nat.PktsIn == 0 {
+		t.Errorf("NAT counters: %v", res.nat)
+	}
+	if strings.Count(prog.String(), "\n") < 1 {
+		t.Errorf("no progress line:\n%s", prog.String())
+	}
+	assertNoNamespaces(t)
+}
+
+// assertNoNamespaces fails if a namespace of this process is left, but for
+// those of tests still running (none run in parallel here).
+func assertNoNamespaces(t *testing.T) {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mine := fmt.Sprintf("%s%d-", nsPrefix, os.Getpid()); strings.Contains(string(out), mine) {
+		t.Errorf("namespaces left behind:\n%s", out)
+	}
+}
+
+// Many TCP and UDP flows at once: every byte comes back, the server sees
+// each flow from its own external port, and the NAT made one flow each.
+func TestManyFlows(t *testing.T) {
+	needTopology(t)
+	topo, g := startTestNAT(t, hash4.PortRange{Low: 20000, High: 29999}, testTimeouts)
+	tcpPeers, udpPeers := startEchoes(t, topo, 9000)
+	server := netip.AddrPortFrom(serverAddr4, 9000)
+	const flows = 48
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*flows)
+	for i := range flows {
+		wg.Go(func() {
+			c, err := dialIn(topo, "tcp4", server)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			data := bytes.Repeat([]byte{byte(i)}, 64<<10)
+			go c.Write(data)
+			c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			got := make([]byte, len(data))
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, data) {
+				errs <- fmt.Errorf("TCP flow %d: %v, data intact %v", i, err, bytes.Equal(got, data))
+			}
+		})
+		wg.Go(func() {
+			c, err := dialIn(topo, "udp4", server)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			for j := range 10 {
+				if err := udpExchange(c, fmt.Appendf(nil, "flow %d datagram %d", i, j), 5, time.Second); err != nil {
+					errs <- fmt.Errorf("UDP flow %d: %v", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for name, p := range map[string]*peers{"TCP": tcpPeers, "UDP": udpPeers} {
+		ports := map[uint16]bool{}
+		for _, a := range p.list() {
+			if a.Addr() != extAddr4 || a.Port() < 20000 || a.Port() > 29999 {
+				t.Errorf("%s server saw %v", name, a)
+			}
+			ports[a.Port()] = true
+		}
+		if len(ports) != flows {
+			t.Errorf("%s server saw %d external ports, want %d", name, len(ports), flows)
+		}
+	}
+	if s := g.nat.stats(); s.FlowsCreated != 2*flows || s.Drops[dropNoPort] != 0 {
+		t.Errorf("NAT: %v; want %d flows", s, 2*flows)
+	}
+}
+
+// With four external ports, a fifth UDP flow is dropped and counted, and
+// the four go on.
+func TestPortExhaustion(t *testing.T) {
+	needTopology(t)
+	topo, g := startTestNAT(t, hash4.PortRange{Low: 30000, High: 30003}, testTimeouts)
+	_, udpPeers := startEchoes(t, topo, 9000)
+	server := netip.AddrPortFrom(serverAddr4, 9000)
+	var conns []net.Conn
+	for i := range 4 {
+		c, err := dialIn(topo, "udp4", server)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := udpExchange(c, fmt.Appendf(nil, "flow %d", i), 5, time.Second); err != nil {
+			t.Fatalf("flow %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	extra, err := dialIn(topo, "udp4", server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	if err := udpExchange(extra, []byte("one too many"), 2, 200*time.Millisecond); err == nil {
+		t.Error("a fifth flow got through four ports")
+	}
+	if s := g.nat.stats(); s.Drops[dropNoPort] != 2 || s.FlowsActive != 4 {
+		t.Errorf("NAT: %v; want 2 no-port drops and 4 flows", s)
+	}
+	for i, c := range conns {
+		if err := udpExchange(c, fmt.Appendf(nil, "flow %d again", i), 5, time.Second); err != nil {
+			t.Errorf("existing flow %d after exhaustion: %v", i, err)
+		}
+	}
+	for _, a := range udpPeers.list() {
+		if a.Port() < 30000 || a.Port() > 30003 {
+			t.Errorf("server saw %v", a)
+		}
+	}
+}
+
+// With one external port, a UDP flow and a reset TCP flow expire after
+// their timeouts, and new flows take the port again.
+func TestExpiryAndReuse(t *testing.T) {
+	needTopology(t)
+	to := testTimeouts
+	to.udp, to.tcpClose = 200*time.Millisecond, 200*time.Millisecond
+	topo, g := startTestNAT(t, hash4.PortRange{Low: 30000, High: 30000}, to)
+	tcpPeers, udpPeers := startEchoes(t, topo, 9000)
+	server := netip.AddrPortFrom(serverAddr4, 9000)
+
+	waitExpired := func(n int64) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); g.nat.stats().FlowsExpired < n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("flows not expired: %v", g.nat.stats())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for i := range 3 {
+		c, err := dialIn(topo, "udp4", server)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = udpExchange(c, fmt.Appendf(nil, "round %d", i), 5, time.Second)
+		c.Close()
+		if err != nil {
+			t.Fatalf("UDP round %d: %v", i, err)
+		}
+		waitExpired(int64(i + 1))
+	}
+	for i := range 2 {
+		c, err := dialIn(topo, "tcp4", server)
+		if err != nil {
+			t.Fatalf("TCP round %d: %v", i, err)
+		}
+		msg := fmt.Appendf(nil, "tcp %d", i)
+		c.Write(msg)
+		got := make([]byte, len(msg))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Fatalf("TCP round %d: %v", i, err)
+		}
+		c.(*net.TCPConn).SetLinger(0) // close with RST
+		c.Close()
+		waitExpired(int64(3 + i + 1))
+	}
+	for _, p := range append(udpPeers.list(), tcpPeers.list()...) {
+		if p != netip.AddrPortFrom(extAddr4, 30000) {
+			t.Errorf("server saw %v, want every flow from %v:30000", p, extAddr4)
+		}
+	}
+	if len(udpPeers.list()) != 3 || len(tcpPeers.list()) != 2 {
+		t.Errorf("server saw %d UDP and %d TCP flows, want 3 and 2", len(udpPeers.list()), len(tcpPeers.list()))
+	}
+	if s := g.nat.stats(); s.FlowsCreated != 5 || s.FlowsExpired != 5 || s.FlowsActive != 0 {
+		t.Errorf("NAT: %v", s)
+	}
+}
+
+// Malformed and truncated packets, fragments and unknown protocols sent
+// into the client's device are counted and dropped, and the NAT goes on.
+func TestBadPackets(t *testing.T) {
+	needTopology(t)
+	topo, g := startTestNAT(t, hash4.PortRange{Low: 30000, High: 30099}, testTimeouts)
+	startEchoes(t, topo, 9000)
+	server := netip.AddrPortFrom(serverAddr4, 9000)
+
+	src := netip.AddrPortFrom(clientAddr4, 40000)
+	udp := build(pktSpec{proto: protoUDP, src: src, dst: server, payload: []byte("x")})
+	frag := bytes.Clone(udp)
+	frag[6] |= 0x20
+	fixChecksums(frag, false)
+	gre := bytes.Clone(udp)
+	gre[9] = 47
+	short := bytes.Clone(udp[:24])
+	binary.BigEndian.PutUint16(short[2:], 24)
+	v6frag := build(pktSpec{proto: protoTCP, src: netip.AddrPortFrom(clientAddr6, 40000), dst: netip.AddrPortFrom(serverAddr6, 9000), flags: tcpSYN})
+	v6frag[6] = protoFrag6
+	sends := []struct {
+		b     []byte
+		v6    bool
+		count dropReason
+	}{
+		{udp[:len(udp)-3], false, dropMalformed},            // cut short of its length
+		{[]byte{0x45, 0, 0}, false, dropMalformed},          // a header's start
+		{[]byte{0x95, 1, 2, 3, 4, 5}, false, dropMalformed}, // no IP version at all
+		{short, false, dropTruncated},
+		{frag, false, dropFragment},
+		{v6frag, true, dropFragment},
+		{gre, false, dropUnsupported},
+	}
+	fd, ifindex := packetSocket(t, topo)
+	want := map[dropReason]int64{}
+	for _, s := range sends {
+		proto := uint16(unix.ETH_P_IP)
+		if s.v6 {
+			proto = unix.ETH_P_IPV6
+		}
+		sa := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(proto)}
+		if err := unix.Sendto(fd, s.b, 0, sa); err != nil {
+			t.Fatalf("send %x: %v", s.b, err)
+		}
+		want[s.count]++
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		s := g.nat.stats()
+		ok := true
+		for r, n := range want {
+			ok = ok && s.Drops[r] == n
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("drops %v, want %v", s, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c, err := dialIn(topo, "udp4", server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := udpExchange(c, []byte("still working"), 5, time.Second); err != nil {
+		t.Errorf("after the bad packets: %v", err)
+	}
+	if s := g.nat.stats(); s.FlowsCreated != 1 {
+		t.Errorf("NAT: %v; want 1 flow, the good one", s)
+	}
+}
+
+// packetSocket returns a packet socket in the client namespace and the
+// index of its TUN device, to send raw IP packets into the device.
+func packetSocket(t *testing.T, topo *topology) (fd, ifindex int) {
+	t.Helper()
+	err := inNetns(topo.client, func() error {
+		var err error
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		ifi, err := net.InterfaceByName("tun0")
+		if err != nil {
+			return err
+		}
+		ifindex = ifi.Index
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd, ifindex
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
