@@ -883,4 +883,3 @@ func refBindOptions(f byte) (v6only, reuse bool, opts []BindOption) {
 func refNorm(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
 }
-

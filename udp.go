@@ -209,11 +209,6 @@ type udpPeer struct {
 	addr netip.AddrPort
 }
 
-// loopback4IPv6 is the kernel's LOOPBACK4_IPV6, 127.0.0.6: the IPv4 address
-// inet6_bind gives an IPv6 socket bound to an address that is neither ::
-// nor IPv4-mapped; bind conflicts compare it.
-const loopback4IPv6 = 0x7f000006
-
 // NewUDPTable returns an empty table. [WithCapacity] sets the number of hash2
 // slots, which is also the number of hash4 chains, rounded up to a power of
 // two (default 1024); [WithLockStripes] the number of hash4 writer locks;
@@ -273,16 +268,13 @@ type sockAddr struct {
 }
 
 // newSockAddr returns the sockAddr of a socket of family v6 on addr: an
-// IPv6 socket's IPv4 address is that of an IPv4-mapped address, 0 for ::,
-// and the kernel's LOOPBACK4_IPV6 (127.0.0.6) for any other (inet6_bind).
+// IPv6 socket's IPv4 address is that of an IPv4-mapped address, else 0.
 func newSockAddr(addr netip.Addr, v6, v6only bool) sockAddr {
 	a := sockAddr{v6: v6, v6only: v6only}
 	switch {
 	case !v6 || addr.Is4In6():
 		b := addr.Unmap().As4()
 		a.v4 = uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	case !addr.IsUnspecified():
-		a.v4 = loopback4IPv6
 	}
 	if v6 {
 		a.a6 = netip.AddrFrom16(addr.As16())
@@ -295,7 +287,9 @@ func newSockAddr(addr netip.Addr, v6, v6only bool) sockAddr {
 // if wild, a wildcard address overlaps every address it receives for.
 func addrEqual(a, b sockAddr, wild bool) bool {
 	if !a.v6 {
-		if b.v6only {
+		if b.v6only || (b.v6 && !b.a6.Is4In6() && !b.a6.IsUnspecified()) {
+			// An IPv6 address other than :: and the IPv4-mapped ones
+			// overlaps no IPv4 address.
 			return false
 		}
 		return a.v4 == b.v4 || (wild && (a.v4 == 0 || b.v4 == 0))
@@ -399,9 +393,8 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 }
 
 // inUse reports whether binding b conflicts with a socket of primary slot
-// ps, as the kernel's udp_lib_lport_inuse: the sockets on b's port, newest
-// first, are checked until one overlaps b's address and not both set
-// SO_REUSEADDR; then b may bind only if both set SO_REUSEPORT.
+// ps, as the kernel's udp_lib_lport_inuse: a socket on b's port whose
+// address overlaps b's, unless both set SO_REUSEADDR or both SO_REUSEPORT.
 func (t *UDPTable[T]) inUse(ps *udpPort[T], b *udpBinding[T]) bool {
 	s := b.s
 	for i := len(ps.socks) - 1; i >= 0; i-- {
@@ -409,7 +402,9 @@ func (t *UDPTable[T]) inUse(ps *udpPort[T], b *udpBinding[T]) bool {
 		if o.port != s.port || (o.reuseAd && s.reuseAd) || !addrEqual(b.addr, o.b.addr, true) {
 			continue
 		}
-		return !(o.reusePort && s.reusePort)
+		if !(o.reusePort && s.reusePort) {
+			return true
+		}
 	}
 	return false
 }

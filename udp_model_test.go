@@ -50,10 +50,9 @@ func (u *udpModel) bind(local netip.AddrPort, v6only, reusePort, reuseAddr bool)
 		if o.port != s.port || (o.reuseAddr && s.reuseAddr) || !addrEqual(s.sockAddr(), o.sockAddr(), true) {
 			continue
 		}
-		if o.reusePort && s.reusePort {
-			break
+		if !(o.reusePort && s.reusePort) {
+			return nil
 		}
-		return nil
 	}
 	if reusePort { // udp_reuseport_add_sock
 		for i := len(u.socks) - 1; i >= 0 && s.group == nil; i-- {

@@ -1293,14 +1293,12 @@ func TestUDPBindConflicts(t *testing.T) {
 		{{"::", true, false, false, true}, {"0.0.0.0", false, false, false, true}, {"::ffff:127.0.0.1", false, false, false, false}},
 		{{"127.0.0.3", false, true, false, true}, {"::ffff:127.0.0.3", false, true, false, true}},
 		{{"127.0.0.3", false, false, false, true}, {"::ffff:127.0.0.3", false, false, false, false}},
-		// An IPv6 socket on ::1 holds 127.0.0.6 for IPv4 (LOOPBACK4_IPV6),
-		// and the check is not symmetric.
-		{{"::1", false, false, false, true}, {"0.0.0.0", false, false, false, false}},
+		// An IPv6 address other than :: overlaps no IPv4 address.
+		{{"::1", false, false, false, true}, {"0.0.0.0", false, false, false, true}},
 		{{"0.0.0.0", false, false, false, true}, {"::1", false, false, false, true}},
-		{{"::1", false, false, false, true}, {"127.0.0.6", false, false, false, false}},
-		{{"::1", true, false, false, true}, {"127.0.0.6", false, false, false, true}},
-		// The newest overlapping socket decides.
-		{{"127.0.0.1", false, false, false, true}, {"127.0.0.2", false, true, false, true}, {"0.0.0.0", false, true, false, true}},
+		{{"::1", false, false, false, true}, {"127.0.0.6", false, false, false, true}},
+		// Every overlapping socket must allow it.
+		{{"127.0.0.1", false, false, false, true}, {"127.0.0.2", false, true, false, true}, {"0.0.0.0", false, true, false, false}},
 		{{"127.0.0.2", false, true, false, true}, {"127.0.0.1", false, false, false, true}, {"0.0.0.0", false, true, false, false}},
 		{{"127.0.0.1", false, false, false, true}, {"0.0.0.0", false, true, true, false}},
 	} {
