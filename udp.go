@@ -114,7 +114,6 @@ type UDPTable[T any] struct {
 	anyMix uint32 // jhash_1word(0, mix): the wildcard part of a wildcard slot's hash
 
 	ids      atomic.Uint64 // bind sequence numbers
-	pos      atomic.Int64  // chain insertions
 	restarts atomic.Uint64 // hash4 walks started again
 
 	// hash4Off, set only by tests and benchmarks before the table is used,
