@@ -93,8 +93,10 @@ func BenchmarkUDPLookup(b *testing.B) {
 		b.Fatal(err)
 	}
 	n := 0
-	for _, g := range *tbl.slots[portaddrHash(local.Addr(), 5000, tbl.mix)&tbl.mask].groups.Load() {
-		n += len(g.members)
+	for _, b := range *tbl.slots[portaddrHash(local.Addr(), 5000, tbl.mix)&tbl.mask].chain.Load() {
+		if b.local == local {
+			n++
+		}
 	}
 	if n != connected+1 {
 		b.Fatalf("the slot of %v holds %d sockets", local, n)

@@ -435,14 +435,15 @@ func ExampleTCPTable_Listen() {
 func ExampleUDPTable() {
 	type sock struct{ name string }
 	socks := hash4.NewUDPTable[sock]()
-	if _, err := socks.Bind(netip.MustParseAddrPort("0.0.0.0:5353"), &sock{"wildcard"}); err != nil {
+	// SO_REUSEADDR on both lets a socket on the wildcard address and one on
+	// a concrete address share the port, as in Linux.
+	if _, err := socks.Bind(netip.MustParseAddrPort("0.0.0.0:5353"), &sock{"wildcard"}, hash4.WithReuseAddr()); err != nil {
 		fmt.Println(err)
 		return
 	}
 	// A socket bound to one address of the same port and connected to one
-	// peer. (Linux would require SO_REUSEADDR on both; here other
-	// addresses never conflict.)
-	s, err := socks.Bind(netip.MustParseAddrPort("192.0.2.10:5353"), &sock{"connected"})
+	// peer.
+	s, err := socks.Bind(netip.MustParseAddrPort("192.0.2.10:5353"), &sock{"connected"}, hash4.WithReuseAddr())
 	if err != nil {
 		fmt.Println(err)
 		return

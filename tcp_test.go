@@ -800,3 +800,86 @@ func TestTCPReusePortRace(t *testing.T) {
 		require.Equal(t, names[reciprocalScale(h, 3)], *v)
 	}
 }
+
+// refBinding is what a socket of a reference model is bound to.
+type refBinding struct {
+	local         netip.AddrPort // normalized
+	v6only, reuse bool
+}
+
+func (b *refBinding) binding() *refBinding { return b }
+
+// refGroup names a reuseport group: its sockets' address and port, and
+// whether they are IPv6-only.
+type refGroup struct {
+	local  netip.AddrPort
+	v6only bool
+}
+
+func (b *refBinding) group() refGroup { return refGroup{b.local, b.v6only} }
+
+// refSockets holds the sockets of a reference model (UDP sockets or TCP
+// listeners) in bind order, and each reuseport group as the kernel keeps
+// its array: reuseport_add_sock appends, reuseport_detach_sock moves the
+// last socket into the gap.
+type refSockets[S interface {
+	comparable
+	binding() *refBinding
+}] struct {
+	bound  []S
+	groups map[refGroup][]S
+}
+
+// bindOK reports whether a socket may bind local: a valid address and
+// port, IPv6-only only on an IPv6 address, and port reuse asked for by
+// every socket on local if it is taken.
+func (r *refSockets[S]) bindOK(local netip.AddrPort, v6only, reuse bool) bool {
+	l := refNorm(local)
+	if !l.Addr().IsValid() || l.Port() == 0 || (v6only && l.Addr().Is4()) {
+		return false
+	}
+	for _, s := range r.bound {
+		if b := s.binding(); b.local == l && !(b.reuse && reuse) {
+			return false
+		}
+	}
+	return true
+}
+
+// add adds s, bound.
+func (r *refSockets[S]) add(s S) {
+	r.bound = append(r.bound, s)
+	if r.groups == nil {
+		r.groups = map[refGroup][]S{}
+	}
+	g := s.binding().group()
+	r.groups[g] = append(r.groups[g], s)
+}
+
+// remove removes the i-th socket in bind order.
+func (r *refSockets[S]) remove(i int) {
+	s := r.bound[i]
+	r.bound = slices.Delete(r.bound, i, i+1)
+	g := s.binding().group()
+	a := r.groups[g]
+	j := slices.Index(a, s)
+	a[j] = a[len(a)-1]
+	r.groups[g] = a[:len(a)-1]
+}
+
+// refBindOptions decodes a scenario's byte into the options of a Bind or
+// Listen: IPv6-only one time in two, port reuse three times in four.
+func refBindOptions(f byte) (v6only, reuse bool, opts []BindOption) {
+	v6only, reuse = f&1 != 0, f&6 != 0
+	if v6only {
+		opts = append(opts, WithIPv6Only())
+	}
+	if reuse {
+		opts = append(opts, WithReusePort())
+	}
+	return v6only, reuse, opts
+}
+
+func refNorm(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
+}
