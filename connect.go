@@ -64,7 +64,7 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	var k key
 	setWords(&k.remote, remote.Addr())
 	setWords(&k.local, local)
-	hash0 := hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port())
+	hash0 := t.hashPort0(&k.local, &k.remote, remote.Port())
 	full := false
 	scan := a.startScan(local, remote, &cc)
 	for {

@@ -184,7 +184,7 @@ func withLocalPort(t Tuple, p uint16) Tuple {
 	return t
 }
 
-var hashers = []Hasher{LinuxHasher, XXH3Hasher}
+var hashers = []Hasher{LinuxHasher, XXH3Hasher, FoldHasher}
 
 // TestPortIdentity checks hash(t with port p) == hash(t with port 0) + p for
 // every local port, both families and both hashers.
@@ -316,6 +316,7 @@ func TestHashTupleAllocs(t *testing.T) {
 func TestHasherString(t *testing.T) {
 	require.Equal(t, "linux", LinuxHasher.String())
 	require.Equal(t, "xxh3", XXH3Hasher.String())
+	require.Equal(t, "fold", FoldHasher.String())
 	require.Equal(t, "Hasher(7)", Hasher(7).String())
 }
 

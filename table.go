@@ -49,6 +49,7 @@ type Table[T any] struct {
 	moves    []moveCount // per stripe (see move)
 	secret   Secret
 	hasher   Hasher
+	fold     [4]uint64 // the fold hasher's keys, drawn from secret
 	restarts atomic.Uint64
 
 	// growMu serializes Grow; groups is the config's home groups rule
@@ -287,6 +288,7 @@ func New[T any](opts ...Option) *Table[T] {
 	} else {
 		t.secret = NewSecret()
 	}
+	t.fold = foldKeys(t.secret.Seed)
 	a := new(tableArray[T])
 	n := bucketCount(cfg.capacity)
 	a.b.initShared(n, newStripes(cfg.stripeCount(), n), 0, cfg.hugePages)
@@ -350,13 +352,20 @@ func (t *Table[T]) tupleKey(k *key, tup *Tuple) {
 		setWordsAs16(&k.local, tup.Local.Addr())
 	}
 	rport := tup.Remote.Port()
-	var h uint32 // hashPort0, in line
-	if t.hasher == XXH3Hasher {
-		h = xxh3Port0(&t.secret, &k.local, &k.remote, rport)
-	} else {
-		h = inetEhashWords(&k.local, &k.remote, wordsAreIPv4(&k.local) && wordsAreIPv4(&k.remote), rport, t.secret.Ehash, t.secret.Ehash6Addr)
+	k.setPort(t.hashPort0(&k.local, &k.remote, rport), tup.Local.Port(), rport)
+}
+
+// hashPort0 is the package's hashPort0 with the table's hasher, secret and
+// fold keys. N.B. written for tupleKey, which it must inline into: as a
+// call, the hash of a cached key costs a tenth more.
+func (t *Table[T]) hashPort0(local, remote *[2]uint64, rport uint16) uint32 {
+	switch t.hasher {
+	case XXH3Hasher:
+		return xxh3Port0(&t.secret, local, remote, rport)
+	case FoldHasher:
+		return foldPort0(&t.fold, local, remote, rport)
 	}
-	k.setPort(h, tup.Local.Port(), rport)
+	return inetEhashWords(local, remote, wordsAreIPv4(local) && wordsAreIPv4(remote), rport, t.secret.Ehash, t.secret.Ehash6Addr)
 }
 
 // setKey sets *k to the key of the flow (local:localPort, remote), hashed,
@@ -371,7 +380,7 @@ func (t *Table[T]) setKey(k *key, local netip.Addr, localPort uint16, remote net
 		setWordsAs16(&k.remote, remote.Addr())
 		setWordsAs16(&k.local, local)
 	}
-	k.setPort(hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port()), localPort, remote.Port())
+	k.setPort(t.hashPort0(&k.local, &k.remote, remote.Port()), localPort, remote.Port())
 }
 
 // setPort sets the local port of k, given the hash of k with local port 0.

@@ -758,12 +758,16 @@ func TestTableHasherOption(t *testing.T) {
 		require.Equal(t, n, longest(xxh, WithHasher(XXH3Hasher)))
 		require.Less(t, longest(xxh, WithHasher(LinuxHasher)), n)
 		require.Less(t, longest(xxh), n)
+		fold := tblSameBucket(t, FoldHasher, 7, n, v6)
+		require.Equal(t, n, longest(fold, WithHasher(FoldHasher)))
+		require.Less(t, longest(fold, WithHasher(LinuxHasher)), n)
+		require.Less(t, longest(linux, WithHasher(FoldHasher)), n)
 		// An invalid hasher leaves the default (or an earlier choice).
-		require.Equal(t, n, longest(linux, WithHasher(Hasher(2))))
+		require.Equal(t, n, longest(linux, WithHasher(Hasher(3))))
 		require.Equal(t, n, longest(linux, WithHasher(Hasher(255))))
 		require.Equal(t, n, longest(xxh, WithHasher(XXH3Hasher), WithHasher(Hasher(7))))
 	}
-	require.Equal(t, LinuxHasher, New[int](WithFixedBuckets(), WithHasher(Hasher(3))).hasher)
+	require.Equal(t, LinuxHasher, New[int](WithFixedBuckets(), WithHasher(Hasher(4))).hasher)
 	require.Equal(t, XXH3Hasher, New[int](WithFixedBuckets(), WithHasher(XXH3Hasher)).hasher)
 }
 
