@@ -1,18 +1,22 @@
 package hash4
 
-import "math"
+import (
+	"fmt"
+	"math"
+	"math/bits"
+)
 
 // growLimit returns the growAt of an array of n buckets under s stripes,
-// or never in a table made WithFixedBuckets or of the most buckets a table
-// can have: twice the buckets of a stripe, m, plus the spread of the
-// fullest of s stripes when the table holds two entries per bucket, about
+// or never in a table made WithFixedBuckets or of the most buckets it may
+// have: twice the buckets of a stripe, m, plus the spread of the fullest of
+// s stripes when the table holds two entries per bucket, about
 // sqrt(2 ln s) standard deviations of a stripe's count (sqrt(m) for random
 // flows), so that the first stripe to pass its limit does so when the table
 // passes about two entries per bucket, whether its stripes cover few
 // buckets or many. (With the limit at m, a table of 1024 buckets under 64
 // stripes grew at 1.2 to 1.3 entries per bucket.)
 func (t *Table[T]) growLimit(n, s int) uint64 {
-	if t.fixed || n >= maxBuckets {
+	if t.fixed || n >= t.bucketLimit {
 		return math.MaxUint64
 	}
 	m := float64(2 * n / s)
@@ -55,7 +59,7 @@ func (t *Table[T]) growTarget(a *tableArray[T]) int {
 		most = max(most, a.b.stripes[i].count.Load())
 	}
 	n := 2 * len(a.b.heads)
-	for n < maxBuckets && t.growLimit(n, len(a.b.stripes)) < most {
+	for n < t.bucketLimit && t.growLimit(n, len(a.b.stripes)) < most {
 		n *= 2
 	}
 	return n
@@ -71,15 +75,53 @@ func (a *tableArray[T]) overfull() bool {
 	return false
 }
 
+// sizes checks the sizes of c, and returns the most buckets its table may
+// have, a power of two (see WithMaxBuckets); it lowers the default
+// capacity to that. It panics, as make does, on a size no table can have:
+// so a size beyond the index space fails before a byte is allocated.
+func (c *tableConfig) sizes() int {
+	if c.maxBuckets < 0 {
+		panic(fmt.Sprintf("hash4: WithMaxBuckets(%d): negative", c.maxBuckets))
+	}
+	limit := maxBuckets
+	if c.maxBuckets > 0 {
+		limit = max(minBuckets, 1<<(bits.Len(uint(min(c.maxBuckets, maxBuckets)))-1))
+	}
+	switch {
+	case !c.capacitySet:
+		c.capacity = min(c.capacity, limit)
+	case c.capacity > limit && c.maxBuckets > 0:
+		panic(fmt.Sprintf("hash4: WithCapacity(%d) beyond WithMaxBuckets(%d), %d buckets", c.capacity, c.maxBuckets, limit))
+	case c.capacity > limit:
+		panic(fmt.Sprintf("hash4: WithCapacity(%d) beyond %d buckets, the most a table can have", c.capacity, limit))
+	}
+	return limit
+}
+
 // Grow sizes the table for about n entries, as WithCapacity sizes a new
-// one: if n rounded up to a power of two (at most 2^29) is more buckets
-// than the table has, it replaces the bucket array with one of that many,
-// and otherwise does nothing. If the new array's home slots would not fit
-// in the table's index space it returns ErrTableFull and changes nothing.
+// one: if n rounded up to a power of two is more buckets than the table
+// has, it replaces the bucket array (60 bytes per bucket); else it does
+// nothing. Every method may run meanwhile and finds every entry; a writer
+// waits at most for one lock stripe's entries to move. It panics if n is
+// negative, and changes nothing and returns an error matching [ErrTooLarge]
+// if n is beyond the table's bucket limit (see [WithMaxBuckets]), or
+// [ErrTableFull] if the table's index space has no room for the new array.
+func (t *Table[T]) Grow(n int) error {
+	if n < 0 {
+		panic(fmt.Sprintf("hash4: Grow(%d): negative size", n))
+	}
+	if n > t.bucketLimit {
+		return fmt.Errorf("%w: Grow(%d) beyond %d buckets", ErrTooLarge, n, t.bucketLimit)
+	}
+	t.growMu.Lock()
+	defer t.growMu.Unlock()
+	return t.grow(n)
+}
+
+// grow is Grow, with growMu held, for n at most the table's bucket limit.
 //
-// A table grows itself past about two entries per bucket (see Table,
-// Growth); Grow sizes it ahead of a known load instead, or grows a table
-// made WithFixedBuckets.
+// A table grows itself (growBehind); Grow sizes it ahead of a known load
+// instead, or grows a table made WithFixedBuckets.
 //
 // Every method may run while Grow runs, and finds every entry. Grow
 // publishes the new array at once and then moves the entries into it one
@@ -108,13 +150,6 @@ func (a *tableArray[T]) overfull() bool {
 // table keeps those. Made for 2^15 entries, filled, grown to 2^16 and
 // filled again, a table holds 63.5 bytes per entry, as one made for 2^16
 // does (TestTableMemoryPerEntry).
-func (t *Table[T]) Grow(n int) error {
-	t.growMu.Lock()
-	defer t.growMu.Unlock()
-	return t.grow(n)
-}
-
-// grow is Grow, with growMu held.
 func (t *Table[T]) grow(n int) error {
 	old := t.arr.Load()
 	nb := bucketCount(n)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -166,8 +167,8 @@ func TestTableGrowHomeGroups(t *testing.T) {
 	require.Greater(t, float64(st.HomeEntries+st.GroupEntries)/float64(st.Entries), 0.78)
 }
 
-// TestTableGrowNoOp checks that Grow to no more buckets than a table has,
-// for any n, changes nothing.
+// TestTableGrowNoOp checks that Grow to no more buckets than a table has
+// changes nothing, and that a negative size panics and changes nothing.
 func TestTableGrowNoOp(t *testing.T) {
 	tab := New[int](WithFixedBuckets(), WithCapacity(64))
 	want := map[Tuple]*int{}
@@ -178,10 +179,13 @@ func TestTableGrowNoOp(t *testing.T) {
 	}
 	a := tab.cur()
 	nodes := tab.Stats().Nodes
-	for _, n := range []int{math.MinInt, -1, 0, 1, 16, 63, 64} {
+	for _, n := range []int{0, 1, 16, 63, 64} {
 		require.NoError(t, tab.Grow(n), n)
 		require.Same(t, a, tab.cur(), "Grow(%d) replaced the array", n)
 	}
+	require.PanicsWithValue(t, "hash4: Grow(-1): negative size", func() { _ = tab.Grow(-1) })
+	require.PanicsWithValue(t, fmt.Sprintf("hash4: Grow(%d): negative size", math.MinInt), func() { _ = tab.Grow(math.MinInt) })
+	require.Same(t, a, tab.cur())
 	require.Equal(t, nodes, tab.Stats().Nodes)
 	growCheck(t, tab, want, "after Grows to no more buckets")
 }
@@ -1140,4 +1144,90 @@ func TestReleasedNullsValue(t *testing.T) {
 	require.Less(t, uint64(listenerNullsBase+maxBuckets-1), uint64(arrayNullsFlip), "listener chains below the flip")
 	require.True(t, nullsLink(releasedNullsValue).isNulls())
 	require.EqualValues(t, releasedNullsValue, nullsLink(releasedNullsValue).nullsValue())
+}
+
+// TestTableMaxBuckets checks WithMaxBuckets: the bound is n rounded down
+// to a power of two, at least 16; a table does not grow itself past it,
+// Grow past it fails with ErrTooLarge and changes nothing, and the default
+// capacity is lowered to it.
+func TestTableMaxBuckets(t *testing.T) {
+	for _, c := range []struct{ max, limit, buckets int }{
+		{0, maxBuckets, 1024},
+		{1, 16, 16},
+		{16, 16, 16},
+		{100, 64, 64},
+		{1000, 512, 512},
+		{1024, 1024, 1024},
+		{5000, 4096, 1024},
+		{1 << 40, maxBuckets, 1024},
+	} {
+		tab := New[int](WithMaxBuckets(c.max), WithSecret(tblSecret))
+		require.Equal(t, c.limit, tab.bucketLimit, "WithMaxBuckets(%d)", c.max)
+		require.Equal(t, c.buckets, tab.Stats().Buckets, "WithMaxBuckets(%d)", c.max)
+	}
+	// Grown by itself, up to the bound and no further.
+	tab := New[int](WithCapacity(16), WithMaxBuckets(100), WithLockStripes(4), WithSecret(tblSecret))
+	want := map[Tuple]*int{}
+	for i := range 1000 {
+		k := tblKey(i, i%2 == 0)
+		want[k] = new(i)
+		require.NoError(t, tab.Insert(k, want[k]))
+	}
+	tab.growers.Wait()
+	require.Equal(t, 64, tab.Stats().Buckets)
+	require.False(t, tab.growing.Load(), "a table at its bound is not growing")
+	growCheck(t, tab, want, "at its bound")
+	a := tab.cur()
+	require.ErrorIs(t, tab.Grow(65), ErrTooLarge)
+	require.ErrorIs(t, tab.Grow(1<<40), ErrTooLarge)
+	require.NoError(t, tab.Grow(64))
+	require.Same(t, a, tab.cur())
+	growCheck(t, tab, want, "after Grows past its bound")
+}
+
+// allocated returns the bytes of heap that f allocates.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// TestTableSizesFailCleanly checks that sizes no table can have fail
+// before allocating: New panics, Grow returns ErrTooLarge, and Grow to a
+// size whose nodes the index space has no room for returns ErrTableFull;
+// both without an allocation, where the array they asked for would be
+// 28 GiB or more.
+func TestTableSizesFailCleanly(t *testing.T) {
+	for _, c := range []struct {
+		opts []Option
+		msg  string
+	}{
+		{[]Option{WithCapacity(1 << 40)}, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have"},
+		{[]Option{WithCapacity(maxBuckets + 1)}, "hash4: WithCapacity(536870913) beyond 536870912 buckets, the most a table can have"},
+		{[]Option{WithMaxBuckets(1000), WithCapacity(513)}, "hash4: WithCapacity(513) beyond WithMaxBuckets(1000), 512 buckets"},
+		{[]Option{WithCapacity(4096), WithMaxBuckets(4095)}, "hash4: WithCapacity(4096) beyond WithMaxBuckets(4095), 2048 buckets"},
+		{[]Option{WithMaxBuckets(-1)}, "hash4: WithMaxBuckets(-1): negative"},
+	} {
+		require.PanicsWithValue(t, c.msg, func() { New[int](c.opts...) })
+	}
+	require.Equal(t, 512, New[int](WithMaxBuckets(1000), WithCapacity(512)).Stats().Buckets)
+
+	tab := New[int](WithCapacity(64), WithSecret(tblSecret))
+	a := tab.cur()
+	for _, n := range []int{maxBuckets + 1, 1 << 40, math.MaxInt} {
+		err := tab.Grow(n)
+		require.ErrorIs(t, err, ErrTooLarge)
+		require.Equal(t, fmt.Sprintf("hash4: size beyond the table's bucket limit: Grow(%d) beyond 536870912 buckets", n), err.Error())
+	}
+	require.Less(t, allocated(func() { _ = tab.Grow(1 << 40) }), uint64(1024), "Grow past the limit allocates only its error")
+	// Within the bound but past the index space left (here made small):
+	// refused before the nodes are allocated.
+	hooksOf(tab).nodeLimit = 1 << 16
+	require.ErrorIs(t, tab.Grow(1<<17), ErrTableFull)
+	require.Zero(t, allocated(func() { _ = tab.Grow(1 << 17) }))
+	require.Same(t, a, tab.cur())
+	require.NoError(t, tab.Grow(1<<10))
+	require.Equal(t, 1<<10, tab.Stats().Buckets)
 }

@@ -9,8 +9,8 @@ import (
 )
 
 // Errors returned by Table. Match them with errors.Is: the errors returned
-// wrap them with the offending tuple, except ErrTableFull, which is returned
-// as it is.
+// wrap them with the offending tuple (ErrTooLarge with the size), except
+// ErrTableFull, which is returned as it is.
 var (
 	// ErrExists: the 4-tuple is already in the table.
 	ErrExists = errors.New("hash4: 4-tuple already in table")
@@ -22,6 +22,9 @@ var (
 	ErrNilValue = errors.New("hash4: nil value")
 	// ErrTableFull: the table holds 2^31-1 entries, as many as it can index.
 	ErrTableFull = errors.New("hash4: table full")
+	// ErrTooLarge: a size asked of Table.Grow is beyond the most buckets
+	// the table may have (see WithMaxBuckets).
+	ErrTooLarge = errors.New("hash4: size beyond the table's bucket limit")
 )
 
 // Table is a concurrent hash table from 4-tuples to *T, built as the Linux
@@ -56,12 +59,14 @@ type Table[T any] struct {
 	// which Grow applies to each new array. growing is set while a growth
 	// that an insert started (see insert) runs, and for good if one
 	// failed; growers counts those growths' goroutines, for tests to wait
-	// on; fixed is WithFixedBuckets.
-	growMu  sync.Mutex
-	groups  tableConfig
-	growing atomic.Bool
-	growers sync.WaitGroup
-	fixed   bool
+	// on; fixed is WithFixedBuckets; bucketLimit is the most buckets the
+	// table may have, a power of two (see WithMaxBuckets).
+	growMu      sync.Mutex
+	groups      tableConfig
+	growing     atomic.Bool
+	growers     sync.WaitGroup
+	fixed       bool
+	bucketLimit int
 	// listenerStripes are the lock stripes of a TCPTable's listener
 	// chains, whose caches hold nodes of this table's store (set by
 	// NewTCPTable before the table is shared), for compactNodes.
@@ -201,6 +206,8 @@ type tableConfig struct {
 	homeGroups    bool
 	homeGroupsSet bool
 	fixed         bool // by WithFixedBuckets
+	capacitySet   bool // by WithCapacity
+	maxBuckets    int  // by WithMaxBuckets; 0 for none
 }
 
 // withHomeGroups forces home groups on or off, whatever the bucket count,
@@ -219,13 +226,25 @@ func (c *tableConfig) stripeCount() int {
 }
 
 // WithCapacity sizes the table for about n entries: the bucket count is n
-// rounded up to a power of two (at least 16, at most 2^29), so that a full
-// table holds one entry per bucket on average, as Linux sizes its
-// established table. The default is 1024. New reserves 60 bytes per bucket
-// at once (see Table), as make(map[K]V, n) reserves room for n entries.
-// Past about twice as many entries as buckets the table grows (see Table,
-// Growth), unless made WithFixedBuckets.
-func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n } }
+// rounded up to a power of two (at least 16), so that a full table holds
+// one entry per bucket on average, as Linux sizes its established table.
+// The default is 1024. New reserves 60 bytes per bucket at once (see
+// Table), as make(map[K]V, n) reserves room for n entries, and panics if n
+// is beyond 2^29 buckets or the bound set by [WithMaxBuckets]. Past about
+// twice as many entries as buckets the table grows (see [Table]), unless
+// made [WithFixedBuckets].
+func WithCapacity(n int) Option {
+	return func(c *tableConfig) { c.capacity, c.capacitySet = n, true }
+}
+
+// WithMaxBuckets bounds the table's bucket count at n rounded down to a
+// power of two, at least 16 (0, the default, means 2^29, the most a table
+// can have): the table does not grow itself past it, [Table.Grow] beyond it
+// returns [ErrTooLarge], and New panics if [WithCapacity] asks for more, or
+// if n is negative; without WithCapacity a table starts at the bound if it
+// is below the default size. At 60 bytes per bucket, the bound caps the
+// bucket array's memory; entries past two per bucket lengthen the chains.
+func WithMaxBuckets(n int) Option { return func(c *tableConfig) { c.maxBuckets = n } }
 
 // WithFixedBuckets keeps the bucket count that New sets: the table grows
 // only when Grow is called, as Linux sizes its established table once, at
@@ -263,7 +282,8 @@ func WithHasher(h Hasher) Option {
 	}
 }
 
-// New returns an empty table.
+// New returns an empty table. It panics if an option's size is out of
+// range (see [WithCapacity], [WithMaxBuckets]).
 func New[T any](opts ...Option) *Table[T] {
 	cfg := tableConfig{capacity: 1024, hasher: LinuxHasher}
 	for _, o := range opts {
@@ -277,6 +297,7 @@ func New[T any](opts ...Option) *Table[T] {
 	} else {
 		t.secret = NewSecret()
 	}
+	t.bucketLimit = cfg.sizes()
 	a := new(tableArray[T])
 	a.b.init(cfg.capacity, cfg.stripeCount(), 0)
 	n := len(a.b.heads)
