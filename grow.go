@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"sync/atomic"
 )
 
 // growLimit returns the growAt of an array of n buckets under s stripes,
@@ -23,52 +24,132 @@ func (t *Table[T]) growLimit(n, s int) uint64 {
 	return uint64(m + math.Sqrt(2*math.Log(float64(s))*m))
 }
 
-// growBehind grows the table (growTarget) until no stripe holds more
-// entries than the array's growAt, on a goroutine of its own that an
-// insert started (see insert), as rhashtable's inserts leave its growth to
-// a deferred worker (rht_deferred_worker): the insert returns at once, and
-// writers move the stripes they come to meanwhile, as in any Grow. If the
-// node store cannot index a new array (ErrTableFull), growing stays set:
-// the table grows no more by itself.
+// initGrowth sets the growth trigger of a, a new array of the table.
+func (t *Table[T]) initGrowth(a *tableArray[T]) {
+	a.growAt = t.growLimit(len(a.b.heads), len(a.b.stripes))
+	a.checkAt = make([]atomic.Uint64, len(a.b.stripes))
+}
+
+// overLimit is called by an insert that left stripe s of a holding n
+// entries, more than a's growAt: unless a check of the table decided not
+// to grow for s at this count (see postpone), it starts the table's
+// growth, which checks the table and grows it if that helps (growBehind),
+// unless a growth runs already.
+//
+// N.B. the growth's decision is on the table as a whole, not the stripe:
+// a stripe's keys share the stripe's bits of their hashes in every array,
+// so keys chosen for one stripe (with the secret known) stay in one stripe
+// whatever the bucket count. Growing for such a stripe alone would double
+// the table until its limit passed the stripe's count: 200,000 such keys
+// grew a default table to 2^23 buckets, 2.6 KB per entry.
+//
+// N.B. growing is loaded after the insert's unlock, an atomic
+// read-modify-write that orders the count's store before the load on every
+// target, as growBehind stores growing before it reads the counts: of the
+// two, one sees the other, so a stripe left due (see overfull) is checked.
+func (t *Table[T]) overLimit(a *tableArray[T], s uint32, n uint64) {
+	if n <= a.checkAt[s].Load() || t.growing.Load() || !t.growing.CompareAndSwap(false, true) {
+		return
+	}
+	t.growers.Add(1)
+	go func() {
+		defer t.growers.Done()
+		t.growBehind()
+	}()
+}
+
+// growBehind checks the table, and grows it (growTarget) while that helps,
+// until no stripe is due (see overfull), on a goroutine of its own that an
+// insert started (see overLimit), as rhashtable's inserts leave its growth
+// to a deferred worker (rht_deferred_worker): the insert returns at once,
+// and writers move the stripes they come to meanwhile, as in any Grow.
+// Where growing does not help, it raises the due stripes' triggers
+// instead (postpone). If the node store cannot index a new array
+// (ErrTableFull), growing stays set: the table grows no more by itself.
 func (t *Table[T]) growBehind() {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
 	for {
 		for a := t.arr.Load(); a.overfull(); a = t.arr.Load() {
-			if t.grow(t.growTarget(a)) != nil {
-				return
+			most, total := a.counts()
+			n := t.growTarget(a, most, total)
+			if h := t.hooks; h != nil && h.checked != nil {
+				h.checked(n > 0)
 			}
+			if n > 0 {
+				if t.grow(n) != nil {
+					return
+				}
+				continue
+			}
+			t.postpone(a, total)
 		}
 		t.growing.Store(false)
 		// N.B. an insert that found growing set before the store above
-		// left its count where the check below sees it (see insert).
+		// left its count where the check below sees it (see overLimit).
 		if !t.arr.Load().overfull() || !t.growing.CompareAndSwap(false, true) {
 			return
 		}
 	}
 }
 
-// growTarget returns the bucket count that a, overfull, grows to: the
-// least power of two, from twice a's, at which no stripe holds more
-// entries than its limit. N.B. inserts go on while a table grows, and one
-// filled fast may be past the next size already: sized for its entries, it
-// skips arrays whose moves would only be undone.
-func (t *Table[T]) growTarget(a *tableArray[T]) int {
-	var most uint64
+// counts returns the entries of a's fullest stripe, and of all stripes.
+func (a *tableArray[T]) counts() (most, total uint64) {
 	for i := range a.b.stripes {
-		most = max(most, a.b.stripes[i].count.Load())
+		c := a.b.stripes[i].count.Load()
+		most = max(most, c)
+		total += c
 	}
-	n := 2 * len(a.b.heads)
-	for n < t.bucketLimit && t.growLimit(n, len(a.b.stripes)) < most {
+	return most, total
+}
+
+// growTarget returns the bucket count that a, which has a due stripe,
+// grows to, or 0 if growing does not help: the least power of two, from
+// twice a's, at which no stripe holds more entries than its limit (most is
+// the fullest stripe's count), but not beyond the table's bucket limit,
+// and doubled only while the table holds more entries (total) than
+// buckets. So a table grows itself only past one entry per bucket, to at
+// most twice as many buckets as entries, however its keys fall into
+// stripes. N.B. inserts go on while a table grows, and one filled fast may
+// be past the next size already: sized for its entries, it skips arrays
+// whose moves would only be undone.
+func (t *Table[T]) growTarget(a *tableArray[T], most, total uint64) int {
+	n := len(a.b.heads)
+	if total <= uint64(n) || n >= t.bucketLimit {
+		return 0
+	}
+	n *= 2
+	for n < t.bucketLimit && total > uint64(n) && t.growLimit(n, len(a.b.stripes)) < most {
 		n *= 2
 	}
 	return n
 }
 
-// overfull reports whether a stripe holds more entries than a's growAt.
+// postpone raises the trigger of each of a's due stripes, for which
+// growTarget decided not to grow a table of total entries, to where a check
+// could decide otherwise: a count past it would have the table hold more
+// entries than buckets if every insert until then were into that stripe. Inserts into other stripes reach their own triggers, or bring the
+// table there sooner. So an insert into such a stripe costs a compare, and
+// a stripe is checked again only once it holds as many more entries
+// as the table was short of one per bucket.
+func (t *Table[T]) postpone(a *tableArray[T], total uint64) {
+	short := uint64(len(a.b.heads)) - min(total, uint64(len(a.b.heads)))
+	for i := range a.b.stripes {
+		if c := a.b.stripes[i].count.Load(); c > a.trigger(i) {
+			a.checkAt[i].Store(c + short)
+		}
+	}
+}
+
+// trigger returns the entry count past which stripe s of a is due.
+func (a *tableArray[T]) trigger(s int) uint64 { return max(a.growAt, a.checkAt[s].Load()) }
+
+// overfull reports whether a stripe holds more entries than its trigger: past
+// a's growAt, and past the count where a check last decided not to grow
+// for it.
 func (a *tableArray[T]) overfull() bool {
 	for i := range a.b.stripes {
-		if a.b.stripes[i].count.Load() > a.growAt {
+		if a.b.stripes[i].count.Load() > a.trigger(i) {
 			return true
 		}
 	}
@@ -181,7 +262,7 @@ func (t *Table[T]) grow(n int) error {
 	a := &tableArray[T]{homes: homes}
 	a.b.initShared(nb, ss, old.b.nullsBase^arrayNullsFlip)
 	a.home.init(nb, len(ss), base, t.groups.grouped(nb))
-	a.growAt = t.growLimit(nb, len(ss))
+	t.initGrowth(a)
 	// N.B. old is set before the array is published, and cleared only
 	// once every stripe's entries are in it: a lookup that finds old nil
 	// in the table's array needs no other (see lookup).

@@ -1146,6 +1146,116 @@ func TestReleasedNullsValue(t *testing.T) {
 	require.EqualValues(t, releasedNullsValue, nullsLink(releasedNullsValue).nullsValue())
 }
 
+// stripeKeys returns n distinct IPv4 tuples whose hashes, with h and
+// tblSecret, agree on the bits of mask (all 0 there), as one who knows the
+// secret can choose them: they fall into one lock stripe, or one chain, of
+// a table whose stripe or bucket mask is within mask.
+func stripeKeys(t *testing.T, h Hasher, mask uint32, n int) []Tuple {
+	t.Helper()
+	keys := make([]Tuple, 0, n)
+	local := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 443)
+	for i := 0; len(keys) < n; i++ {
+		if i == 1<<30 {
+			t.Fatalf("%d of %d keys found", len(keys), n)
+		}
+		k := Tuple{Local: local, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i >> 16), byte(i >> 8), byte(i)}), uint16(1024+i>>24))}
+		if HashTuple(k, h, tblSecret)&mask == 0 {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// heapAfterGC returns the heap in use once the garbage collector has run.
+func heapAfterGC() int64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC() // and what the first cycle's cleanups freed
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// TestTableGrowthBoundedByEntries fills default tables, with either
+// hasher, with keys chosen (the secret known) to share the stripe bits of
+// their hashes, so that one stripe holds them all in every array: the
+// table grows on its total load, to at most twice as many buckets as
+// entries, so that it holds at most 200 bytes per entry, where growing for
+// the one stripe took it to 2^21 buckets and 2.5 KB per entry. The entry
+// count is one past a power of two, the worst case: the table has just
+// doubled. Inserts into the full stripe check the table a few times per
+// growth, not once per insert.
+func TestTableGrowthBoundedByEntries(t *testing.T) {
+	const n = 1<<15 + 1
+	for _, h := range hashers {
+		t.Run(h.String(), func(t *testing.T) {
+			probe := New[int](WithSecret(tblSecret), WithHasher(h))
+			mask := probe.cur().b.stripeMask
+			keys := stripeKeys(t, h, mask, n)
+			v := new(0)
+			before := heapAfterGC()
+			tab := New[int](WithSecret(tblSecret), WithHasher(h))
+			var checks, grew atomic.Int32
+			hooksOf(tab).checked = func(g bool) {
+				checks.Add(1)
+				if g {
+					grew.Add(1)
+				}
+			}
+			for _, k := range keys {
+				require.NoError(t, tab.Insert(k, v))
+			}
+			tab.growers.Wait()
+			perEntry := float64(heapAfterGC()-before) / n
+			runtime.KeepAlive(keys) // made before the table: not counted, but not freed either
+			st := tab.Stats()
+			runtime.KeepAlive(tab)
+			t.Logf("%.1f bytes per entry; %d buckets and %d nodes for %d entries, longest chain %d; %d checks, %d growths", perEntry, st.Buckets, st.Nodes, st.Entries, st.LongestChain, checks.Load(), grew.Load())
+			require.Equal(t, n, st.Entries)
+			require.EqualValues(t, n, tab.cur().b.stripes[0].count.Load(), "the keys share a stripe")
+			require.Equal(t, 1<<16, st.Buckets, "grown to the least power of two past the entries")
+			require.LessOrEqual(t, perEntry, 200.0)
+			require.False(t, tab.cur().overfull())
+			// At most 6 growths, from 2^10 to 2^16 buckets (fewer
+			// where one lagged behind the inserts and skipped a size);
+			// at each size a check that postpones and one that grows.
+			require.LessOrEqual(t, grew.Load(), int32(6))
+			require.LessOrEqual(t, checks.Load(), int32(2*7))
+		})
+	}
+}
+
+// TestTableNoGrowthForOneStripe fills a table made for 2^20 entries with
+// 4096 keys that share the low 10 bits of their hashes, its stripe bits:
+// the stripe passes its limit, but the table holds far fewer entries than
+// buckets, so it does not grow (it grew to 2^29 buckets, 480 MiB more,
+// when it grew for the stripe), and it checks the table only once.
+func TestTableNoGrowthForOneStripe(t *testing.T) {
+	const n = 4096
+	for _, h := range hashers {
+		t.Run(h.String(), func(t *testing.T) {
+			tab := New[int](WithCapacity(1<<20), WithSecret(tblSecret), WithHasher(h))
+			a := tab.cur()
+			require.EqualValues(t, 1<<10-1, a.b.stripeMask)
+			var checks atomic.Int32
+			hooksOf(tab).checked = func(grew bool) {
+				checks.Add(1)
+				assert.False(t, grew)
+			}
+			v := new(0)
+			for _, k := range stripeKeys(t, h, a.b.stripeMask, n) {
+				require.NoError(t, tab.Insert(k, v))
+			}
+			tab.growers.Wait()
+			require.Greater(t, uint64(n), a.growAt, "the stripe is past its limit")
+			require.Same(t, a, tab.cur(), "grown")
+			require.EqualValues(t, 1, checks.Load())
+			require.False(t, a.overfull())
+			require.False(t, tab.growing.Load())
+			require.Equal(t, n, tab.Len())
+		})
+	}
+}
+
 // TestTableMaxBuckets checks WithMaxBuckets: the bound is n rounded down
 // to a power of two, at least 16; a table does not grow itself past it,
 // Grow past it fails with ErrTooLarge and changes nothing, and the default

@@ -37,8 +37,9 @@ var (
 // stripe of the table and allocate only when the table needs more nodes.
 // A table reserves about 60 bytes per bucket when it is made or grown, and
 // up to 56 bytes for each entry beyond one per bucket, besides the caller's
-// T. It grows itself past about two entries per bucket (see
-// [WithFixedBuckets]) and never shrinks its bucket array.
+// T. It grows itself past about two entries per bucket, to at most two
+// buckets per entry whatever the keys (see [WithMaxBuckets],
+// [WithFixedBuckets]), and never shrinks its bucket array.
 //
 // Keys: an IPv4 address and its IPv4-mapped IPv6 form are one address, and
 // zones are not part of a key (keep one Table per interface where
@@ -90,6 +91,9 @@ type testHooks struct {
 	// relinked is called by migrate between linking a node into a chain
 	// of the new array and unlinking it from the old.
 	relinked func(index uint32)
+	// checked is called by growBehind after each check of the table,
+	// with whether it grew the table.
+	checked func(grew bool)
 	// nodeLimit, when not 0, ends the node store's index space there
 	// rather than at slabMaxNodes; nodesSpent makes reserve set nodeLimit
 	// to the end of the nodes it carves, and carve them whatever the
@@ -133,10 +137,13 @@ type tableArray[T any] struct {
 	// relinkedHomes counts the home slots of old that migrate linked
 	// into this array's chains, for want of nodes (see releaseOld).
 	relinkedHomes atomic.Uint32
-	// growAt is the entry count of a stripe past which an insert grows
-	// the table (see insert and growLimit), or never.
-	growAt uint64
-	_      [cacheLineSize]byte
+	// growAt is the entry count of a stripe past which an insert has the
+	// table's growth check whether to grow (see overLimit and
+	// growLimit), or never; checkAt[s], where not 0, raises stripe s's
+	// after a check decided not to grow (see postpone).
+	growAt  uint64
+	checkAt []atomic.Uint64
+	_       [cacheLineSize]byte
 }
 
 // flipped reports whether the array's nulls values have bit 30 set
@@ -269,7 +276,11 @@ func WithLockStripes(n int) Option {
 }
 
 // WithSecret sets the keys of the table's hash function. The default is a
-// fresh NewSecret; see Secret.
+// fresh [NewSecret]; see [Secret]. Keep a secret given here from those who
+// choose the flows: one who knows it can choose flows that share a chain,
+// which lookups of those flows walk whole and which no growth shortens, as
+// in Linux's tables once their secret is known. The table's memory stays
+// within its bound per entry whatever the flows (see [Table]).
 func WithSecret(s Secret) Option { return func(c *tableConfig) { c.secret = &s } }
 
 // WithHasher chooses the tuple hasher; the default is LinuxHasher. A value
@@ -315,7 +326,7 @@ func New[T any](opts ...Option) *Table[T] {
 	}
 	t.moves = make([]moveCount, len(a.b.stripes))
 	t.fixed = cfg.fixed
-	a.growAt = t.growLimit(n, len(a.b.stripes))
+	t.initGrowth(a)
 	t.arr.Store(a)
 	return t
 }
