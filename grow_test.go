@@ -340,6 +340,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 		rounds++
 		spent := rounds%2 == 0
 		tab := New[val](WithFixedBuckets(), WithCapacity(16), WithLockStripes(4), WithSecret(NewSecret()))
+		hooksOf(tab) // before the table is shared: lookups read its hooks
 		vals := make([]*val, len(stay))
 		for i, k := range stay {
 			vals[i] = &val{k}
@@ -673,7 +674,8 @@ func TestTableGrowStripeByStripe(t *testing.T) {
 }
 
 // spendIndexSpace makes each Grow of tab find the index space ending
-// where its new home slots end: no node can be carved after them.
+// where its new home slots end: no node can be carved after them. A
+// table shared already must have its hooks (hooksOf) from before.
 func spendIndexSpace[T any](tab *Table[T]) {
 	tab.nodes.mu.Lock()
 	defer tab.nodes.mu.Unlock()
