@@ -174,9 +174,15 @@ func (c *tableConfig) sizes() int {
 	case c.capacity > limit && c.maxBuckets > 0:
 		panic(fmt.Sprintf("hash4: WithCapacity(%d) beyond WithMaxBuckets(%d), %d buckets", c.capacity, c.maxBuckets, limit))
 	case c.capacity > limit:
-		panic(fmt.Sprintf("hash4: WithCapacity(%d) beyond %d buckets, the most a table can have", c.capacity, limit))
+		panic(capacityBeyond(c.capacity))
 	}
 	return limit
+}
+
+// capacityBeyond returns the message of a panic for a WithCapacity(n)
+// beyond the most buckets any table can have.
+func capacityBeyond(n int) string {
+	return fmt.Sprintf("hash4: WithCapacity(%d) beyond %d buckets, the most a table can have", n, maxBuckets)
 }
 
 // Grow sizes the table for about n entries, as WithCapacity sizes a new

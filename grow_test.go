@@ -1307,7 +1307,7 @@ func allocated(f func()) uint64 {
 }
 
 // TestTableSizesFailCleanly checks that sizes no table can have fail
-// before allocating: New panics, Grow returns ErrTooLarge, and Grow to a
+// before allocating: New panics (and so do NewUDPTable and NewTCPTable), Grow returns ErrTooLarge, and Grow to a
 // size whose nodes the index space has no room for returns ErrTableFull;
 // both without an allocation, where the array they asked for would be
 // 28 GiB or more.
@@ -1325,6 +1325,8 @@ func TestTableSizesFailCleanly(t *testing.T) {
 		require.PanicsWithValue(t, c.msg, func() { New[int](c.opts...) })
 	}
 	require.Equal(t, 512, New[int](WithMaxBuckets(1000), WithCapacity(512)).Stats().Buckets)
+	require.PanicsWithValue(t, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have", func() { NewUDPTable[int](WithCapacity(1 << 40)) })
+	require.PanicsWithValue(t, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have", func() { NewTCPTable[int](WithCapacity(1 << 40)) })
 
 	tab := New[int](WithCapacity(64), WithSecret(tblSecret))
 	a := tab.cur()
