@@ -74,8 +74,13 @@ type buckets struct {
 }
 
 // init sizes the array: n buckets and s stripes, each rounded up to a power
-// of two and clamped to what the table supports (s to at most n).
+// of two and clamped to what the table supports (s to at most n). It panics
+// if n is beyond maxBuckets, as New does (see tableConfig.sizes), before it
+// allocates.
 func (b *buckets) init(n, s int, nullsBase uint32) {
+	if n > maxBuckets {
+		panic(capacityBeyond(n))
+	}
 	n = bucketCount(n)
 	b.initShared(n, newStripes(s, n), nullsBase, false)
 }

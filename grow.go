@@ -1,85 +1,214 @@
 package hash4
 
-import "math"
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync/atomic"
+)
 
 // growLimit returns the growAt of an array of n buckets under s stripes,
-// or never in a table made WithFixedBuckets or of the most buckets a table
-// can have: twice the buckets of a stripe, m, plus the spread of the
-// fullest of s stripes when the table holds two entries per bucket, about
+// or never in a table made WithFixedBuckets or of the most buckets it may
+// have: twice the buckets of a stripe, m, plus the spread of the fullest of
+// s stripes when the table holds two entries per bucket, about
 // sqrt(2 ln s) standard deviations of a stripe's count (sqrt(m) for random
 // flows), so that the first stripe to pass its limit does so when the table
 // passes about two entries per bucket, whether its stripes cover few
 // buckets or many. (With the limit at m, a table of 1024 buckets under 64
 // stripes grew at 1.2 to 1.3 entries per bucket.)
 func (t *Table[T]) growLimit(n, s int) uint64 {
-	if t.fixed || n >= maxBuckets {
+	if t.fixed || n >= t.bucketLimit {
 		return math.MaxUint64
 	}
 	m := float64(2 * n / s)
 	return uint64(m + math.Sqrt(2*math.Log(float64(s))*m))
 }
 
-// growBehind grows the table (growTarget) until no stripe holds more
-// entries than the array's growAt, on a goroutine of its own that an
-// insert started (see insert), as rhashtable's inserts leave its growth to
-// a deferred worker (rht_deferred_worker): the insert returns at once, and
-// writers move the stripes they come to meanwhile, as in any Grow. If the
-// node store cannot index a new array (ErrTableFull), growing stays set:
-// the table grows no more by itself.
+// initGrowth sets the growth trigger of a, a new array of the table.
+func (t *Table[T]) initGrowth(a *tableArray[T]) {
+	a.growAt = t.growLimit(len(a.b.heads), len(a.b.stripes))
+	a.checkAt = make([]atomic.Uint64, len(a.b.stripes))
+}
+
+// overLimit is called by an insert that left stripe s of a holding n
+// entries, more than a's growAt: unless a check of the table decided not
+// to grow for s at this count (see postpone), it starts the table's
+// growth, which checks the table and grows it if that helps (growBehind),
+// unless a growth runs already.
+//
+// N.B. the growth's decision is on the table as a whole, not the stripe:
+// a stripe's keys share the stripe's bits of their hashes in every array,
+// so keys chosen for one stripe (with the secret known) stay in one stripe
+// whatever the bucket count. Growing for such a stripe alone would double
+// the table until its limit passed the stripe's count: 200,000 such keys
+// grew a default table to 2^23 buckets, 2.6 KB per entry.
+//
+// N.B. growing is loaded after the insert's unlock, an atomic
+// read-modify-write that orders the count's store before the load on every
+// target, as growBehind stores growing before it reads the counts: of the
+// two, one sees the other, so a stripe left due (see overfull) is checked.
+func (t *Table[T]) overLimit(a *tableArray[T], s uint32, n uint64) {
+	if n <= a.checkAt[s].Load() || t.growing.Load() || !t.growing.CompareAndSwap(false, true) {
+		return
+	}
+	t.growers.Add(1)
+	go func() {
+		defer t.growers.Done()
+		t.growBehind()
+	}()
+}
+
+// growBehind checks the table, and grows it (growTarget) while that helps,
+// until no stripe is due (see overfull), on a goroutine of its own that an
+// insert started (see overLimit), as rhashtable's inserts leave its growth
+// to a deferred worker (rht_deferred_worker): the insert returns at once,
+// and writers move the stripes they come to meanwhile, as in any Grow.
+// Where growing does not help, it raises the due stripes' triggers
+// instead (postpone). If the node store cannot index a new array
+// (ErrTableFull), growing stays set: the table grows no more by itself.
 func (t *Table[T]) growBehind() {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
 	for {
 		for a := t.arr.Load(); a.overfull(); a = t.arr.Load() {
-			if t.grow(t.growTarget(a)) != nil {
-				return
+			most, total := a.counts()
+			n := t.growTarget(a, most, total)
+			if h := t.hooks; h != nil && h.checked != nil {
+				h.checked(n > 0)
 			}
+			if n > 0 {
+				if t.grow(n) != nil {
+					return
+				}
+				continue
+			}
+			t.postpone(a, total)
 		}
 		t.growing.Store(false)
 		// N.B. an insert that found growing set before the store above
-		// left its count where the check below sees it (see insert).
+		// left its count where the check below sees it (see overLimit).
 		if !t.arr.Load().overfull() || !t.growing.CompareAndSwap(false, true) {
 			return
 		}
 	}
 }
 
-// growTarget returns the bucket count that a, overfull, grows to: the
-// least power of two, from twice a's, at which no stripe holds more
-// entries than its limit. N.B. inserts go on while a table grows, and one
-// filled fast may be past the next size already: sized for its entries, it
-// skips arrays whose moves would only be undone.
-func (t *Table[T]) growTarget(a *tableArray[T]) int {
-	var most uint64
+// counts returns the entries of a's fullest stripe, and of all stripes.
+func (a *tableArray[T]) counts() (most, total uint64) {
 	for i := range a.b.stripes {
-		most = max(most, a.b.stripes[i].count.Load())
+		c := a.b.stripes[i].count.Load()
+		most = max(most, c)
+		total += c
 	}
-	n := 2 * len(a.b.heads)
-	for n < maxBuckets && t.growLimit(n, len(a.b.stripes)) < most {
+	return most, total
+}
+
+// growTarget returns the bucket count that a, which has a due stripe,
+// grows to, or 0 if growing does not help: the least power of two, from
+// twice a's, at which no stripe holds more entries than its limit (most is
+// the fullest stripe's count), but not beyond the table's bucket limit,
+// and doubled only while the table holds more entries (total) than
+// buckets. So a table grows itself only past one entry per bucket, to at
+// most twice as many buckets as entries, however its keys fall into
+// stripes. N.B. inserts go on while a table grows, and one filled fast may
+// be past the next size already: sized for its entries, it skips arrays
+// whose moves would only be undone.
+func (t *Table[T]) growTarget(a *tableArray[T], most, total uint64) int {
+	n := len(a.b.heads)
+	if total <= uint64(n) || n >= t.bucketLimit {
+		return 0
+	}
+	n *= 2
+	for n < t.bucketLimit && total > uint64(n) && t.growLimit(n, len(a.b.stripes)) < most {
 		n *= 2
 	}
 	return n
 }
 
-// overfull reports whether a stripe holds more entries than a's growAt.
+// postpone raises the trigger of each of a's due stripes, for which
+// growTarget decided not to grow a table of total entries, to where a check
+// could decide otherwise: a count past it would have the table hold more
+// entries than buckets if every insert until then were into that stripe. Inserts into other stripes reach their own triggers, or bring the
+// table there sooner. So an insert into such a stripe costs a compare, and
+// a stripe is checked again only once it holds as many more entries
+// as the table was short of one per bucket.
+func (t *Table[T]) postpone(a *tableArray[T], total uint64) {
+	short := uint64(len(a.b.heads)) - min(total, uint64(len(a.b.heads)))
+	for i := range a.b.stripes {
+		if c := a.b.stripes[i].count.Load(); c > a.trigger(i) {
+			a.checkAt[i].Store(c + short)
+		}
+	}
+}
+
+// trigger returns the entry count past which stripe s of a is due.
+func (a *tableArray[T]) trigger(s int) uint64 { return max(a.growAt, a.checkAt[s].Load()) }
+
+// overfull reports whether a stripe holds more entries than its trigger: past
+// a's growAt, and past the count where a check last decided not to grow
+// for it.
 func (a *tableArray[T]) overfull() bool {
 	for i := range a.b.stripes {
-		if a.b.stripes[i].count.Load() > a.growAt {
+		if a.b.stripes[i].count.Load() > a.trigger(i) {
 			return true
 		}
 	}
 	return false
 }
 
+// sizes checks the sizes of c, and returns the most buckets its table may
+// have, a power of two (see WithMaxBuckets); it lowers the default
+// capacity to that. It panics, as make does, on a size no table can have:
+// so a size beyond the index space fails before a byte is allocated.
+func (c *tableConfig) sizes() int {
+	if c.maxBuckets < 0 {
+		panic(fmt.Sprintf("hash4: WithMaxBuckets(%d): negative", c.maxBuckets))
+	}
+	limit := maxBuckets
+	if c.maxBuckets > 0 {
+		limit = max(minBuckets, 1<<(bits.Len(uint(min(c.maxBuckets, maxBuckets)))-1))
+	}
+	switch {
+	case !c.capacitySet:
+		c.capacity = min(c.capacity, limit)
+	case c.capacity > limit && c.maxBuckets > 0:
+		panic(fmt.Sprintf("hash4: WithCapacity(%d) beyond WithMaxBuckets(%d), %d buckets", c.capacity, c.maxBuckets, limit))
+	case c.capacity > limit:
+		panic(capacityBeyond(c.capacity))
+	}
+	return limit
+}
+
+// capacityBeyond returns the message of a panic for a WithCapacity(n)
+// beyond the most buckets any table can have.
+func capacityBeyond(n int) string {
+	return fmt.Sprintf("hash4: WithCapacity(%d) beyond %d buckets, the most a table can have", n, maxBuckets)
+}
+
 // Grow sizes the table for about n entries, as WithCapacity sizes a new
-// one: if n rounded up to a power of two (at most 2^29) is more buckets
-// than the table has, it replaces the bucket array with one of that many,
-// and otherwise does nothing. If the new array's home slots would not fit
-// in the table's index space it returns ErrTableFull and changes nothing.
+// one: if n rounded up to a power of two is more buckets than the table
+// has, it replaces the bucket array (60 bytes per bucket); else it does
+// nothing. Every method may run meanwhile and finds every entry; a writer
+// waits at most for one lock stripe's entries to move. It panics if n is
+// negative, and changes nothing and returns an error matching [ErrTooLarge]
+// if n is beyond the table's bucket limit (see [WithMaxBuckets]), or
+// [ErrTableFull] if the table's index space has no room for the new array.
+func (t *Table[T]) Grow(n int) error {
+	if n < 0 {
+		panic(fmt.Sprintf("hash4: Grow(%d): negative size", n))
+	}
+	if n > t.bucketLimit {
+		return fmt.Errorf("%w: Grow(%d) beyond %d buckets", ErrTooLarge, n, t.bucketLimit)
+	}
+	t.growMu.Lock()
+	defer t.growMu.Unlock()
+	return t.grow(n)
+}
+
+// grow is Grow, with growMu held, for n at most the table's bucket limit.
 //
-// A table grows itself past about two entries per bucket (see Table,
-// Growth); Grow sizes it ahead of a known load instead, or grows a table
-// made WithFixedBuckets.
+// A table grows itself (growBehind); Grow sizes it ahead of a known load
+// instead, or grows a table made WithFixedBuckets.
 //
 // Every method may run while Grow runs, and finds every entry. Grow
 // publishes the new array at once and then moves the entries into it one
@@ -108,13 +237,6 @@ func (a *tableArray[T]) overfull() bool {
 // table keeps those. Made for 2^15 entries, filled, grown to 2^16 and
 // filled again, a table holds 63.5 bytes per entry, as one made for 2^16
 // does (TestTableMemoryPerEntry).
-func (t *Table[T]) Grow(n int) error {
-	t.growMu.Lock()
-	defer t.growMu.Unlock()
-	return t.grow(n)
-}
-
-// grow is Grow, with growMu held.
 func (t *Table[T]) grow(n int) error {
 	old := t.arr.Load()
 	nb := bucketCount(n)
@@ -148,7 +270,7 @@ func (t *Table[T]) grow(n int) error {
 	a := &tableArray[T]{homes: homes}
 	a.b.initShared(nb, ss, old.b.nullsBase^arrayNullsFlip, t.groups.hugePages)
 	a.home.init(nb, len(ss), base, t.groups.grouped(nb))
-	a.growAt = t.growLimit(nb, len(ss))
+	t.initGrowth(a)
 	// N.B. old is set before the array is published, and cleared only
 	// once every stripe's entries are in it: a lookup that finds old nil
 	// in the table's array needs no other (see lookup).

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -166,8 +167,8 @@ func TestTableGrowHomeGroups(t *testing.T) {
 	require.Greater(t, float64(st.HomeEntries+st.GroupEntries)/float64(st.Entries), 0.78)
 }
 
-// TestTableGrowNoOp checks that Grow to no more buckets than a table has,
-// for any n, changes nothing.
+// TestTableGrowNoOp checks that Grow to no more buckets than a table has
+// changes nothing, and that a negative size panics and changes nothing.
 func TestTableGrowNoOp(t *testing.T) {
 	tab := New[int](WithFixedBuckets(), WithCapacity(64))
 	want := map[Tuple]*int{}
@@ -178,10 +179,13 @@ func TestTableGrowNoOp(t *testing.T) {
 	}
 	a := tab.cur()
 	nodes := tab.Stats().Nodes
-	for _, n := range []int{math.MinInt, -1, 0, 1, 16, 63, 64} {
+	for _, n := range []int{0, 1, 16, 63, 64} {
 		require.NoError(t, tab.Grow(n), n)
 		require.Same(t, a, tab.cur(), "Grow(%d) replaced the array", n)
 	}
+	require.PanicsWithValue(t, "hash4: Grow(-1): negative size", func() { _ = tab.Grow(-1) })
+	require.PanicsWithValue(t, fmt.Sprintf("hash4: Grow(%d): negative size", math.MinInt), func() { _ = tab.Grow(math.MinInt) })
+	require.Same(t, a, tab.cur())
 	require.Equal(t, nodes, tab.Stats().Nodes)
 	growCheck(t, tab, want, "after Grows to no more buckets")
 }
@@ -336,6 +340,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 		rounds++
 		spent := rounds%2 == 0
 		tab := New[val](WithFixedBuckets(), WithCapacity(16), WithLockStripes(4), WithSecret(NewSecret()))
+		hooksOf(tab) // before the table is shared: lookups read its hooks
 		vals := make([]*val, len(stay))
 		for i, k := range stay {
 			vals[i] = &val{k}
@@ -669,7 +674,8 @@ func TestTableGrowStripeByStripe(t *testing.T) {
 }
 
 // spendIndexSpace makes each Grow of tab find the index space ending
-// where its new home slots end: no node can be carved after them.
+// where its new home slots end: no node can be carved after them. A
+// table shared already must have its hooks (hooksOf) from before.
 func spendIndexSpace[T any](tab *Table[T]) {
 	tab.nodes.mu.Lock()
 	defer tab.nodes.mu.Unlock()
@@ -1140,4 +1146,202 @@ func TestReleasedNullsValue(t *testing.T) {
 	require.Less(t, uint64(listenerNullsBase+maxBuckets-1), uint64(arrayNullsFlip), "listener chains below the flip")
 	require.True(t, nullsLink(releasedNullsValue).isNulls())
 	require.EqualValues(t, releasedNullsValue, nullsLink(releasedNullsValue).nullsValue())
+}
+
+// stripeKeys returns n distinct IPv4 tuples whose hashes, with h and
+// tblSecret, agree on the bits of mask (all 0 there), as one who knows the
+// secret can choose them: they fall into one lock stripe, or one chain, of
+// a table whose stripe or bucket mask is within mask.
+func stripeKeys(t *testing.T, h Hasher, mask uint32, n int) []Tuple {
+	t.Helper()
+	keys := make([]Tuple, 0, n)
+	local := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 443)
+	for i := 0; len(keys) < n; i++ {
+		if i == 1<<30 {
+			t.Fatalf("%d of %d keys found", len(keys), n)
+		}
+		k := Tuple{Local: local, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i >> 16), byte(i >> 8), byte(i)}), uint16(1024+i>>24))}
+		if HashTuple(k, h, tblSecret)&mask == 0 {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// heapAfterGC returns the heap in use once the garbage collector has run.
+func heapAfterGC() int64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC() // and what the first cycle's cleanups freed
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// TestTableGrowthBoundedByEntries fills default tables, with either
+// hasher, with keys chosen (the secret known) to share the stripe bits of
+// their hashes, so that one stripe holds them all in every array: the
+// table grows on its total load, to at most twice as many buckets as
+// entries, so that it holds at most 200 bytes per entry, where growing for
+// the one stripe took it to 2^21 buckets and 2.5 KB per entry. The entry
+// count is one past a power of two, the worst case: the table has just
+// doubled. Inserts into the full stripe check the table a few times per
+// growth, not once per insert.
+func TestTableGrowthBoundedByEntries(t *testing.T) {
+	const n = 1<<15 + 1
+	for _, h := range hashers {
+		t.Run(h.String(), func(t *testing.T) {
+			probe := New[int](WithSecret(tblSecret), WithHasher(h))
+			mask := probe.cur().b.stripeMask
+			keys := stripeKeys(t, h, mask, n)
+			v := new(0)
+			before := heapAfterGC()
+			tab := New[int](WithSecret(tblSecret), WithHasher(h))
+			var checks, grew atomic.Int32
+			hooksOf(tab).checked = func(g bool) {
+				checks.Add(1)
+				if g {
+					grew.Add(1)
+				}
+			}
+			for _, k := range keys {
+				require.NoError(t, tab.Insert(k, v))
+			}
+			tab.growers.Wait()
+			perEntry := float64(heapAfterGC()-before) / n
+			runtime.KeepAlive(keys) // made before the table: not counted, but not freed either
+			st := tab.Stats()
+			runtime.KeepAlive(tab)
+			t.Logf("%.1f bytes per entry; %d buckets and %d nodes for %d entries, longest chain %d; %d checks, %d growths", perEntry, st.Buckets, st.Nodes, st.Entries, st.LongestChain, checks.Load(), grew.Load())
+			require.Equal(t, n, st.Entries)
+			require.EqualValues(t, n, tab.cur().b.stripes[0].count.Load(), "the keys share a stripe")
+			require.Equal(t, 1<<16, st.Buckets, "grown to the least power of two past the entries")
+			require.LessOrEqual(t, perEntry, 200.0)
+			require.False(t, tab.cur().overfull())
+			// At most 6 growths, from 2^10 to 2^16 buckets (fewer
+			// where one lagged behind the inserts and skipped a size);
+			// at each size a check that postpones and one that grows.
+			require.LessOrEqual(t, grew.Load(), int32(6))
+			require.LessOrEqual(t, checks.Load(), int32(2*7))
+		})
+	}
+}
+
+// TestTableNoGrowthForOneStripe fills a table made for 2^20 entries with
+// 4096 keys that share the low 10 bits of their hashes, its stripe bits:
+// the stripe passes its limit, but the table holds far fewer entries than
+// buckets, so it does not grow (it grew to 2^29 buckets, 480 MiB more,
+// when it grew for the stripe), and it checks the table only once.
+func TestTableNoGrowthForOneStripe(t *testing.T) {
+	const n = 4096
+	for _, h := range hashers {
+		t.Run(h.String(), func(t *testing.T) {
+			tab := New[int](WithCapacity(1<<20), WithSecret(tblSecret), WithHasher(h))
+			a := tab.cur()
+			require.EqualValues(t, 1<<10-1, a.b.stripeMask)
+			var checks atomic.Int32
+			hooksOf(tab).checked = func(grew bool) {
+				checks.Add(1)
+				assert.False(t, grew)
+			}
+			v := new(0)
+			for _, k := range stripeKeys(t, h, a.b.stripeMask, n) {
+				require.NoError(t, tab.Insert(k, v))
+			}
+			tab.growers.Wait()
+			require.Greater(t, uint64(n), a.growAt, "the stripe is past its limit")
+			require.Same(t, a, tab.cur(), "grown")
+			require.EqualValues(t, 1, checks.Load())
+			require.False(t, a.overfull())
+			require.False(t, tab.growing.Load())
+			require.Equal(t, n, tab.Len())
+		})
+	}
+}
+
+// TestTableMaxBuckets checks WithMaxBuckets: the bound is n rounded down
+// to a power of two, at least 16; a table does not grow itself past it,
+// Grow past it fails with ErrTooLarge and changes nothing, and the default
+// capacity is lowered to it.
+func TestTableMaxBuckets(t *testing.T) {
+	for _, c := range []struct{ max, limit, buckets int }{
+		{0, maxBuckets, 1024},
+		{1, 16, 16},
+		{16, 16, 16},
+		{100, 64, 64},
+		{1000, 512, 512},
+		{1024, 1024, 1024},
+		{5000, 4096, 1024},
+		{1 << 40, maxBuckets, 1024},
+	} {
+		tab := New[int](WithMaxBuckets(c.max), WithSecret(tblSecret))
+		require.Equal(t, c.limit, tab.bucketLimit, "WithMaxBuckets(%d)", c.max)
+		require.Equal(t, c.buckets, tab.Stats().Buckets, "WithMaxBuckets(%d)", c.max)
+	}
+	// Grown by itself, up to the bound and no further.
+	tab := New[int](WithCapacity(16), WithMaxBuckets(100), WithLockStripes(4), WithSecret(tblSecret))
+	want := map[Tuple]*int{}
+	for i := range 1000 {
+		k := tblKey(i, i%2 == 0)
+		want[k] = new(i)
+		require.NoError(t, tab.Insert(k, want[k]))
+	}
+	tab.growers.Wait()
+	require.Equal(t, 64, tab.Stats().Buckets)
+	require.False(t, tab.growing.Load(), "a table at its bound is not growing")
+	growCheck(t, tab, want, "at its bound")
+	a := tab.cur()
+	require.ErrorIs(t, tab.Grow(65), ErrTooLarge)
+	require.ErrorIs(t, tab.Grow(1<<40), ErrTooLarge)
+	require.NoError(t, tab.Grow(64))
+	require.Same(t, a, tab.cur())
+	growCheck(t, tab, want, "after Grows past its bound")
+}
+
+// allocated returns the bytes of heap that f allocates.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// TestTableSizesFailCleanly checks that sizes no table can have fail
+// before allocating: New panics (and so do NewUDPTable and NewTCPTable), Grow returns ErrTooLarge, and Grow to a
+// size whose nodes the index space has no room for returns ErrTableFull;
+// both without an allocation, where the array they asked for would be
+// 28 GiB or more.
+func TestTableSizesFailCleanly(t *testing.T) {
+	for _, c := range []struct {
+		opts []Option
+		msg  string
+	}{
+		{[]Option{WithCapacity(1 << 40)}, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have"},
+		{[]Option{WithCapacity(maxBuckets + 1)}, "hash4: WithCapacity(536870913) beyond 536870912 buckets, the most a table can have"},
+		{[]Option{WithMaxBuckets(1000), WithCapacity(513)}, "hash4: WithCapacity(513) beyond WithMaxBuckets(1000), 512 buckets"},
+		{[]Option{WithCapacity(4096), WithMaxBuckets(4095)}, "hash4: WithCapacity(4096) beyond WithMaxBuckets(4095), 2048 buckets"},
+		{[]Option{WithMaxBuckets(-1)}, "hash4: WithMaxBuckets(-1): negative"},
+	} {
+		require.PanicsWithValue(t, c.msg, func() { New[int](c.opts...) })
+	}
+	require.Equal(t, 512, New[int](WithMaxBuckets(1000), WithCapacity(512)).Stats().Buckets)
+	require.PanicsWithValue(t, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have", func() { NewUDPTable[int](WithCapacity(1 << 40)) })
+	require.PanicsWithValue(t, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have", func() { NewTCPTable[int](WithCapacity(1 << 40)) })
+
+	tab := New[int](WithCapacity(64), WithSecret(tblSecret))
+	a := tab.cur()
+	for _, n := range []int{maxBuckets + 1, 1 << 40, math.MaxInt} {
+		err := tab.Grow(n)
+		require.ErrorIs(t, err, ErrTooLarge)
+		require.Equal(t, fmt.Sprintf("hash4: size beyond the table's bucket limit: Grow(%d) beyond 536870912 buckets", n), err.Error())
+	}
+	require.Less(t, allocated(func() { _ = tab.Grow(1 << 40) }), uint64(1024), "Grow past the limit allocates only its error")
+	// Within the bound but past the index space left (here made small):
+	// refused before the nodes are allocated.
+	hooksOf(tab).nodeLimit = 1 << 16
+	require.ErrorIs(t, tab.Grow(1<<17), ErrTableFull)
+	require.Zero(t, allocated(func() { _ = tab.Grow(1 << 17) }))
+	require.Same(t, a, tab.cur())
+	require.NoError(t, tab.Grow(1<<10))
+	require.Equal(t, 1<<10, tab.Stats().Buckets)
 }

@@ -240,23 +240,29 @@ func (c *slabCache) pop() uint32 {
 // its own, and release can take them out whole. Readers never index past
 // the directory they loaded, so the longer one is published whole, as grow
 // does. The nodes are allocated before the store's mutex is taken: writers
-// that refill their caches meanwhile do not wait for the allocation.
+// that refill their caches meanwhile do not wait for the allocation; so
+// whether they fit is checked before the allocation, as well as after it
+// (nodes carved meanwhile may take the room): a size beyond the index
+// space fails without allocating, rather than asking the heap for more
+// than it may have (2^29 nodes of a Table are 28 GiB).
 func (s *slab[N]) reserve(n uint32) (first uint32, nodes []N, ok bool) {
+	s.mu.Lock()
+	_, ok = s.reserveAt(n)
+	s.mu.Unlock()
+	if !ok {
+		return 0, nil, false
+	}
 	nodes = make([]N, n)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	size := uint32(1) << s.shift()
-	carved := max(s.carved, 1)
-	first = (carved-1+size-1)/size*size + 1
-	chunks := (n + size - 1) / size
-	end := s.maxNodes()
-	spent := s.hooks != nil && s.hooks.nodesSpent
-	if spent {
-		end = slabMaxNodes
-	}
-	if uint64(first)+uint64(chunks)*uint64(size) > uint64(end) {
+	first, ok = s.reserveAt(n)
+	if !ok {
 		return 0, nil, false
 	}
+	size := uint32(1) << s.shift()
+	carved := max(s.carved, 1)
+	chunks := (n + size - 1) / size
+	spent := s.hooks != nil && s.hooks.nodesSpent
 	for i := carved; i < first; i++ {
 		s.depot = append(s.depot, i)
 	}
@@ -273,6 +279,19 @@ func (s *slab[N]) reserve(n uint32) (first uint32, nodes []N, ok bool) {
 		s.hooks.nodeLimit = s.carved
 	}
 	return first, nodes, true
+}
+
+// reserveAt returns where reserve would carve n nodes, the first index of
+// a chunk, and whether they fit in the index space. s.mu is held.
+func (s *slab[N]) reserveAt(n uint32) (first uint32, ok bool) {
+	size := uint32(1) << s.shift()
+	first = (max(s.carved, 1)-1+size-1)/size*size + 1
+	chunks := (n + size - 1) / size
+	end := s.maxNodes()
+	if s.hooks != nil && s.hooks.nodesSpent {
+		end = slabMaxNodes
+	}
+	return first, uint64(first)+uint64(chunks)*uint64(size) <= uint64(end)
 }
 
 // put returns node i to c; when c holds limit indexes or more (limit is at

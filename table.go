@@ -9,8 +9,8 @@ import (
 )
 
 // Errors returned by Table. Match them with errors.Is: the errors returned
-// wrap them with the offending tuple, except ErrTableFull, which is returned
-// as it is.
+// wrap them with the offending tuple (ErrTooLarge with the size), except
+// ErrTableFull, which is returned as it is.
 var (
 	// ErrExists: the 4-tuple is already in the table.
 	ErrExists = errors.New("hash4: 4-tuple already in table")
@@ -22,6 +22,9 @@ var (
 	ErrNilValue = errors.New("hash4: nil value")
 	// ErrTableFull: the table holds 2^31-1 entries, as many as it can index.
 	ErrTableFull = errors.New("hash4: table full")
+	// ErrTooLarge: a size asked of Table.Grow is beyond the most buckets
+	// the table may have (see WithMaxBuckets).
+	ErrTooLarge = errors.New("hash4: size beyond the table's bucket limit")
 )
 
 // Table is a concurrent hash table from 4-tuples to *T, built as the Linux
@@ -34,8 +37,9 @@ var (
 // stripe of the table and allocate only when the table needs more nodes.
 // A table reserves about 60 bytes per bucket when it is made or grown, and
 // up to 56 bytes for each entry beyond one per bucket, besides the caller's
-// T. It grows itself past about two entries per bucket (see
-// [WithFixedBuckets]) and never shrinks its bucket array.
+// T. It grows itself past about two entries per bucket, to at most two
+// buckets per entry whatever the keys (see [WithMaxBuckets],
+// [WithFixedBuckets]), and never shrinks its bucket array.
 //
 // Keys: an IPv4 address and its IPv4-mapped IPv6 form are one address, and
 // zones are not part of a key (use a Table per interface where that counts).
@@ -56,12 +60,14 @@ type Table[T any] struct {
 	// and huge pages choice, which Grow applies to each new array. growing is set while a growth
 	// that an insert started (see insert) runs, and for good if one
 	// failed; growers counts those growths' goroutines, for tests to wait
-	// on; fixed is WithFixedBuckets.
-	growMu  sync.Mutex
-	groups  tableConfig
-	growing atomic.Bool
-	growers sync.WaitGroup
-	fixed   bool
+	// on; fixed is WithFixedBuckets; bucketLimit is the most buckets the
+	// table may have, a power of two (see WithMaxBuckets).
+	growMu      sync.Mutex
+	groups      tableConfig
+	growing     atomic.Bool
+	growers     sync.WaitGroup
+	fixed       bool
+	bucketLimit int
 	// listenerStripes are the lock stripes of a TCPTable's listener
 	// chains, whose caches hold nodes of this table's store (set by
 	// NewTCPTable before the table is shared), for compactNodes.
@@ -85,6 +91,9 @@ type testHooks struct {
 	// relinked is called by migrate between linking a node into a chain
 	// of the new array and unlinking it from the old.
 	relinked func(index uint32)
+	// checked is called by growBehind after each check of the table,
+	// with whether it grew the table.
+	checked func(grew bool)
 	// nodeLimit, when not 0, ends the node store's index space there
 	// rather than at slabMaxNodes; nodesSpent makes reserve set nodeLimit
 	// to the end of the nodes it carves, and carve them whatever the
@@ -128,10 +137,13 @@ type tableArray[T any] struct {
 	// relinkedHomes counts the home slots of old that migrate linked
 	// into this array's chains, for want of nodes (see releaseOld).
 	relinkedHomes atomic.Uint32
-	// growAt is the entry count of a stripe past which an insert grows
-	// the table (see insert and growLimit), or never.
-	growAt uint64
-	_      [cacheLineSize]byte
+	// growAt is the entry count of a stripe past which an insert has the
+	// table's growth check whether to grow (see overLimit and
+	// growLimit), or never; checkAt[s], where not 0, raises stripe s's
+	// after a check decided not to grow (see postpone).
+	growAt  uint64
+	checkAt []atomic.Uint64
+	_       [cacheLineSize]byte
 }
 
 // flipped reports whether the array's nulls values have bit 30 set
@@ -202,6 +214,8 @@ type tableConfig struct {
 	homeGroupsSet bool
 	fixed         bool // by WithFixedBuckets
 	hugePages     bool // by WithHugePages
+	capacitySet   bool // by WithCapacity
+	maxBuckets    int  // by WithMaxBuckets; 0 for none
 }
 
 // withHomeGroups forces home groups on or off, whatever the bucket count,
@@ -220,13 +234,25 @@ func (c *tableConfig) stripeCount() int {
 }
 
 // WithCapacity sizes the table for about n entries: the bucket count is n
-// rounded up to a power of two (at least 16, at most 2^29), so that a full
-// table holds one entry per bucket on average, as Linux sizes its
-// established table. The default is 1024. New reserves 60 bytes per bucket
-// at once (see Table), as make(map[K]V, n) reserves room for n entries.
-// Past about twice as many entries as buckets the table grows (see Table,
-// Growth), unless made WithFixedBuckets.
-func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n } }
+// rounded up to a power of two (at least 16), so that a full table holds
+// one entry per bucket on average, as Linux sizes its established table.
+// The default is 1024. New reserves 60 bytes per bucket at once (see
+// Table), as make(map[K]V, n) reserves room for n entries, and panics if n
+// is beyond 2^29 buckets or the bound set by [WithMaxBuckets]. Past about
+// twice as many entries as buckets the table grows (see [Table]), unless
+// made [WithFixedBuckets].
+func WithCapacity(n int) Option {
+	return func(c *tableConfig) { c.capacity, c.capacitySet = n, true }
+}
+
+// WithMaxBuckets bounds the table's bucket count at n rounded down to a
+// power of two, at least 16 (0, the default, means 2^29, the most a table
+// can have): the table does not grow itself past it, [Table.Grow] beyond it
+// returns [ErrTooLarge], and New panics if [WithCapacity] asks for more, or
+// if n is negative; without WithCapacity a table starts at the bound if it
+// is below the default size. At 60 bytes per bucket, the bound caps the
+// bucket array's memory; entries past two per bucket lengthen the chains.
+func WithMaxBuckets(n int) Option { return func(c *tableConfig) { c.maxBuckets = n } }
 
 // WithFixedBuckets keeps the bucket count that New sets: the table grows
 // only when Grow is called, as Linux sizes its established table once, at
@@ -261,7 +287,11 @@ func WithLockStripes(n int) Option {
 }
 
 // WithSecret sets the keys of the table's hash function. The default is a
-// fresh NewSecret; see Secret.
+// fresh [NewSecret]; see [Secret]. Keep a secret given here from those who
+// choose the flows: one who knows it can choose flows that share a chain,
+// which lookups of those flows walk whole and which no growth shortens, as
+// in Linux's tables once their secret is known. The table's memory stays
+// within its bound per entry whatever the flows (see [Table]).
 func WithSecret(s Secret) Option { return func(c *tableConfig) { c.secret = &s } }
 
 // WithHasher chooses the tuple hasher; the default is LinuxHasher. A value
@@ -274,7 +304,8 @@ func WithHasher(h Hasher) Option {
 	}
 }
 
-// New returns an empty table.
+// New returns an empty table. It panics if an option's size is out of
+// range (see [WithCapacity], [WithMaxBuckets]).
 func New[T any](opts ...Option) *Table[T] {
 	cfg := tableConfig{capacity: 1024, hasher: LinuxHasher}
 	for _, o := range opts {
@@ -289,6 +320,7 @@ func New[T any](opts ...Option) *Table[T] {
 		t.secret = NewSecret()
 	}
 	t.fold = foldKeys(t.secret.Seed)
+	t.bucketLimit = cfg.sizes()
 	a := new(tableArray[T])
 	n := bucketCount(cfg.capacity)
 	a.b.initShared(n, newStripes(cfg.stripeCount(), n), 0, cfg.hugePages)
@@ -306,7 +338,7 @@ func New[T any](opts ...Option) *Table[T] {
 	}
 	t.moves = make([]moveCount, len(a.b.stripes))
 	t.fixed = cfg.fixed
-	a.growAt = t.growLimit(n, len(a.b.stripes))
+	t.initGrowth(a)
 	t.arr.Store(a)
 	return t
 }

@@ -74,8 +74,8 @@ const (
 
 // insert adds k with value v under the stripe lock, unless k is present;
 // then it returns the value k has (insertExists). An insert that leaves
-// its stripe holding more entries than the array's growAt starts the
-// table's growth (see growBehind).
+// its stripe holding more entries than the array's growAt has the table's
+// growth check the table (see overLimit).
 func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
 	if _, l := t.findLocked(a, k); !l.isNulls() {
@@ -92,16 +92,8 @@ func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 	n := st.count.Load() + 1
 	st.count.Store(n)
 	st.mu.Unlock()
-	// N.B. growing is loaded after the unlock, an atomic read-modify-write
-	// that orders the count's store before the load on every target, as
-	// growBehind stores growing before it reads the counts: of the two,
-	// one sees the other, so a stripe left over its limit is grown.
-	if n > a.growAt && !t.growing.Load() && t.growing.CompareAndSwap(false, true) {
-		t.growers.Add(1)
-		go func() {
-			defer t.growers.Done()
-			t.growBehind()
-		}()
+	if n > a.growAt {
+		t.overLimit(a, s, n) // N.B. after the unlock (see overLimit)
 	}
 	return nil, inserted
 }
