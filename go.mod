@@ -1,6 +1,6 @@
 module github.com/hash4/hash4
 
-go 1.26.0
+go 1.23
 
 require (
 	github.com/dchest/siphash v1.2.3

@@ -1,6 +1,6 @@
 module github.com/hash4/hash4/bench
 
-go 1.26.0
+go 1.24
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
@@ -15,7 +15,7 @@ require (
 	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
 	github.com/zeebo/xxh3 v1.1.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.30.0 // indirect
 )
 
 replace github.com/hash4/hash4 => ../
