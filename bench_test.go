@@ -1,18 +1,18 @@
 package hash4
 
-// Benchmarks of Table against the usual Go concurrent maps, in the style of
-// xsync and the sync package: every implementation side by side in one
-// benchmark function, e.g. BenchmarkLookup/n=1M/impl=hash4. Compare them with
+// Benchmarks of Table on its own (growth, lock stripes, the hash, chained
+// lookups, the machine's memory reads), and against sync.Map side by side
+// (BenchmarkSyncMap). The comparisons with other Go concurrent maps (xsync,
+// concurrent-map, a map behind a sync.RWMutex, and sync.Map), e.g.
+// BenchmarkLookup/n=1M/impl=hash4, are in the module in bench/, whose
+// requirements the library does not have; see bench/README.md. Run these
+// with
 //
-//	for i in 1 2 3 4 5 6; do
-//		go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn|HashTuple)$' -count 1 .
-//	done > bench.txt
-//	benchstat -filter '-.name:HashTuple' -col /impl bench.txt
+//	go test -run '^$' -bench '^Benchmark(SyncMap|HashTuple)$' -count 6 . > bench.txt
+//	benchstat -filter '.name:SyncMap' -col /impl bench.txt
 //	benchstat -filter '.name:HashTuple' -col /hasher bench.txt
 //
-// (anchored: a bare 'Lookup' also matches other files' benchmarks). Each
-// run is a process of its own, so that every implementation's samples
-// span the machine's changes of speed rather than fall in one of them.
+// (anchored: a bare 'Lookup' also matches other files' benchmarks).
 //
 // Every implementation gets the same keys: n distinct Tuples, half IPv4 and
 // half IPv6, generated deterministically (see benchKeySet). Key sets are
@@ -23,20 +23,15 @@ package hash4
 
 import (
 	"fmt"
-	"hash/maphash"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
-
-	cmap "github.com/orcaman/concurrent-map/v2"
-	"github.com/puzpuzpuz/xsync/v4"
 )
 
 // benchSecret fixes bucket placement so that runs are comparable.
@@ -63,13 +58,6 @@ var benchImpls = []benchImpl{
 		return benchHash4{New[benchVal](WithCapacity(n), WithSecret(benchSecret))}
 	}},
 	{"syncmap", func(int) benchMap { return new(benchSyncMap) }},
-	{"xsync", func(n int) benchMap {
-		return benchXsync{xsync.NewMap[Tuple, *benchVal](xsync.WithPresize(n))}
-	}},
-	{"rwmutex", func(n int) benchMap {
-		return &benchRWMap{m: make(map[Tuple]*benchVal, n)}
-	}},
-	{"cmap", func(int) benchMap { return newBenchCmap() }},
 }
 
 type benchHash4 struct{ t *Table[benchVal] }
@@ -101,57 +89,6 @@ func (m *benchSyncMap) Delete(k Tuple) (*benchVal, bool) {
 }
 
 func (m *benchSyncMap) Insert(k Tuple, v *benchVal) { m.m.Store(k, v) }
-
-type benchXsync struct{ m *xsync.Map[Tuple, *benchVal] }
-
-func (m benchXsync) Lookup(k Tuple) (*benchVal, bool) { return m.m.Load(k) }
-func (m benchXsync) Delete(k Tuple) (*benchVal, bool) { return m.m.LoadAndDelete(k) }
-func (m benchXsync) Insert(k Tuple, v *benchVal)      { m.m.Store(k, v) }
-
-// benchCmap is github.com/orcaman/concurrent-map/v2, the common sharded
-// map: 32 maps, each behind a sync.RWMutex, chosen by a hash of the key
-// (maphash here, as the package leaves the hash of a struct key to its
-// user). The maps start empty: the package has no presizing.
-type benchCmap struct {
-	m cmap.ConcurrentMap[Tuple, *benchVal]
-}
-
-func newBenchCmap() benchCmap {
-	seed := maphash.MakeSeed()
-	return benchCmap{cmap.NewWithCustomShardingFunction[Tuple, *benchVal](func(k Tuple) uint32 {
-		return uint32(maphash.Comparable(seed, k))
-	})}
-}
-
-func (m benchCmap) Lookup(k Tuple) (*benchVal, bool) { return m.m.Get(k) }
-func (m benchCmap) Delete(k Tuple) (*benchVal, bool) { return m.m.Pop(k) }
-func (m benchCmap) Insert(k Tuple, v *benchVal)      { m.m.Set(k, v) }
-
-type benchRWMap struct {
-	mu sync.RWMutex
-	m  map[Tuple]*benchVal
-}
-
-func (m *benchRWMap) Lookup(k Tuple) (*benchVal, bool) {
-	m.mu.RLock()
-	v, ok := m.m[k]
-	m.mu.RUnlock()
-	return v, ok
-}
-
-func (m *benchRWMap) Delete(k Tuple) (*benchVal, bool) {
-	m.mu.Lock()
-	v, ok := m.m[k]
-	delete(m.m, k)
-	m.mu.Unlock()
-	return v, ok
-}
-
-func (m *benchRWMap) Insert(k Tuple, v *benchVal) {
-	m.mu.Lock()
-	m.m[k] = v
-	m.mu.Unlock()
-}
 
 // benchSizes are the table sizes benchmarked.
 var benchSizes = []struct {
@@ -264,74 +201,39 @@ func benchTuple(r *rand.Rand, i int, v4 bool) Tuple {
 var benchFilled struct {
 	impl string
 	n    int
-	how  benchFill
 	m    benchMap
 }
 
-// benchFill is how a benchmark's map came to hold its keys.
-type benchFill int
-
-const (
-	// filledOnce: the keys were inserted into an empty map, in ks.fill
-	// order.
-	filledOnce benchFill = iota
-	// filledByChurn: the map was filled with n other keys, and each was
-	// then deleted, in random order, and replaced by one of the keys, as
-	// flows come and go. Where an implementation places an entry by what
-	// its bucket and neighbours hold when it is inserted (hash4's home
-	// slots), this is the placement that churn leaves, rather than the one
-	// a single fill makes.
-	filledByChurn
-)
-
-// benchPrefilled returns a map of impl holding all n keys, filled as how
-// says, and the keys. It stops the timer while it builds one; the caller
-// resets it.
-func benchPrefilled(b *testing.B, impl benchImpl, n int, how benchFill) (benchMap, *benchKeySet) {
+// benchPrefilled returns a map of impl holding all n keys, inserted into an
+// empty map in ks.fill order, and the keys. It stops the timer while it
+// builds one; the caller resets it.
+func benchPrefilled(b *testing.B, impl benchImpl, n int) (benchMap, *benchKeySet) {
 	b.StopTimer()
 	defer b.StartTimer()
 	ks := benchKeys(n)
-	if benchFilled.m != nil && benchFilled.impl == impl.name && benchFilled.n == n && benchFilled.how == how {
+	if benchFilled.m != nil && benchFilled.impl == impl.name && benchFilled.n == n {
 		return benchFilled.m, ks
 	}
 	benchFilled.m = nil
 	m := impl.new(n)
-	if how == filledByChurn {
-		// Other keys: benchTuple's peer address is unique per i, and
-		// ks.keys has i < n.
-		r := rand.New(rand.NewPCG(2, uint64(n)))
-		others := make([]Tuple, n)
-		for i := range others {
-			others[i] = benchTuple(r, n+i, i%2 == 0)
-			m.Insert(others[i], &ks.vals[i])
-		}
-		gone := r.Perm(n)
-		for j, i := range ks.fill {
-			if _, ok := m.Delete(others[gone[j]]); !ok {
-				b.Fatalf("%s lost key %v", impl.name, others[gone[j]])
-			}
-			m.Insert(ks.keys[i], &ks.vals[i])
-		}
-	} else {
-		for _, i := range ks.fill {
-			m.Insert(ks.keys[i], &ks.vals[i])
-		}
+	for _, i := range ks.fill {
+		m.Insert(ks.keys[i], &ks.vals[i])
 	}
-	benchFilled.impl, benchFilled.n, benchFilled.how, benchFilled.m = impl.name, n, how, m
+	benchFilled.impl, benchFilled.n, benchFilled.m = impl.name, n, m
 	runtime.GC() // the fill's garbage is not the benchmark's
 	return m, ks
 }
 
-// benchEach runs body for every size and implementation, on a map filled as
-// how says, reporting allocations if allocs is set.
-func benchEach(b *testing.B, allocs bool, how benchFill, body func(b *testing.B, m benchMap, ks *benchKeySet)) {
+// benchEach runs body for every size and implementation, on a prefilled
+// map, reporting allocations if allocs is set.
+func benchEach(b *testing.B, allocs bool, body func(b *testing.B, m benchMap, ks *benchKeySet)) {
 	for _, sz := range benchSizes {
 		for _, impl := range benchImpls {
 			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl.name), func(b *testing.B) {
 				if allocs {
 					b.ReportAllocs()
 				}
-				m, ks := benchPrefilled(b, impl, sz.n, how)
+				m, ks := benchPrefilled(b, impl, sz.n)
 				b.ResetTimer()
 				body(b, m, ks)
 			})
@@ -370,15 +272,20 @@ func (w *benchWalk) next() *Tuple {
 	return k
 }
 
-// BenchmarkLookup measures lookup hits in a map filled once.
-func BenchmarkLookup(b *testing.B) {
-	benchEach(b, false, filledOnce, benchLookups)
-}
-
-// BenchmarkLookupChurned measures lookup hits in a map whose keys all came
-// in through churn (filledByChurn).
-func BenchmarkLookupChurned(b *testing.B) {
-	benchEach(b, false, filledByChurn, benchLookups)
+// BenchmarkSyncMap measures hash4 and sync.Map side by side, the one
+// concurrent map of the standard library: lookup hits (op=lookup), 90%
+// lookups and 10% delete+insert of the same key (op=mixed), and
+// delete+insert pairs only (op=churn), as BenchmarkLookup, BenchmarkMixed
+// and BenchmarkChurn in bench/ measure them against every other map, e.g.
+// BenchmarkSyncMap/op=mixed/n=1M/impl=hash4.
+func BenchmarkSyncMap(b *testing.B) {
+	for _, op := range []struct {
+		name   string
+		allocs bool
+		body   func(*testing.B, benchMap, *benchKeySet)
+	}{{"lookup", false, benchLookups}, {"mixed", true, benchMixed}, {"churn", true, benchChurn}} {
+		b.Run("op="+op.name, func(b *testing.B) { benchEach(b, op.allocs, op.body) })
+	}
 }
 
 // benchLookups looks up the keys of ks in m, which holds them all.
@@ -405,7 +312,7 @@ func benchLookups(b *testing.B, m benchMap, ks *benchKeySet) {
 // equal time when the processor overlaps no memory reads of consecutive
 // lookups by itself; then each lookup waits out its own.
 func BenchmarkLookupChained(b *testing.B) {
-	benchEach(b, false, filledOnce, func(b *testing.B, m benchMap, ks *benchKeySet) {
+	benchEach(b, false, func(b *testing.B, m benchMap, ks *benchKeySet) {
 		for _, chained := range []bool{false, true} {
 			name := "deps=none"
 			if chained {
@@ -414,7 +321,7 @@ func BenchmarkLookupChained(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				keys := ks.views[1]
 				i := 0
-				for b.Loop() {
+				for range b.N {
 					v, ok := m.Lookup(keys[i])
 					if !ok {
 						b.Fatalf("lookup of present key %v missed", keys[i])
@@ -462,7 +369,7 @@ func BenchmarkMemoryReads(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("reads=chained/mem=%dMB", mb), func(b *testing.B) {
 			p := uint64(0)
-			for b.Loop() {
+			for range b.N {
 				p = mem[p]
 			}
 			benchSink += uint32(p)
@@ -477,7 +384,7 @@ func BenchmarkMemoryReads(b *testing.B) {
 		for _, work := range []int{0, 8, 16, 24, 32, 48} {
 			b.Run(fmt.Sprintf("reads=independent/work=%d/mem=%dMB", work, mb), func(b *testing.B) {
 				var sum, out uint64
-				for i := 0; b.Loop(); i++ {
+				for i := 0; i < b.N; i++ {
 					sum += mem[addrs[i&(len(addrs)-1)]]
 					x0, x1, x2, x3 := uint64(i), uint64(i)+1, uint64(i)+2, uint64(i)+3
 					for range work {
@@ -494,23 +401,10 @@ func BenchmarkMemoryReads(b *testing.B) {
 	}
 }
 
-// BenchmarkMixed measures 90% lookups and 10% delete+insert of the same key
-// (one op each), so that occupancy stays constant.
-func BenchmarkMixed(b *testing.B) {
-	benchEach(b, true, filledOnce, benchMixed)
-}
-
-// benchMixed runs BenchmarkMixed's ops on m, which holds the keys of ks.
+// benchMixed runs 90% lookups and 10% delete+insert of the same key (one
+// op each), so that occupancy stays constant, on m, which holds the keys of
+// ks.
 func benchMixed(b *testing.B, m benchMap, ks *benchKeySet) {
-	benchMixedParts(b, m, ks, true, true)
-}
-
-// benchMixedParts runs BenchmarkMixed's walk on m, doing its lookups only if
-// lookups is set and its delete+insert pairs only if churn is. A skipped op
-// still counts as one, and costs its step of the walk: so the two parts'
-// times, less once the time of the walk alone, add up to the whole's if
-// the two kinds of op do not slow each other down.
-func benchMixedParts(b *testing.B, m benchMap, ks *benchKeySet, lookups, churn bool) {
 	var gid atomic.Uint64
 	b.RunParallel(func(pb *testing.PB) {
 		w, c := newBenchWalk(&gid, ks), 10
@@ -520,48 +414,18 @@ func benchMixedParts(b *testing.B, m benchMap, ks *benchKeySet, lookups, churn b
 				c = 10
 				// Another goroutine may hold this key deleted for a
 				// moment: reinsert only what this one removed.
-				if !churn {
-					continue
-				}
 				if v, ok := m.Delete(*k); ok {
 					m.Insert(*k, v)
 				}
-			} else if lookups {
+			} else {
 				m.Lookup(*k)
 			}
 		}
 	})
 }
 
-// BenchmarkMixedParts runs BenchmarkMixed at 1M entries, on hash4 and on
-// xsync, whole (ops=all), in its two parts, the lookups alone (ops=lookups,
-// 90% of ops; the rest only walk) and the delete+insert pairs alone
-// (ops=churn, 10%), and as the walk alone (ops=none), to tell whether the
-// two kinds of op slow each other down.
-func BenchmarkMixedParts(b *testing.B) {
-	for _, part := range []struct {
-		name           string
-		lookups, churn bool
-	}{{"all", true, true}, {"lookups", true, false}, {"churn", false, true}, {"none", false, false}} {
-		for _, impl := range benchImpls {
-			if impl.name != "hash4" && impl.name != "xsync" {
-				continue
-			}
-			b.Run(fmt.Sprintf("n=1M/ops=%s/impl=%s", part.name, impl.name), func(b *testing.B) {
-				m, ks := benchPrefilled(b, impl, 1<<20, filledOnce)
-				b.ResetTimer()
-				benchMixedParts(b, m, ks, part.lookups, part.churn)
-			})
-		}
-	}
-}
-
-// BenchmarkChurn measures delete+insert pairs (one op each) only.
-func BenchmarkChurn(b *testing.B) {
-	benchEach(b, true, filledOnce, benchChurn)
-}
-
-// benchChurn runs BenchmarkChurn's ops on m, which holds the keys of ks.
+// benchChurn runs delete+insert pairs (one op each) on m, which holds the
+// keys of ks.
 func benchChurn(b *testing.B, m benchMap, ks *benchKeySet) {
 	var gid atomic.Uint64
 	b.RunParallel(func(pb *testing.PB) {
@@ -573,48 +437,6 @@ func benchChurn(b *testing.B, m benchMap, ks *benchKeySet) {
 			}
 		}
 	})
-}
-
-// BenchmarkFill measures filling an empty map with n keys from GOMAXPROCS
-// goroutines, each inserting a share of them, where every map is made
-// without a size and grows as it fills: hash4 by itself (from New's 1024
-// buckets), the others as they do; impl=hash4-sized is hash4 made for n
-// entries, for scale. It reports the time per insert (ns/insert), which
-// for hash4 includes the wait for its growth to end.
-func BenchmarkFill(b *testing.B) {
-	impls := []benchImpl{
-		{"hash4", func(int) benchMap { return benchHash4{New[benchVal](WithSecret(benchSecret))} }},
-		{"hash4-sized", benchImpls[0].new},
-		{"syncmap", func(int) benchMap { return new(benchSyncMap) }},
-		{"xsync", func(int) benchMap { return benchXsync{xsync.NewMap[Tuple, *benchVal]()} }},
-		{"rwmutex", func(int) benchMap { return &benchRWMap{m: map[Tuple]*benchVal{}} }},
-		{"cmap", func(int) benchMap { return newBenchCmap() }},
-	}
-	for _, sz := range benchSizes {
-		ks := benchKeys(sz.n)
-		for _, impl := range impls {
-			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl.name), func(b *testing.B) {
-				procs := runtime.GOMAXPROCS(0)
-				for b.Loop() {
-					m := impl.new(sz.n)
-					var wg sync.WaitGroup
-					for g := range procs {
-						wg.Go(func() {
-							for i := g; i < len(ks.fill); i += procs {
-								j := ks.fill[i]
-								m.Insert(ks.keys[j], &ks.vals[j])
-							}
-						})
-					}
-					wg.Wait()
-					if h, ok := m.(benchHash4); ok {
-						h.t.growers.Wait()
-					}
-				}
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.n), "ns/insert")
-			})
-		}
-	}
 }
 
 // BenchmarkLockStripes measures Mixed 90/10 and Churn in small tables of
@@ -648,72 +470,6 @@ func BenchmarkLockStripes(b *testing.B) {
 	}
 }
 
-// BenchmarkAppendLookups measures lookup hits in bursts of 16 tuples, as a
-// gateway that reads packets in bursts does: Table.AppendLookups
-// (impl=hash4-batch) against a loop of Lookup (impl=hash4) and of xsync's
-// Load (impl=xsync). Time per op is per tuple.
-func BenchmarkAppendLookups(b *testing.B) {
-	const burst = 16
-	for _, sz := range benchSizes {
-		for _, impl := range []string{"hash4-batch", "hash4", "xsync"} {
-			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl), func(b *testing.B) {
-				bi := benchImpls[slices.IndexFunc(benchImpls, func(bi benchImpl) bool {
-					return bi.name == strings.TrimSuffix(impl, "-batch")
-				})]
-				m, ks := benchPrefilled(b, bi, sz.n, filledOnce)
-				// One indirect call per burst; direct calls within it.
-				var lookupBurst func(vals []*benchVal, tups []Tuple) []*benchVal
-				switch m := m.(type) {
-				case benchHash4:
-					lookupBurst = func(vals []*benchVal, tups []Tuple) []*benchVal {
-						if impl == "hash4-batch" {
-							return m.t.AppendLookups(vals, tups)
-						}
-						for _, tup := range tups {
-							v, _ := m.t.Lookup(tup)
-							vals = append(vals, v)
-						}
-						return vals
-					}
-				case benchXsync:
-					lookupBurst = func(vals []*benchVal, tups []Tuple) []*benchVal {
-						for _, tup := range tups {
-							v, _ := m.m.Load(tup)
-							vals = append(vals, v)
-						}
-						return vals
-					}
-				}
-				b.ResetTimer()
-				var gid atomic.Uint64
-				b.RunParallel(func(pb *testing.PB) {
-					w, misses := newBenchWalk(&gid, ks), 0
-					var tups [burst]Tuple
-					vals := make([]*benchVal, 0, burst)
-					for more := true; more; {
-						n := 0
-						for ; n < burst; n++ {
-							if more = pb.Next(); !more {
-								break
-							}
-							tups[n] = *w.next()
-						}
-						vals = lookupBurst(vals[:0], tups[:n])
-						for _, v := range vals {
-							if v == nil {
-								misses++
-							}
-						}
-					}
-					if misses > 0 {
-						b.Errorf("%d lookups of present keys missed", misses)
-					}
-				})
-			})
-		}
-	}
-}
-
 // benchSink takes benchmark results that must not be optimized away.
 var benchSink uint32
 
@@ -733,67 +489,13 @@ func BenchmarkHashTuple(b *testing.B) {
 			b.Run(fmt.Sprintf("family=%s/hasher=%s", fam.name, h), func(b *testing.B) {
 				b.ReportAllocs()
 				var sum uint32
-				for i := 0; b.Loop(); i++ {
+				for i := 0; i < b.N; i++ {
 					sum += HashTuple(keys[i&(nkeys-1)], h, benchSecret)
 				}
 				benchSink = sum
 			})
 		}
 	}
-}
-
-// BenchmarkChurnSharing measures what sharing a table between goroutines
-// costs in churn: every goroutine churns either one table (tables=shared)
-// or a table of its own that holds the same keys (tables=own). Both do the
-// same work per op; the difference is cache lines that move between the
-// cores writing them. At 1M, tables=own is also churn with no line to pass.
-func BenchmarkChurnSharing(b *testing.B) {
-	for _, sz := range benchSizes {
-		ks := benchKeys(sz.n)
-		for _, impl := range benchImpls {
-			if impl.name != "hash4" && impl.name != "xsync" {
-				continue
-			}
-			for _, shared := range []bool{true, false} {
-				name := map[bool]string{true: "shared", false: "own"}[shared]
-				b.Run(fmt.Sprintf("n=%s/impl=%s/tables=%s", sz.name, impl.name, name), func(b *testing.B) {
-					benchChurnTables(b, impl, ks, shared)
-				})
-			}
-		}
-	}
-}
-
-// benchChurnTables runs BenchmarkChurnSharing's churn of the keys of ks in
-// one table shared by every goroutine or in a table per goroutine.
-func benchChurnTables(b *testing.B, impl benchImpl, ks *benchKeySet, shared bool) {
-	maps := make([]benchMap, runtime.GOMAXPROCS(0))
-	for g := range maps {
-		if g > 0 && shared {
-			maps[g] = maps[0]
-			continue
-		}
-		maps[g] = impl.new(len(ks.keys))
-		for _, i := range ks.fill {
-			maps[g].Insert(ks.keys[i], &ks.vals[i])
-		}
-	}
-	runtime.GC()
-	b.ResetTimer()
-	var gid atomic.Uint64
-	b.RunParallel(func(pb *testing.PB) {
-		w := newBenchWalk(&gid, ks)
-		// N.B. the walk's own number, not gid.Load(): both goroutines
-		// may load gid after both have added to it, and then churn one
-		// table of the own ones.
-		m := maps[(w.g-1)%uint64(len(maps))]
-		for pb.Next() {
-			k := w.next()
-			if v, ok := m.Delete(*k); ok {
-				m.Insert(*k, v)
-			}
-		}
-	})
 }
 
 // BenchmarkGrow measures Table.Grow of a table of n buckets holding n

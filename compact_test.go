@@ -25,10 +25,10 @@ func TestTableCompactNodes(t *testing.T) {
 	want := map[Tuple]*int{}
 	for i := range 16 + 6*chunk - 2 {
 		k := tblKey(i, i%2 == 1)
-		want[k] = new(i)
+		want[k] = valPtr(i)
 		require.NoError(t, est.Insert(k, want[k]))
 	}
-	lv := new(-1)
+	lv := valPtr(-1)
 	listener := netip.MustParseAddrPort("10.9.9.9:80")
 	unlisten, err := tcp.Listen(listener, lv)
 	require.NoError(t, err)
@@ -89,7 +89,7 @@ func TestTableCompactNodes(t *testing.T) {
 	require.False(t, ok)
 	for i := range 200 {
 		k := tblKey(1000+i, false)
-		want[k] = new(i)
+		want[k] = valPtr(i)
 		require.NoError(t, est.Insert(k, want[k]))
 	}
 	_, err = tcp.Listen(listener, lv)

@@ -1,8 +1,10 @@
 package hash4
 
 // BenchmarkConnect measures Table.Connect, the kernel's source-port search
-// (__inet_hash_connect), against its predecessors and a map baseline, e.g.
-// BenchmarkConnect/occupancy=90%/impl=hash4. Compare with
+// (__inet_hash_connect), against its predecessors, e.g.
+// BenchmarkConnect/policy=odd-even/occupancy=90%/impl=rehash. The map
+// baseline, impl=xsync, is in bench/ (bench/connect_test.go), beside
+// Connect. Compare with
 //
 //	go test -run '^$' -bench Connect -count=6 . > connect.txt
 //	benchstat -col /impl connect.txt
@@ -31,7 +33,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/puzpuzpuz/xsync/v4"
 	"github.com/stretchr/testify/require"
 )
 
@@ -76,40 +77,6 @@ func (c *connBenchTable) prefill(tup Tuple) {
 	}
 }
 
-// connBenchXsync is the baseline a Go user would write today: an xsync.Map
-// keyed by Tuple, the same candidates in the same order from the same
-// allocator, and per candidate a Load, then a LoadOrStore of a port that
-// looks free.
-type connBenchXsync struct {
-	m *xsync.Map[Tuple, *int]
-	a *PortAllocator
-	v *int
-}
-
-func (c *connBenchXsync) connect() Tuple {
-	var cc connectConfig
-	port, ok := c.a.selectPort(connBenchLocal, connBenchRemote, &cc, func(p uint16) bool {
-		k := connBenchTuple(p)
-		if _, taken := c.m.Load(k); taken {
-			return false
-		}
-		_, loaded := c.m.LoadOrStore(k, c.v)
-		return !loaded
-	})
-	if !ok {
-		panic("no port")
-	}
-	return connBenchTuple(port)
-}
-
-func (c *connBenchXsync) delete(tup Tuple) {
-	if _, ok := c.m.LoadAndDelete(tup); !ok {
-		panic("not found")
-	}
-}
-
-func (c *connBenchXsync) prefill(tup Tuple) { c.m.Store(tup, c.v) }
-
 var connBenchImpls = []struct {
 	name string
 	new  func(a *PortAllocator, n int) connBencher
@@ -117,9 +84,6 @@ var connBenchImpls = []struct {
 	{"hash4", func(a *PortAllocator, n int) connBencher { return connBenchNewTable(a, n, connectHashOnce) }},
 	{"rehash", func(a *PortAllocator, n int) connBencher { return connBenchNewTable(a, n, connectRehash) }},
 	{"locked", func(a *PortAllocator, n int) connBencher { return connBenchNewTable(a, n, connectLocked) }},
-	{"xsync", func(a *PortAllocator, n int) connBencher {
-		return &connBenchXsync{m: xsync.NewMap[Tuple, *int](xsync.WithPresize(n)), a: a, v: new(int)}
-	}},
 }
 
 func connBenchNewTable(a *PortAllocator, n int, s connectStrategy) connBencher {

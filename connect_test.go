@@ -614,7 +614,9 @@ func connConcurrentFill(t *testing.T, a *PortAllocator, goroutines, want int) {
 	results := make([]result, goroutines)
 	var wg sync.WaitGroup
 	for g := range goroutines {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			r := &results[g]
 			for {
 				v := new(int)
@@ -626,7 +628,7 @@ func connConcurrentFill(t *testing.T, a *PortAllocator, goroutines, want int) {
 				r.tuples = append(r.tuples, tup)
 				r.vals = append(r.vals, v)
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	seen := make(map[Tuple]bool, want)
@@ -681,7 +683,9 @@ func TestConnectConcurrentChurn(t *testing.T) {
 	lives := make([][]Tuple, goroutines)
 	var wg sync.WaitGroup
 	for g := range goroutines {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			r := rand.New(rand.NewSource(int64(g)))
 			var live []Tuple
 			vals := make(map[Tuple]*int)
@@ -715,7 +719,7 @@ func TestConnectConcurrentChurn(t *testing.T) {
 				live = append(live, tup)
 				vals[tup] = v
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	close(errs)
@@ -1015,7 +1019,7 @@ func TestTablePresent(t *testing.T) {
 		require.Equal(t, want, tab.present(&k), "present of key %d", i)
 	}
 	for i := range 200 {
-		require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), new(i)))
+		require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), valPtr(i)))
 	}
 	require.Greater(t, tab.Stats().LongestChain, 10)
 	for i := range 400 {

@@ -135,7 +135,8 @@ func BenchmarkUDPLookup(b *testing.B) {
 				defer func() { tbl.hash4Off = false }()
 				pkts := c.pkts
 				miss := 0
-				for i := 0; b.Loop(); i++ {
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
 					if _, ok := tbl.Lookup(pkts[i%len(pkts)]); !ok {
 						miss++
 					}
@@ -156,7 +157,8 @@ func BenchmarkUDPBind(b *testing.B) {
 	local := netip.MustParseAddrPort("10.0.0.1:443")
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("sockets=%d", n), func(b *testing.B) {
-			for b.Loop() {
+			b.ResetTimer()
+			for range b.N {
 				tbl := NewUDPTable[int](WithSecret(demuxBenchSecret))
 				for i := range n {
 					bindConnected(b, tbl, local, v, i)
@@ -181,7 +183,8 @@ func BenchmarkUDPRebind(b *testing.B) {
 				socks[i] = bindConnected(b, tbl, local, v, i)
 			}
 			rng := rand.New(rand.NewPCG(1, 2))
-			for b.Loop() {
+			b.ResetTimer()
+			for range b.N {
 				i := rng.IntN(n)
 				if err := socks[i].Close(); err != nil {
 					b.Fatal(err)
@@ -224,7 +227,8 @@ func BenchmarkTCPEstablished(b *testing.B) {
 	}{{"table", plain.Lookup}, {"tcp", tcp.Lookup}} {
 		b.Run("impl="+impl.name, func(b *testing.B) {
 			miss := 0
-			for i := 0; b.Loop(); i++ {
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
 				if _, ok := impl.lookup(flows[i%n]); !ok {
 					miss++
 				}
@@ -291,7 +295,8 @@ func BenchmarkTCPListener(b *testing.B) {
 	}{{"exact", exact}, {"wildcard", wild}, {"reuseport=8", groups[8]}, {"reuseport=64", groups[64]}} {
 		b.Run("listeners=1000/"+c.name, func(b *testing.B) {
 			miss := 0
-			for i := 0; b.Loop(); i++ {
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
 				if _, ok := tcp.Lookup(c.pkts[i%len(c.pkts)]); !ok {
 					miss++
 				}

@@ -53,7 +53,8 @@ func ExampleTable_Lookup() {
 		Local:  netip.MustParseAddrPort("10.0.0.1:8080"),
 		Remote: netip.MustParseAddrPort("10.0.0.2:55555"),
 	}
-	t.Insert(v4, new("web session"))
+	session := "web session"
+	t.Insert(v4, &session)
 
 	// The IPv4-mapped form of the same flow, as a dual-stack socket sees
 	// it, is the same key.
@@ -88,10 +89,11 @@ func ExampleTable_AppendLookups() {
 		}
 		return hash4.Tuple{Local: netip.AddrPortFrom(local, 443), Remote: r}
 	}
-	if err := t.Insert(flow("198.51.100.7:40000"), new("session A")); err != nil {
+	a, b := "session A", "session B"
+	if err := t.Insert(flow("198.51.100.7:40000"), &a); err != nil {
 		panic(err)
 	}
-	if err := t.Insert(flow("[2001:db8::9]:40001"), new("session B")); err != nil {
+	if err := t.Insert(flow("[2001:db8::9]:40001"), &b); err != nil {
 		panic(err)
 	}
 
@@ -121,7 +123,7 @@ func ExampleTable_All() {
 		t.Insert(hash4.Tuple{
 			Local:  netip.MustParseAddrPort("[2001:db8::1]:40000"),
 			Remote: netip.MustParseAddrPort(remote),
-		}, new(i))
+		}, &i)
 	}
 	// All yields in bucket order, which depends on the table's secret:
 	// sort for a stable listing.
@@ -148,7 +150,7 @@ func ExampleTable_LookupOrInsert() {
 	// Two packets of a new flow, handled on two goroutines, each offer a
 	// session: one creates the flow, the other gets the same session.
 	for _, offer := range []string{"session A", "session B"} {
-		s, found, err := sessions.LookupOrInsert(flow, new(offer))
+		s, found, err := sessions.LookupOrInsert(flow, &offer)
 		if err != nil {
 			fmt.Println(err)
 			return

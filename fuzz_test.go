@@ -161,7 +161,7 @@ func FuzzTable(f *testing.F) {
 				msg := tblStep{ti, step, op % 10, tup}
 				switch op % 10 {
 				case 0, 1: // Insert
-					v := new(serial)
+					v := valPtr(serial)
 					err := tab.Insert(tup, v)
 					if old, ok := model[ki]; ok {
 						require.ErrorIs(rt, err, ErrExists, msg)
@@ -247,17 +247,17 @@ func FuzzTable(f *testing.F) {
 					tblCheckHome(rt, tab, msg)
 				case 7: // bad input leaves the table unchanged
 					bad := tblFuzzInvalid[arg%len(tblFuzzInvalid)]
-					require.ErrorIs(rt, tab.Insert(bad, new(-1)), ErrInvalidTuple, msg)
+					require.ErrorIs(rt, tab.Insert(bad, valPtr(-1)), ErrInvalidTuple, msg)
 					require.ErrorIs(rt, tab.Insert(tup, nil), ErrNilValue, msg)
-					_, found, err := tab.LookupOrInsert(bad, new(-1))
+					_, found, err := tab.LookupOrInsert(bad, valPtr(-1))
 					require.ErrorIs(rt, err, ErrInvalidTuple, msg)
 					require.False(rt, found, msg)
 					_, _, err = tab.LookupOrInsert(tup, nil)
 					require.ErrorIs(rt, err, ErrNilValue, msg)
-					require.False(rt, tab.CompareAndDelete(bad, new(-1)), msg)
+					require.False(rt, tab.CompareAndDelete(bad, valPtr(-1)), msg)
 					require.False(rt, tab.CompareAndDelete(tup, nil), msg)
-					require.False(rt, tab.CompareAndSwap(bad, new(-1), new(-1)), msg)
-					require.False(rt, tab.CompareAndSwap(tup, nil, new(-1)), msg)
+					require.False(rt, tab.CompareAndSwap(bad, valPtr(-1), valPtr(-1)), msg)
+					require.False(rt, tab.CompareAndSwap(tup, nil, valPtr(-1)), msg)
 					if cur, ok := model[ki]; ok {
 						require.False(rt, tab.CompareAndSwap(tup, cur, nil), msg)
 					}
@@ -268,7 +268,7 @@ func FuzzTable(f *testing.F) {
 					check(want, wok, got, gok, msg)
 					require.Equal(rt, len(model), tab.Len(), msg)
 				case 8: // LookupOrInsert
-					v := new(serial)
+					v := valPtr(serial)
 					got, found, err := tab.LookupOrInsert(tup, v)
 					require.NoError(rt, err, msg)
 					old, ok := model[ki]
@@ -281,10 +281,10 @@ func FuzzTable(f *testing.F) {
 				case 9: // CompareAndDelete or CompareAndSwap, with the value held or another
 					old, ok := model[ki]
 					if arg&64 != 0 {
-						old, ok = new(serial), false
+						old, ok = valPtr(serial), false
 					}
 					if arg&128 != 0 {
-						v := new(serial)
+						v := valPtr(serial)
 						require.Equal(rt, ok, tab.CompareAndSwap(tup, old, v), msg)
 						if ok {
 							model[ki] = v

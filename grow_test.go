@@ -104,7 +104,7 @@ func TestTableGrow(t *testing.T) {
 			add := func(n int) {
 				for range n {
 					k := tblKey(next, next%3 == 0)
-					v := new(next)
+					v := valPtr(next)
 					require.NoError(t, tab.Insert(k, v))
 					want[k] = v
 					next++
@@ -154,7 +154,7 @@ func TestTableGrowHomeGroups(t *testing.T) {
 	want := map[Tuple]*int{}
 	for i := range homeGroupMinBuckets {
 		k := tblKey(i, i%2 == 0)
-		want[k] = new(i)
+		want[k] = valPtr(i)
 		require.NoError(t, tab.Insert(k, want[k]))
 	}
 	require.NoError(t, tab.Grow(homeGroupMinBuckets))
@@ -174,7 +174,7 @@ func TestTableGrowNoOp(t *testing.T) {
 	want := map[Tuple]*int{}
 	for i := range 100 {
 		k := tblKey(i, false)
-		want[k] = new(i)
+		want[k] = valPtr(i)
 		require.NoError(t, tab.Insert(k, want[k]))
 	}
 	a := tab.cur()
@@ -247,7 +247,7 @@ func TestTableGrowReaderOnRetiredEntry(t *testing.T) {
 			tab := f.tab
 			ka := f.byBkt[f.a]
 			x, y := ka[0], ka[1]
-			vx, vy := new("X"), new("Y")
+			vx, vy := valPtr("X"), valPtr("Y")
 			require.NoError(t, tab.Insert(y, vy))
 			require.NoError(t, tab.Insert(x, vx))
 			xIdx := f.headIndex(t, f.a)
@@ -261,7 +261,7 @@ func TestTableGrowReaderOnRetiredEntry(t *testing.T) {
 				for i := 0; tab.nodes.at(xIdx).seq.Load()&1 == 0; i++ {
 					require.Less(t, i, 4096, "X's node never reused")
 					k := tblKey(10000+i, false)
-					require.NoError(t, tab.Insert(k, new("fill")))
+					require.NoError(t, tab.Insert(k, valPtr("fill")))
 				}
 			})
 			require.True(t, r.ok, "Lookup(Y) missed Y")
@@ -285,7 +285,7 @@ func TestTableGrowAllExactlyOnce(t *testing.T) {
 			want := map[Tuple]*int{}
 			for i := range 500 {
 				k := tblCanon(tblKey(i, i%3 == 0))
-				want[k] = new(i)
+				want[k] = valPtr(i)
 				require.NoError(t, tab.Insert(k, want[k]))
 			}
 			seen := map[Tuple]int{}
@@ -358,7 +358,9 @@ func TestTableGrowConcurrent(t *testing.T) {
 			}
 		}
 		for rd := range 2 {
-			wg.Go(func() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
 				r := rand.New(rand.NewPCG(uint64(rd), uint64(rounds)))
 				batch := make([]Tuple, 8)
 				var got []*val
@@ -382,9 +384,11 @@ func TestTableGrowConcurrent(t *testing.T) {
 					}
 					n.Add(10)
 				}
-			})
+			}()
 		}
-		wg.Go(func() { // the writer
+		wg.Add(1)
+		go func() { // the writer
+			defer wg.Done()
 			r := rand.New(rand.NewPCG(99, uint64(rounds)))
 			for !stop.Load() {
 				c := churn[r.IntN(len(churn))]
@@ -394,8 +398,10 @@ func TestTableGrowConcurrent(t *testing.T) {
 					}
 				}
 			}
-		})
-		wg.Go(func() { // the iterator
+		}()
+		wg.Add(1)
+		go func() { // the iterator
+			defer wg.Done()
 			for !stop.Load() {
 				seen := map[Tuple]int{}
 				for k, v := range tab.All() {
@@ -419,7 +425,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 					fail("round %d: Stats: %d buckets counted of %d, %d entries counted of %d", rounds, buckets, st.Buckets, entries, st.Entries)
 				}
 			}
-		})
+		}()
 		if spent {
 			spendIndexSpace(tab)
 		}
@@ -451,13 +457,13 @@ func TestTableGrowConcurrent(t *testing.T) {
 func TestTCPTableEstablishedGrow(t *testing.T) {
 	tbl := NewTCPTable[string](WithCapacity(16), WithFixedBuckets())
 	lis := netip.MustParseAddrPort("10.0.0.1:80")
-	vl := new("listener")
+	vl := valPtr("listener")
 	release, err := tbl.Listen(lis, vl)
 	require.NoError(t, err)
 	flows := map[Tuple]*string{}
 	for i := range 200 {
 		k := Tuple{Local: lis, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))}
-		flows[k] = new(fmt.Sprint(i))
+		flows[k] = valPtr(fmt.Sprint(i))
 		require.NoError(t, tbl.Established().Insert(k, flows[k]))
 	}
 	require.NoError(t, tbl.Established().Grow(256))
@@ -475,7 +481,7 @@ func TestTCPTableEstablishedGrow(t *testing.T) {
 	require.False(t, ok)
 	// Listeners come and go in nodes freed by the Grow.
 	for i := range 50 {
-		release, err := tbl.Listen(netip.AddrPortFrom(lis.Addr(), uint16(2000+i)), new("l"))
+		release, err := tbl.Listen(netip.AddrPortFrom(lis.Addr(), uint16(2000+i)), valPtr("l"))
 		require.NoError(t, err)
 		defer release()
 	}
@@ -584,7 +590,7 @@ func TestTableGrowStripeByStripe(t *testing.T) {
 			for s := range uint32(stripes) {
 				for range 32 { // two entries per bucket
 					k := fresh(s)
-					want[k] = new(next)
+					want[k] = valPtr(next)
 					require.NoError(t, tab.Insert(k, want[k]))
 				}
 			}
@@ -619,7 +625,7 @@ func TestTableGrowStripeByStripe(t *testing.T) {
 				require.Len(t, in, 2)
 				done := make(chan struct{})
 				ins, del, swap := fresh(s), in[0], in[1]
-				vIns, vSwap, old := new(next), new(next+1), want[swap]
+				vIns, vSwap, old := valPtr(next), valPtr(next+1), want[swap]
 				go func() {
 					defer close(done)
 					assert.NoError(t, tab.Insert(ins, vIns))
@@ -697,7 +703,7 @@ func TestTableGrowIndexSpaceSpent(t *testing.T) {
 	}
 	ka := f.byBkt[f.a]
 	x, y := ka[0], ka[1]
-	want[x], want[y] = new("X"), new("Y")
+	want[x], want[y] = valPtr("X"), valPtr("Y")
 	require.NoError(t, tab.Insert(y, want[y]))
 	require.NoError(t, tab.Insert(x, want[x]))
 	xIdx := f.headIndex(t, f.a)
@@ -707,7 +713,7 @@ func TestTableGrowIndexSpaceSpent(t *testing.T) {
 	// none.
 	require.GreaterOrEqual(t, len(ka), 202)
 	for _, k := range ka[2:202] {
-		want[k] = new(fmt.Sprint(k))
+		want[k] = valPtr(fmt.Sprint(k))
 		require.NoError(t, tab.Insert(k, want[k]))
 	}
 	spendIndexSpace(tab)
@@ -759,7 +765,7 @@ func TestTableGrowIndexSpaceSpent(t *testing.T) {
 	var err error
 	for i := 0; err == nil; i++ {
 		require.Less(t, i, 1000, "inserts never ran out of nodes")
-		err = tab.Insert(f.byBkt[f.b][i], new("more"))
+		err = tab.Insert(f.byBkt[f.b][i], valPtr("more"))
 	}
 	require.ErrorIs(t, err, ErrTableFull)
 	tblCheckHome(t, tab, "index space spent, table full")
@@ -778,7 +784,7 @@ func TestTableGrowReaderBeforeStripeMoves(t *testing.T) {
 			break
 		}
 	}
-	vy := new(1)
+	vy := valPtr(1)
 	require.NoError(t, tab.Insert(y, vy))
 	step, wait := growPaused(t, tab, 32)
 	require.Equal(t, uint32(0), step())
@@ -804,7 +810,7 @@ func TestTableGrowWriterAcrossPublish(t *testing.T) {
 	tab := f.tab
 	ka := f.byBkt[f.a]
 	x, y, z := ka[0], ka[1], f.byBkt[f.b][0]
-	vx, vy, vz := new("X"), new("Y"), new("Z")
+	vx, vy, vz := valPtr("X"), valPtr("Y"), valPtr("Z")
 	require.NoError(t, tab.Insert(y, vy))
 	require.NoError(t, tab.Insert(x, vx))
 	xIdx := f.headIndex(t, f.a)
@@ -870,7 +876,7 @@ func TestTableGrowWriterAcrossPublishTakesNode(t *testing.T) {
 	}
 	for b := range uint32(16) {
 		k := byBkt[b][0]
-		want[k] = new(int(b))
+		want[k] = valPtr(int(b))
 		require.NoError(t, tab.Insert(k, want[k]))
 	}
 	z := byBkt[1][1] // bucket 1, of stripe 1
@@ -887,7 +893,7 @@ func TestTableGrowWriterAcrossPublishTakesNode(t *testing.T) {
 	require.True(t, ok)
 	_, home := old.home.isHome(i)
 	require.False(t, home, "Z's node %d is an old home slot", i)
-	want[z] = new(-1)
+	want[z] = valPtr(-1)
 	tab.fill(i, &kz, want[z], &old.b.heads[bz])
 	st.count.Store(st.count.Load() + 1)
 	st.mu.Unlock()
@@ -921,12 +927,12 @@ func TestTableGrowReaderDuringStripeMove(t *testing.T) {
 		} else if b < 14 && n < 16+8 {
 			// The home slots, then 8 nodes beyond them, in chains
 			// that the move empties before Y's.
-			require.NoError(t, tab.Insert(k, new(i)))
+			require.NoError(t, tab.Insert(k, valPtr(i)))
 			n++
 		}
 	}
 	require.Equal(t, 16+8, n)
-	vy := new(1)
+	vy := valPtr(1)
 	require.NoError(t, tab.Insert(y, vy))
 	step, wait := growPaused(t, tab, 32)
 	require.Equal(t, uint32(0), step())
@@ -955,7 +961,7 @@ func TestTableGrowReaderDuringStripeMove(t *testing.T) {
 func TestTableGrowReaderOnOlderArray(t *testing.T) {
 	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
 	y := tblKey(1, false)
-	vy := new(1)
+	vy := valPtr(1)
 	require.NoError(t, tab.Insert(y, vy))
 	step, wait := growPaused(t, tab, 32)
 	require.Equal(t, uint32(0), step())
@@ -1046,7 +1052,7 @@ func TestTableGrowsItself(t *testing.T) {
 			want := map[Tuple]*int{}
 			for i := range c.n {
 				k := tblKey(i, i%3 == 0)
-				want[k] = new(i)
+				want[k] = valPtr(i)
 				if i%2 == 0 {
 					require.NoError(t, tab.Insert(k, want[k]))
 				} else {
@@ -1081,14 +1087,14 @@ func TestTableGrowsItself(t *testing.T) {
 	t.Run("TCPTable", func(t *testing.T) {
 		tbl := NewTCPTable[string](WithCapacity(16), WithLockStripes(2))
 		lis := netip.MustParseAddrPort("10.0.0.1:80")
-		vl := new("listener")
+		vl := valPtr("listener")
 		release, err := tbl.Listen(lis, vl)
 		require.NoError(t, err)
 		defer release()
 		flows := map[Tuple]*string{}
 		for i := range 1000 {
 			k := Tuple{Local: lis, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2 + byte(i>>8), byte(i)}), uint16(1000+i))}
-			flows[k] = new(fmt.Sprint(i))
+			flows[k] = valPtr(fmt.Sprint(i))
 			require.NoError(t, tbl.Established().Insert(k, flows[k]))
 		}
 		est := tbl.Established()
@@ -1119,7 +1125,7 @@ func TestTableGrowsItselfUntilRefused(t *testing.T) {
 	want := map[Tuple]*int{}
 	for i := range 48 {
 		k := tblKey(i, i%2 == 0)
-		want[k] = new(i)
+		want[k] = valPtr(i)
 		require.NoError(t, tab.Insert(k, want[k]))
 	}
 	tab.growers.Wait()
@@ -1129,7 +1135,7 @@ func TestTableGrowsItselfUntilRefused(t *testing.T) {
 	require.ErrorIs(t, tab.Grow(32), ErrTableFull)
 	for i := 48; i < 56; i++ {
 		k := tblKey(i, i%2 == 0)
-		want[k] = new(i)
+		want[k] = valPtr(i)
 		require.NoError(t, tab.Insert(k, want[k]))
 	}
 	tab.growers.Wait()
@@ -1193,7 +1199,7 @@ func TestTableGrowthBoundedByEntries(t *testing.T) {
 			probe := New[int](WithSecret(tblSecret), WithHasher(h))
 			mask := probe.cur().b.stripeMask
 			keys := stripeKeys(t, h, mask, n)
-			v := new(0)
+			v := valPtr(0)
 			before := heapAfterGC()
 			tab := New[int](WithSecret(tblSecret), WithHasher(h))
 			var checks, grew atomic.Int32
@@ -1243,7 +1249,7 @@ func TestTableNoGrowthForOneStripe(t *testing.T) {
 				checks.Add(1)
 				assert.False(t, grew)
 			}
-			v := new(0)
+			v := valPtr(0)
 			for _, k := range stripeKeys(t, h, a.b.stripeMask, n) {
 				require.NoError(t, tab.Insert(k, v))
 			}
@@ -1282,7 +1288,7 @@ func TestTableMaxBuckets(t *testing.T) {
 	want := map[Tuple]*int{}
 	for i := range 1000 {
 		k := tblKey(i, i%2 == 0)
-		want[k] = new(i)
+		want[k] = valPtr(i)
 		require.NoError(t, tab.Insert(k, want[k]))
 	}
 	tab.growers.Wait()
@@ -1345,3 +1351,7 @@ func TestTableSizesFailCleanly(t *testing.T) {
 	require.NoError(t, tab.Grow(1<<10))
 	require.Equal(t, 1<<10, tab.Stats().Buckets)
 }
+
+// valPtr returns a pointer to a new variable holding v, as new(v) does from
+// Go 1.26 on; the tests build with Go 1.23.
+func valPtr[T any](v T) *T { return &v }

@@ -65,7 +65,7 @@ func TestTableHomeGroupsDefault(t *testing.T) {
 func TestTableHomeGroupPlacement(t *testing.T) {
 	f := newTblNulls(t, withHomeGroups(true))
 	y := f.byBkt[f.a][0]
-	vy := new("Y")
+	vy := valPtr("Y")
 	f.freeHome(t, 11) // in A's group
 	require.NoError(t, f.tab.Insert(y, vy))
 	require.Equal(t, homeSlot(11), f.headIndex(t, f.a), "Y not in the free slot of its group")
@@ -81,7 +81,7 @@ func TestTableHomeGroupPlacement(t *testing.T) {
 	r := rand.New(rand.NewPCG(8, 9))
 	for _, grouped := range []bool{false, true} {
 		tab := New[int](WithFixedBuckets(), WithCapacity(n), withHomeGroups(grouped))
-		v := new(0)
+		v := valPtr(0)
 		for i := range n {
 			tup := Tuple{
 				Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 443),
@@ -110,9 +110,9 @@ func TestTableNullsGroupStealerStays(t *testing.T) {
 	f := newTblNulls(t, withHomeGroups(true))
 	y, z := f.byBkt[f.a][0], f.byBkt[11][0]
 	f.freeHome(t, 11)
-	require.NoError(t, f.tab.Insert(y, new("Y"))) // A: Y in 11's home slot
+	require.NoError(t, f.tab.Insert(y, valPtr("Y"))) // A: Y in 11's home slot
 	moves := f.tab.moves[0].n.Load()
-	require.NoError(t, f.tab.Insert(z, new("Z"))) // 11: its slot is Y's
+	require.NoError(t, f.tab.Insert(z, valPtr("Z"))) // 11: its slot is Y's
 	require.Equal(t, homeSlot(11), f.headIndex(t, f.a), "Y moved")
 	require.NotEqual(t, homeSlot(11), f.headIndex(t, 11))
 	require.Equal(t, moves, f.tab.moves[0].n.Load(), "a move was made")
@@ -134,7 +134,7 @@ func TestTableNullsGroupSlotStealerEvicted(t *testing.T) {
 	f := newTblNulls(t, withHomeGroups(true))
 	tab := f.tab
 	x, y, z := f.byBkt[0][0], f.byBkt[0][1], f.byBkt[f.a][0]
-	vx, vy, vz := new("X"), new("Y"), new("Z")
+	vx, vy, vz := valPtr("X"), valPtr("Y"), valPtr("Z")
 	require.NoError(t, tab.Insert(y, vy))
 	f.freeHome(t, 11)
 	require.NoError(t, tab.Insert(x, vx)) // 0: X -> Y -> filler
@@ -169,11 +169,11 @@ func TestTableGroupSlotTakenBeforeEviction(t *testing.T) {
 	tab := f.tab
 	x, z := f.byBkt[0][0], f.byBkt[f.a][0]
 	f.freeHome(t, f.a)
-	require.NoError(t, tab.Insert(x, new("X")))
+	require.NoError(t, tab.Insert(x, valPtr("X")))
 	require.Equal(t, homeSlot(f.a), f.headIndex(t, 0), "X did not steal A's home slot")
 	f.freeHome(t, 11)
 	moves := tab.moves[0].n.Load()
-	require.NoError(t, tab.Insert(z, new("Z")))
+	require.NoError(t, tab.Insert(z, valPtr("Z")))
 	require.Equal(t, homeSlot(11), f.headIndex(t, f.a), "Z not in the free slot of its group")
 	require.Equal(t, homeSlot(f.a), f.headIndex(t, 0), "X moved")
 	require.Equal(t, moves, tab.moves[0].n.Load(), "a move was made")
@@ -245,7 +245,7 @@ func TestTableRecordsReleasedSlot(t *testing.T) {
 			ki := r.IntN(128)
 			k := tblKey(ki, ki%2 == 1)
 			if !live[ki] {
-				require.NoError(t, tab.Insert(k, new(ki)))
+				require.NoError(t, tab.Insert(k, valPtr(ki)))
 				live[ki] = true
 				continue
 			}
@@ -303,7 +303,7 @@ func TestTableChurnPlacement(t *testing.T) {
 					Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i >> 16), byte(i >> 8), byte(i)}), uint16(1024+r.IntN(60000))),
 				}
 			}
-			v := new(0)
+			v := valPtr(0)
 			live := make([]Tuple, n)
 			for i := range live {
 				live[i] = flow(i)
@@ -393,7 +393,7 @@ func tblCheckHome[T any](t require.TestingT, tab *Table[T], msg any) {
 func TestTableHomeAfterInserts(t *testing.T) {
 	for _, stripes := range []int{1, 4, 256} {
 		tab := New[int](WithFixedBuckets(), WithCapacity(256), WithLockStripes(stripes), WithSecret(tblSecret))
-		v := new(0)
+		v := valPtr(0)
 		for i := range 256 {
 			require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), v))
 			if i%16 == 15 {

@@ -16,7 +16,7 @@ func TestTableAllExactlyOnce(t *testing.T) {
 	want := map[Tuple]*int{}
 	for i := range 300 {
 		k := tblKey(i, i%3 == 0)
-		v := new(i)
+		v := valPtr(i)
 		if i%5 == 0 {
 			require.NoError(t, tab.Insert(tblMapped(k), v)) // v4 as mapped, v6 unchanged
 		} else {
@@ -34,7 +34,7 @@ func TestTableAllExactlyOnce(t *testing.T) {
 func TestTableAllEarlyBreak(t *testing.T) {
 	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1))
 	for i := range 50 {
-		require.NoError(t, tab.Insert(tblKey(i, false), new(i)))
+		require.NoError(t, tab.Insert(tblKey(i, false), valPtr(i)))
 	}
 	for _, stop := range []int{1, 2, 3, 17, 49, 50} {
 		n := 0
@@ -47,7 +47,7 @@ func TestTableAllEarlyBreak(t *testing.T) {
 		require.Equal(t, stop, n)
 		// No lock is left held: the single stripe still takes writes.
 		k := tblKey(1000, false)
-		require.NoError(t, tab.Insert(k, new(0)))
+		require.NoError(t, tab.Insert(k, valPtr(0)))
 		_, ok := tab.Delete(k)
 		require.True(t, ok)
 	}
@@ -77,7 +77,7 @@ func TestTableAllBodyMayWrite(t *testing.T) {
 	orig := map[Tuple]*int{}
 	for i := range 64 {
 		k := tblKey(i, i%2 == 0)
-		orig[k] = new(i)
+		orig[k] = valPtr(i)
 		require.NoError(t, tab.Insert(k, orig[k]))
 	}
 	added := map[Tuple]*int{}
@@ -100,7 +100,7 @@ func TestTableAllBodyMayWrite(t *testing.T) {
 			// Insert, look up, count and iterate from inside the body.
 			k := tblKey(10000+i, i%2 == 1)
 			i++
-			added[k] = new(-i)
+			added[k] = valPtr(-i)
 			if err := tab.Insert(k, added[k]); err != nil {
 				errs = append(errs, err)
 			}
@@ -144,7 +144,9 @@ func TestTableAllWeaklyConsistent(t *testing.T) {
 	var churnOps atomic.Int64
 	var wg sync.WaitGroup
 	for w := range 2 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(w), 42))
 			present := make([]bool, nChurn)
 			for !stop.Load() {
@@ -162,7 +164,7 @@ func TestTableAllWeaklyConsistent(t *testing.T) {
 				present[j] = !present[j]
 				churnOps.Add(1)
 			}
-		})
+		}()
 	}
 	iters := 100
 	if testing.Short() {

@@ -25,7 +25,7 @@ func tblCheckAppendLookups(t *testing.T, tab *Table[int], keys []Tuple, r *rand.
 			pool = append(pool, mapped)
 		}
 	}
-	prefix := []*int{new(-1), nil, new(-2)}
+	prefix := []*int{valPtr(-1), nil, valPtr(-2)}
 	for n := range 3*lookupBatch + 2 {
 		for range 20 {
 			tups := make([]Tuple, n)
@@ -64,7 +64,7 @@ func TestTableAppendLookups(t *testing.T) {
 				k := tblKey(i, i%2 == 1)
 				keys = append(keys, k)
 				if i%3 != 0 { // a third absent
-					require.NoError(t, tab.Insert(k, new(i)))
+					require.NoError(t, tab.Insert(k, valPtr(i)))
 				}
 			}
 			found := tblCheckAppendLookups(t, tab, keys, rand.New(rand.NewPCG(1, 2)))

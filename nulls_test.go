@@ -53,7 +53,7 @@ func newTblNulls(t *testing.T, opts ...Option) *tblNulls {
 		require.Equal(t, f.a, tab.cur().b.bucket(uint32(k.meta>>32)))
 	}
 	for b := range uint32(16) {
-		require.NoError(t, tab.Insert(f.filler(b), new("filler")))
+		require.NoError(t, tab.Insert(f.filler(b), valPtr("filler")))
 		require.Equal(t, homeSlot(b), f.headIndex(t, b))
 	}
 	return f
@@ -158,9 +158,9 @@ func TestTableNullsRecycledEntry(t *testing.T) {
 				z = kb[0]
 			}
 			for i := range c.preB {
-				require.NoError(t, tab.Insert(kb[1+i], new("pre")))
+				require.NoError(t, tab.Insert(kb[1+i], valPtr("pre")))
 			}
-			vy, vx, vz := new("Y"), new("X"), new("Z")
+			vy, vx, vz := valPtr("Y"), valPtr("X"), valPtr("Z")
 			require.NoError(t, tab.Insert(y, vy))
 			if c.steal {
 				f.insertStealing(t, x, vx)
@@ -217,12 +217,12 @@ func TestTableNullsStolenHomeReclaimed(t *testing.T) {
 	f := newTblNulls(t, withHomeGroups(true))
 	tab := f.tab
 	x, y, z, w := f.byBkt[0][0], f.byBkt[0][1], f.byBkt[f.b][0], f.byBkt[0][2]
-	vx, vy, vz := new("X"), new("Y"), new("Z")
+	vx, vy, vz := valPtr("X"), valPtr("Y"), valPtr("Z")
 	require.NoError(t, tab.Insert(y, vy))
 	f.freeHome(t, f.b)
 	require.NoError(t, tab.Insert(x, vx))
 	require.Equal(t, homeSlot(f.b), f.headIndex(t, 0), "X did not steal B's home slot")
-	require.NoError(t, tab.Insert(w, new("W"))) // 0: W -> X -> Y -> filler
+	require.NoError(t, tab.Insert(w, valPtr("W"))) // 0: W -> X -> Y -> filler
 	f.freeHome(t, 7)
 	require.NoError(t, tab.Insert(z, vz))
 	require.Equal(t, homeSlot(7), f.headIndex(t, f.b), "Z not in the free slot of its group")
@@ -259,7 +259,7 @@ func TestTableNullsStealerDeepEvicted(t *testing.T) {
 	tab := f.tab
 	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
 	x, y, z, w := ka[0], ka[1], kb[0], ka[2]
-	vx, vy, vz, vw := new("X"), new("Y"), new("Z"), new("W")
+	vx, vy, vz, vw := valPtr("X"), valPtr("Y"), valPtr("Z"), valPtr("W")
 	require.NoError(t, tab.Insert(y, vy))
 	f.insertStealing(t, x, vx)
 	require.NoError(t, tab.Insert(w, vw)) // A: W -> X -> Y -> filler
@@ -295,7 +295,7 @@ func TestTableNullsStealerEvicted(t *testing.T) {
 	tab := f.tab
 	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
 	x, y, z := ka[0], ka[1], kb[0]
-	vx, vy, vz := new("X"), new("Y"), new("Z")
+	vx, vy, vz := valPtr("X"), valPtr("Y"), valPtr("Z")
 	require.NoError(t, tab.Insert(y, vy))
 	f.insertStealing(t, x, vx) // A: X -> Y -> filler
 	xIdx := f.headIndex(t, f.a)
@@ -338,13 +338,13 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 		{"stealer X evicted into W's freed node", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
 			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
 			x, w, z := ka[0], ka[1], kb[0]
-			f.insertStealing(t, x, new("X"))
-			require.NoError(t, f.tab.Insert(w, new("W"))) // A: W -> X -> filler
+			f.insertStealing(t, x, valPtr("X"))
+			require.NoError(t, f.tab.Insert(w, valPtr("W"))) // A: W -> X -> filler
 			wIdx := f.headIndex(t, f.a)
 			return x, wIdx, func() {
 				_, ok := f.tab.Delete(w) // W's node tops the free cache, X heads A
 				require.True(t, ok)
-				require.NoError(t, f.tab.Insert(z, new("Z"))) // moves X into W's node
+				require.NoError(t, f.tab.Insert(z, valPtr("Z"))) // moves X into W's node
 				require.Equal(t, wIdx, f.headIndex(t, f.a))
 			}
 		}},
@@ -352,30 +352,30 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
 			const c = 7
 			x, w, z := ka[0], ka[1], kb[0]
-			f.insertStealing(t, x, new("X"))
+			f.insertStealing(t, x, valPtr("X"))
 			_, ok := f.tab.Delete(f.filler(c))
 			require.True(t, ok)
 			f.tab.cur().b.stripes[0].cache.free = nil
-			require.NoError(t, f.tab.Insert(w, new("W"))) // steals C's home slot
+			require.NoError(t, f.tab.Insert(w, valPtr("W"))) // steals C's home slot
 			wIdx := f.headIndex(t, f.a)
 			require.Equal(t, homeSlot(c), wIdx)
 			return x, wIdx, func() {
 				_, ok := f.tab.Delete(w)
 				require.True(t, ok)
-				require.NoError(t, f.tab.Insert(z, new("Z"))) // moves X into C's home slot
+				require.NoError(t, f.tab.Insert(z, valPtr("Z"))) // moves X into C's home slot
 				require.Equal(t, wIdx, f.headIndex(t, f.a))
 			}
 		}},
 		{"stealer X, deep in its chain, evicted into N's freed node past K", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
 			// Z takes B's home slot back.
-			return tblStealerPastK(t, f, func(x Tuple) { f.insertStealing(t, x, new("X")) }, f.byBkt[f.b][0], f.b, f.b)
+			return tblStealerPastK(t, f, func(x Tuple) { f.insertStealing(t, x, valPtr("X")) }, f.byBkt[f.b][0], f.b, f.b)
 		}},
 		{"Y moved into the home slot of J, deleted", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
 			ka := f.byBkt[f.a]
 			y, j := ka[0], ka[1]
-			require.NoError(t, f.tab.Insert(y, new("Y")))
-			require.NoError(t, f.tab.Insert(j, new("J"))) // A: J -> Y -> filler
-			_, ok := f.tab.Delete(f.filler(f.a))          // J moves home: A: J -> Y
+			require.NoError(t, f.tab.Insert(y, valPtr("Y")))
+			require.NoError(t, f.tab.Insert(j, valPtr("J"))) // A: J -> Y -> filler
+			_, ok := f.tab.Delete(f.filler(f.a))             // J moves home: A: J -> Y
 			require.True(t, ok)
 			home := homeSlot(f.a)
 			require.Equal(t, home, f.headIndex(t, f.a))
@@ -392,7 +392,7 @@ func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
 			// X, an outsider, from slot 4.
 			return tblStealerPastK(t, f, func(x Tuple) {
 				f.freeHome(t, 4)
-				require.NoError(t, f.tab.Insert(x, new("X")))
+				require.NoError(t, f.tab.Insert(x, valPtr("X")))
 				require.Equal(t, homeSlot(4), f.headIndex(t, f.a))
 			}, f.byBkt[0][0], 0, 4)
 		}},
@@ -426,13 +426,13 @@ func tblStealerPastK(t *testing.T, f *tblNulls, steal func(x Tuple), z Tuple, zb
 	ka := f.byBkt[f.a]
 	x, k, n := ka[0], ka[1], ka[2]
 	steal(x)
-	require.NoError(t, f.tab.Insert(k, new("K")))
-	require.NoError(t, f.tab.Insert(n, new("N")))
+	require.NoError(t, f.tab.Insert(k, valPtr("K")))
+	require.NoError(t, f.tab.Insert(n, valPtr("N")))
 	nIdx := f.headIndex(t, f.a)
 	return k, nIdx, func() {
 		_, ok := f.tab.Delete(n)
 		require.True(t, ok)
-		require.NoError(t, f.tab.Insert(z, new("Z")))
+		require.NoError(t, f.tab.Insert(z, valPtr("Z")))
 		require.Equal(t, homeSlot(slot), f.headIndex(t, zb), "Z did not take home slot %d", slot)
 		l := f.tab.nodes.at(f.headIndex(t, f.a)).next.load()
 		require.Equal(t, nodeLink(nIdx), l, "X not moved into N's node behind K")
@@ -448,7 +448,7 @@ func TestTableNullsMovedHead(t *testing.T) {
 	tab := f.tab
 	ka := f.byBkt[f.a]
 	y, j := ka[0], ka[1]
-	vy, vj := new("Y"), new("J")
+	vy, vj := valPtr("Y"), valPtr("J")
 	require.NoError(t, tab.Insert(y, vy))
 	require.NoError(t, tab.Insert(j, vj))
 	jIdx := f.headIndex(t, f.a) // A: J -> Y -> A's filler, at home
@@ -496,7 +496,7 @@ func TestTableNullsReadersKeyRecycled(t *testing.T) {
 			tab := f.tab
 			ka := f.byBkt[f.a]
 			w, x := ka[0], ka[1]
-			vx, vw := new("X"), new("W")
+			vx, vw := valPtr("X"), valPtr("W")
 			require.NoError(t, tab.Insert(x, vx))
 			xIdx := f.headIndex(t, f.a)
 			require.NoError(t, tab.Insert(w, vw))
@@ -511,7 +511,7 @@ func TestTableNullsReadersKeyRecycled(t *testing.T) {
 			_, ok = tab.Delete(x)
 			require.True(t, ok)
 			zb, z := c.reinsert(f, x)
-			vz := new("new")
+			vz := valPtr("new")
 			require.NoError(t, tab.Insert(z, vz))
 			require.Equal(t, xIdx, f.headIndex(t, zb), "X's entry was not recycled")
 

@@ -954,7 +954,9 @@ func TestSelectPortConcurrent(t *testing.T) {
 		picked := make([][]uint16, 8)
 		var wg sync.WaitGroup
 		for g := range picked {
-			wg.Go(func() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
 				for {
 					p, ok := a.selectPort(paLocal, paDstA, nil, try)
 					if !ok {
@@ -962,7 +964,7 @@ func TestSelectPortConcurrent(t *testing.T) {
 					}
 					picked[g] = append(picked[g], p)
 				}
-			})
+			}()
 		}
 		wg.Wait()
 		all := slices.Concat(picked...)
@@ -986,7 +988,9 @@ func TestPortAllocatorBindConcurrent(t *testing.T) {
 	holds := map[uint16]int{}
 	var doubles, badErrs, binds, outside atomic.Int64
 	for g := range 4 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for i := range 300 {
 				port := uint16(20000 + (g*37+i)%200)
 				rel, err := a.Bind(netip.AddrPortFrom(paLocal, port))
@@ -1007,10 +1011,12 @@ func TestPortAllocatorBindConcurrent(t *testing.T) {
 				mu.Unlock()
 				rel()
 			}
-		})
+		}()
 	}
 	for range 4 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for range 300 {
 				a.selectPort(paLocal, paDstA, nil, func(uint16) bool { return false })
 				p, rel, err := a.BindEphemeral(paLocal2)
@@ -1023,7 +1029,7 @@ func TestPortAllocatorBindConcurrent(t *testing.T) {
 				}
 				rel()
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	require.Zero(t, doubles.Load())

@@ -62,7 +62,7 @@ func TestTableWithoutPrefetchW(t *testing.T) {
 					delete(model, ki)
 					continue
 				}
-				v := new(i)
+				v := valPtr(i)
 				require.NoError(t, tab.Insert(k, v))
 				model[ki] = v
 			}
@@ -90,7 +90,7 @@ func TestTableAppendLookupsWithoutPrefetch(t *testing.T) {
 			k := tblKey(i, i%2 == 1)
 			keys = append(keys, k)
 			if i%3 != 0 {
-				require.NoError(t, tab.Insert(k, new(i)))
+				require.NoError(t, tab.Insert(k, valPtr(i)))
 			}
 		}
 		require.Greater(t, tblCheckAppendLookups(t, tab, keys, rand.New(rand.NewPCG(3, 4))), 500)

@@ -30,7 +30,7 @@ func TestTouchIsAHint(t *testing.T) {
 			require.Equal(t, c.bitmap, tab.cur().home.free != nil)
 			require.Equal(t, c.grouped, tab.cur().home.grouped())
 			for i := range 2 * len(tab.cur().b.heads) {
-				require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), new(i)))
+				require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), valPtr(i)))
 			}
 			for i := 0; i < 2*len(tab.cur().b.heads); i += 3 {
 				_, ok := tab.Delete(tblKey(i, i%2 == 1))

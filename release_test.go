@@ -48,13 +48,13 @@ func TestRelPointer(t *testing.T) {
 func BenchmarkStore(b *testing.B) {
 	b.Run("impl=release", func(b *testing.B) {
 		var x relUint64
-		for i := uint64(0); b.Loop(); i++ {
+		for i := uint64(0); i < uint64(b.N); i++ {
 			x.Store(i)
 		}
 	})
 	b.Run("impl=syncatomic", func(b *testing.B) {
 		var x atomic.Uint64
-		for i := uint64(0); b.Loop(); i++ {
+		for i := uint64(0); i < uint64(b.N); i++ {
 			x.Store(i)
 		}
 	})

@@ -140,7 +140,9 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 		own := churn[w*perWriter : (w+1)*perWriter]
 		model := make([]*stressVal, len(own))
 		present[w] = model
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(w), 0x57e55))
 			gen := uint64(0)
 			for n := 0; !stop.Load(); n++ {
@@ -168,9 +170,11 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 					inserts.Add(1)
 				}
 			}
-		})
+		}()
 	}
-	wg.Go(func() { // the swapper
+	wg.Add(1)
+	go func() { // the swapper
+		defer wg.Done()
 		r := rand.New(rand.NewPCG(0x5a, 0x5a))
 		for !stop.Load() {
 			i := r.IntN(nPerm)
@@ -185,9 +189,11 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 			permCur[i] = 1 - permCur[i]
 			swaps.Add(1)
 		}
-	})
+	}()
 	if mode == stressGrow {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for b := 64; b <= 4096 && !stop.Load(); b *= 2 {
 				time.Sleep(dur / 8)
 				if err := tab.Grow(b); err != nil {
@@ -211,10 +217,12 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 				moved, released := tab.compact()
 				compacted.Add(int64(moved + released))
 			}
-		})
+		}()
 	}
 	for rd := range nReaders {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(rd), 0x7ead))
 			var batch []Tuple
 			var batchIdx []int
@@ -273,7 +281,7 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 					}
 				}
 			}
-		})
+		}()
 	}
 	time.Sleep(dur)
 	stop.Store(true)

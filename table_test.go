@@ -94,7 +94,7 @@ func TestTableBasic(t *testing.T) {
 	for i, k := range keys {
 		_, ok := tab.Lookup(k)
 		require.False(t, ok, k)
-		vals[i] = new(fmt.Sprint("v", i))
+		vals[i] = valPtr(fmt.Sprint("v", i))
 		require.NoError(t, tab.Insert(k, vals[i]))
 		require.Equal(t, i+1, tab.Len())
 		for j := 0; j <= i; j++ {
@@ -121,7 +121,7 @@ func TestTableBasic(t *testing.T) {
 	}
 
 	// ErrExists, the stored value untouched.
-	err := tab.Insert(keys[0], new("other"))
+	err := tab.Insert(keys[0], valPtr("other"))
 	require.ErrorIs(t, err, ErrExists)
 	require.NotErrorIs(t, err, ErrInvalidTuple)
 	v, ok := tab.Lookup(keys[0])
@@ -150,7 +150,7 @@ func TestTableBasic(t *testing.T) {
 	require.Zero(t, tab.Stats().Entries)
 
 	// Reinsert after delete, with a new value.
-	nv := new("again")
+	nv := valPtr("again")
 	require.NoError(t, tab.Insert(keys[0], nv))
 	v, ok = tab.Lookup(keys[0])
 	require.True(t, ok)
@@ -190,14 +190,14 @@ func TestTableBadInput(t *testing.T) {
 
 	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
 	for i := range 40 {
-		require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), new(i)))
+		require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), valPtr(i)))
 	}
 	before := tblCollect(t, tab)
 	beforeStats := tab.Stats()
 
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			v := new(7)
+			v := valPtr(7)
 			if c.nilV {
 				v = nil
 			}
@@ -225,7 +225,7 @@ func TestTableBadInput(t *testing.T) {
 			require.False(t, found)
 			require.Nil(t, got)
 			require.False(t, tab.CompareAndDelete(c.tup, v))
-			require.False(t, tab.CompareAndSwap(c.tup, v, new(8)))
+			require.False(t, tab.CompareAndSwap(c.tup, v, valPtr(8)))
 			require.Equal(t, before, tblCollect(t, tab))
 			st := tab.Stats()
 			require.Equal(t, beforeStats.Entries, st.Entries)
@@ -236,10 +236,10 @@ func TestTableBadInput(t *testing.T) {
 	// ErrExists leaves the table unchanged too, in either spelling.
 	for i := range 4 {
 		k := tblKey(i, i%2 == 1)
-		err := tab.Insert(k, new(99))
+		err := tab.Insert(k, valPtr(99))
 		require.ErrorIs(t, err, ErrExists)
 		require.NotErrorIs(t, err, ErrInvalidTuple)
-		err = tab.Insert(tblMapped(k), new(99))
+		err = tab.Insert(tblMapped(k), valPtr(99))
 		require.ErrorIs(t, err, ErrExists)
 	}
 	require.Equal(t, before, tblCollect(t, tab))
@@ -255,7 +255,7 @@ func TestTableBadInput(t *testing.T) {
 	require.False(t, tab.CompareAndDelete(k, nil))
 	cur, ok := tab.Lookup(k)
 	require.True(t, ok)
-	require.False(t, tab.CompareAndSwap(k, nil, new(99)))
+	require.False(t, tab.CompareAndSwap(k, nil, valPtr(99)))
 	require.False(t, tab.CompareAndSwap(k, cur, nil))
 	require.Equal(t, before, tblCollect(t, tab))
 }
@@ -265,7 +265,7 @@ func TestTableBadInput(t *testing.T) {
 func TestTableLookupOrInsert(t *testing.T) {
 	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret))
 	k := tblTuple("10.0.0.1:40000", "93.184.216.34:443")
-	first, second := new("first"), new("second")
+	first, second := valPtr("first"), valPtr("second")
 
 	got, found, err := tab.LookupOrInsert(k, first)
 	require.NoError(t, err)
@@ -291,9 +291,9 @@ func TestTableLookupOrInsert(t *testing.T) {
 func TestTableLookupOrInsertInsertedMeanwhile(t *testing.T) {
 	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
 	ks := tblSameBucket(t, LinuxHasher, 3, 3, false)
-	require.NoError(t, tab.Insert(ks[0], new("a")))
-	require.NoError(t, tab.Insert(ks[1], new("b")))
-	theirs, mine := new("theirs"), new("mine")
+	require.NoError(t, tab.Insert(ks[0], valPtr("a")))
+	require.NoError(t, tab.Insert(ks[1], valPtr("b")))
+	theirs, mine := valPtr("theirs"), valPtr("mine")
 	visits := 0
 	hooksOf(tab).visit = func(i uint32) {
 		if i == visitWalkEnd || i == visitGrowing {
@@ -320,13 +320,13 @@ func TestTableLookupOrInsertInsertedMeanwhile(t *testing.T) {
 func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
 	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
 	k := tblKey(1, true)
-	stored := new("stored")
+	stored := valPtr("stored")
 	require.NoError(t, tab.Insert(k, stored))
 	for i := range tab.cur().b.stripes {
 		tab.cur().b.stripes[i].mu.Lock()
 	}
 	tblNoDeadlock(t, func() {
-		got, found, err := tab.LookupOrInsert(tblMapped(k), new("other"))
+		got, found, err := tab.LookupOrInsert(tblMapped(k), valPtr("other"))
 		require.NoError(t, err)
 		require.True(t, found)
 		require.Same(t, stored, got)
@@ -342,7 +342,7 @@ func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
 func TestTableCompareAndDelete(t *testing.T) {
 	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret))
 	k := tblTuple("[2001:db8::1]:40000", "[2001:db8::2]:443")
-	old, newer := new("old"), new("newer")
+	old, newer := valPtr("old"), valPtr("newer")
 
 	require.False(t, tab.CompareAndDelete(k, old), "absent")
 	require.NoError(t, tab.Insert(k, old))
@@ -355,7 +355,7 @@ func TestTableCompareAndDelete(t *testing.T) {
 	v, ok = tab.Lookup(k)
 	require.True(t, ok)
 	require.Same(t, newer, v)
-	require.False(t, tab.CompareAndDelete(k, new("newer")), "an equal value is not the same value")
+	require.False(t, tab.CompareAndDelete(k, valPtr("newer")), "an equal value is not the same value")
 	require.Equal(t, 1, tab.Len())
 
 	require.True(t, tab.CompareAndDelete(k, newer))
@@ -372,7 +372,7 @@ func TestTableCompareAndDelete(t *testing.T) {
 func TestTableCompareAndSwap(t *testing.T) {
 	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret))
 	k := tblTuple("192.0.2.1:40000", "198.51.100.2:443")
-	timeWait, conn, later := new("time-wait"), new("connection"), new("later")
+	timeWait, conn, later := valPtr("time-wait"), valPtr("connection"), valPtr("later")
 
 	require.False(t, tab.CompareAndSwap(k, timeWait, conn), "absent")
 	_, ok := tab.Lookup(k)
@@ -380,7 +380,7 @@ func TestTableCompareAndSwap(t *testing.T) {
 	require.NoError(t, tab.Insert(k, timeWait))
 	before := tab.Stats()
 
-	require.False(t, tab.CompareAndSwap(k, new("time-wait"), conn), "an equal value is not the same value")
+	require.False(t, tab.CompareAndSwap(k, valPtr("time-wait"), conn), "an equal value is not the same value")
 	require.False(t, tab.CompareAndSwap(k, conn, later), "the tuple does not hold conn")
 	v, ok := tab.Lookup(k)
 	require.True(t, ok)
@@ -421,17 +421,19 @@ func TestTableLookupOrInsertRace(t *testing.T) {
 	start.Add(1)
 	for g := range goroutines {
 		got[g] = make([]*int, flows)
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			start.Wait()
 			for i := range flows {
 				i := (i + g*flows/goroutines) % flows // start apart, meet later
-				v, found, err := tab.LookupOrInsert(keys[i], new(g))
+				v, found, err := tab.LookupOrInsert(keys[i], valPtr(g))
 				if err == nil && !found {
 					inserted[i].Add(1)
 				}
 				got[g][i] = v
 			}
-		})
+		}()
 	}
 	start.Done()
 	wg.Wait()
@@ -447,7 +449,9 @@ func TestTableLookupOrInsertRace(t *testing.T) {
 
 	start.Add(1)
 	for g := range goroutines {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			start.Wait()
 			for i := range flows {
 				i := (i + g*flows/goroutines) % flows
@@ -455,7 +459,7 @@ func TestTableLookupOrInsertRace(t *testing.T) {
 					deleted[i].Add(1)
 				}
 			}
-		})
+		}()
 	}
 	start.Done()
 	wg.Wait()
@@ -470,17 +474,19 @@ func TestTableLookupOrInsertRace(t *testing.T) {
 	// one offered only if this call inserted it.
 	var wrong atomic.Int64
 	for g := range goroutines {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for i := range 20000 {
 				k := keys[(i+g)%4]
-				mine := new(g)
+				mine := valPtr(g)
 				v, found, err := tab.LookupOrInsert(k, mine)
 				if err != nil || v == nil || found == (v == mine) {
 					wrong.Add(1)
 				}
 				tab.CompareAndDelete(k, v)
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	require.Zero(t, wrong.Load())
@@ -499,12 +505,12 @@ func TestTableIPv4MappedIsOneKey(t *testing.T) {
 		for _, ins := range spellings {
 			for _, other := range spellings {
 				tab := New[int](WithFixedBuckets(), WithHasher(h), WithCapacity(16), WithLockStripes(1))
-				v := new(1)
+				v := valPtr(1)
 				require.NoError(t, tab.Insert(ins, v))
 				got, ok := tab.Lookup(other)
 				require.True(t, ok, "%v: insert %v, lookup %v", h, ins, other)
 				require.Same(t, v, got)
-				require.ErrorIs(t, tab.Insert(other, new(2)), ErrExists)
+				require.ErrorIs(t, tab.Insert(other, valPtr(2)), ErrExists)
 				require.Equal(t, map[Tuple]*int{v4: v}, tblCollect(t, tab), "All yields the IPv4 form")
 				for tup := range tab.All() {
 					require.True(t, tup.Local.Addr().Is4() && tup.Remote.Addr().Is4())
@@ -532,13 +538,13 @@ func TestTableZonesIgnored(t *testing.T) {
 	for _, h := range hashers {
 		for si, ins := range spellings {
 			tab := New[int](WithFixedBuckets(), WithHasher(h))
-			v := new(1)
+			v := valPtr(1)
 			require.NoError(t, tab.Insert(ins, v))
 			for _, other := range spellings {
 				got, ok := tab.Lookup(other)
 				require.True(t, ok, "%v: insert %v, lookup %v", h, ins, other)
 				require.Same(t, v, got)
-				require.ErrorIs(t, tab.Insert(other, new(2)), ErrExists)
+				require.ErrorIs(t, tab.Insert(other, valPtr(2)), ErrExists)
 			}
 			require.Equal(t, map[Tuple]*int{base: v}, tblCollect(t, tab), "All yields no zone")
 			got, ok := tab.Delete(spellings[(si+1)%len(spellings)])
@@ -550,7 +556,7 @@ func TestTableZonesIgnored(t *testing.T) {
 
 	// A zone on an IPv4-mapped address is dropped with the mapping.
 	tab := New[int]()
-	v := new(3)
+	v := valPtr(3)
 	z := Tuple{
 		Local:  netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.0.0.1").WithZone("eth0"), 1),
 		Remote: netip.MustParseAddrPort("10.0.0.2:2"),
@@ -654,7 +660,7 @@ func TestTableModelAcrossOptions(t *testing.T) {
 						model := map[int]*int{}
 						for step := range steps {
 							i := r.IntN(len(keys))
-							v := new(step)
+							v := valPtr(step)
 							switch r.IntN(4) {
 							case 0, 1:
 								err := tab.Insert(keys[i], v)
@@ -746,7 +752,7 @@ func TestTableHasherOption(t *testing.T) {
 		longest := func(keys []Tuple, opts ...Option) int {
 			tab := New[int](append([]Option{WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret)}, opts...)...)
 			for _, k := range keys {
-				require.NoError(t, tab.Insert(k, new(0)))
+				require.NoError(t, tab.Insert(k, valPtr(0)))
 			}
 			st := tab.Stats()
 			require.Equal(t, n, st.Entries)
@@ -779,10 +785,10 @@ func TestTableAllocs(t *testing.T) {
 		k4, k6 := tblKey(1, false), tblKey(1, true)
 		miss4, miss6 := tblKey(2, false), tblKey(2, true)
 		for i := range 512 { // long chains, so misses walk
-			require.NoError(t, tab.Insert(tblKey(100+i, i%2 == 0), new(i)))
+			require.NoError(t, tab.Insert(tblKey(100+i, i%2 == 0), valPtr(i)))
 		}
-		require.NoError(t, tab.Insert(k4, new(4)))
-		require.NoError(t, tab.Insert(tblMapped(k6), new(6)))
+		require.NoError(t, tab.Insert(k4, valPtr(4)))
+		require.NoError(t, tab.Insert(tblMapped(k6), valPtr(6)))
 		for name, c := range map[string]struct {
 			k  Tuple
 			ok bool
@@ -804,7 +810,7 @@ func TestTableAllocs(t *testing.T) {
 		vals := make([]*int, len(keys))
 		for i := range keys {
 			keys[i] = tblKey(5000+i, i%2 == 1)
-			vals[i] = new(i)
+			vals[i] = valPtr(i)
 		}
 		var bad atomic.Int64
 		pair := func(i int) {
@@ -919,7 +925,7 @@ func TestTableMemoryPerEntry(t *testing.T) {
 			for i := range live {
 				live[i] = flow(i)
 			}
-			v := new(0)
+			v := valPtr(0)
 			before := heap()
 			opts := []Option{WithCapacity(c.n), WithSecret(tblSecret)}
 			if c.grown {
@@ -981,7 +987,7 @@ func TestTableChurnNoLeak(t *testing.T) {
 				opts = append(opts, WithLockStripes(stripes))
 			}
 			tab := New[int](append(opts, WithFixedBuckets())...)
-			v := new(0)
+			v := valPtr(0)
 			key := func(i int) Tuple {
 				return Tuple{
 					Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 443),
@@ -1055,8 +1061,8 @@ func TestTableChurnNoLeak(t *testing.T) {
 func TestTableErrorsWrapTuple(t *testing.T) {
 	tab := New[int]()
 	k := tblTuple("10.0.0.1:1", "10.0.0.2:2")
-	require.NoError(t, tab.Insert(k, new(1)))
-	err := tab.Insert(k, new(2))
+	require.NoError(t, tab.Insert(k, valPtr(1)))
+	err := tab.Insert(k, valPtr(2))
 	require.True(t, errors.Is(err, ErrExists))
 	require.Contains(t, err.Error(), k.String())
 }

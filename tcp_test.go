@@ -622,7 +622,7 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 		return netip.AddrPortFrom(netip.MustParseAddr(pick(locals)), ports[src.pick(len(ports))])
 	}
 	for step := 0; step < steps && !src.done; step++ {
-		v := new(step)
+		v := valPtr(step)
 		switch src.pick(4) {
 		case 0:
 			l := randLocal()
@@ -681,19 +681,19 @@ func TestTCPLookupRace(t *testing.T) {
 	}
 	var probes []probe
 	for i := range 24 {
-		v := new(i)
+		v := valPtr(i)
 		tup := Tuple{Local: dmxAP("10.0.0.1:80"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}), 1000)}
 		require.NoError(t, tbl.Established().Insert(tup, v))
 		probes = append(probes, probe{tup, v})
 	}
 	for i := range 24 {
-		v := new(100 + i)
+		v := valPtr(100 + i)
 		a := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 2, byte(i + 1)}), 80)
 		_, err := tbl.Listen(a, v)
 		require.NoError(t, err)
 		probes = append(probes, probe{Tuple{Local: a, Remote: dmxAP("192.0.2.250:999")}, v})
 	}
-	vw := new(-1)
+	vw := valPtr(-1)
 	_, err := tbl.Listen(dmxAP("0.0.0.0:80"), vw)
 	require.NoError(t, err)
 	probes = append(probes, probe{dmxPkt("10.0.0.3:80", "192.0.2.250:999"), vw})
@@ -703,7 +703,7 @@ func TestTCPLookupRace(t *testing.T) {
 	wg.Add(1)
 	go func() { // churn: bursts of listeners, then of flows, on the same port
 		defer wg.Done()
-		v := new(0)
+		v := valPtr(0)
 		rels := make([]func(), 0, 300)
 		for round := 0; !stop.Load(); round++ {
 			for i := range 300 {

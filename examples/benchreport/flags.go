@@ -24,9 +24,13 @@ type options struct {
 	policies  []string     // Connect policies; nil: all
 	out       string       // output directory; "" until resolved
 	pkg       string       // package directory; "" until resolved
-	from      string       // render from this file instead of running
-	quick     bool
-	args      []string // the command line, for the report
+	// single: -pkg named the one package whose benchmarks run. Otherwise
+	// pkg is the root of the hash4 repository, and each group runs in its
+	// own package below it (groupSpec.dir).
+	single bool
+	from   string // render from this file instead of running
+	quick  bool
+	args   []string // the command line, for the report
 }
 
 // Defaults of the flags, and what -quick changes.
@@ -81,7 +85,7 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 	fs.StringVar(&cpus, "cpu", joinInts(defaultCPUs(gomaxprocs)), "comma-separated goroutine counts (GOMAXPROCS) of lookup, mixed, churn and batch; the others run at GOMAXPROCS")
 	fs.StringVar(&policies, "policies", "", "comma-separated port policies of connect (the policy= of its sub-benchmarks: odd-even, flat; default all)")
 	fs.StringVar(&o.out, "out", "", "output directory (default docs/ at the module root)")
-	fs.StringVar(&o.pkg, "pkg", "", "directory of the package whose benchmarks run (default the module root)")
+	fs.StringVar(&o.pkg, "pkg", "", "directory of the one package whose benchmarks run (default: each in its package of the repository: bench/ for the comparisons with other maps, the root for the rest)")
 	fs.StringVar(&o.from, "from", "", "render the report from this recorded benchmark output instead of running")
 	fs.BoolVar(&o.quick, "quick", false, "a first look in under a minute: sizes "+quickSize+", benchtime "+quickBenchtime+
 		", count 1, connect policy "+quickPolicy+", output in "+quickOut()+" (flags given explicitly still apply)")
@@ -189,6 +193,7 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 			return o, fmt.Errorf("-from: %v", err)
 		}
 	}
+	o.single = set["pkg"]
 	if set["pkg"] {
 		if st, err := os.Stat(o.pkg); err != nil {
 			return o, fmt.Errorf("-pkg: %v", err)

@@ -14,6 +14,10 @@ type groupSpec struct {
 	// impls are the implementations in the order shown, the one whose
 	// ratio is the headline first; any others found are appended.
 	impls []string
+	// dir is the package that holds bench, relative to the repository's
+	// root: peersDir for the comparisons with other maps, "" for the root
+	// package. Sized groups are all in peersDir.
+	dir string
 	// sized groups run at the -sizes (sub-name n=) and at every -cpu count
 	// and are charted as throughput against goroutines, one chart per
 	// size. Others run once at GOMAXPROCS.
@@ -76,7 +80,7 @@ var groupSpecs = []*groupSpec{
 	},
 	{
 		name: "sharing", bench: "BenchmarkChurnSharing", title: "Churn: one shared table or one per goroutine",
-		implKey: "tables", impls: []string{"tables=shared", "tables=own"},
+		implKey: "tables", impls: []string{"tables=shared", "tables=own"}, dir: peersDir,
 		perRow: 4,
 		what: "Delete and reinsert of present keys (1K or 1M) by every goroutine, in one table they share or each " +
 			"in a table of its own that holds the same keys: the same work per op either way.",

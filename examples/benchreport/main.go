@@ -42,7 +42,9 @@
 //	                 up to GOMAXPROCS, and GOMAXPROCS)
 //	-policies list   Connect port policies (default all: odd-even, flat)
 //	-out dir         output directory (default docs/ at the module root)
-//	-pkg dir         package whose benchmarks run (default the module root)
+//	-pkg dir         the one package whose benchmarks run (default: bench/
+//	                 of the module root for the comparisons with other maps,
+//	                 the module root for the rest)
 //	-from file       render from recorded benchmark output; run nothing
 //	-quick           sizes 1K, benchtime 100ms, count 1, policy flat, output in
 //	                 $TMPDIR/benchreport-quick (not docs/): under a minute on two
@@ -112,20 +114,25 @@ func goEnv(ctx context.Context, dir string, names ...string) ([]string, error) {
 	return vals, nil
 }
 
-// moduleRoot returns the directory of the module containing dir, or "".
-func moduleRoot(ctx context.Context, dir string) string {
-	v, err := goEnv(ctx, dir, "GOMOD")
-	if err != nil || v[0] == "" || v[0] == os.DevNull {
+// repoRoot returns the directory of the module github.com/hash4/hash4 as
+// the go command resolves it from dir (the repository's root: the main
+// module there, replaced to ../ in the modules of examples/ and bench/), or
+// "".
+func repoRoot(ctx context.Context, dir string) string {
+	cmd := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/hash4/hash4")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
 		return ""
 	}
-	return filepath.Dir(v[0])
+	return strings.TrimSpace(string(out))
 }
 
 // run runs the benchmarks (or reads -from) and writes the report.
 func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	root := ""
 	if o.out == "" || (o.pkg == "" && o.from == "") {
-		root = moduleRoot(ctx, ".")
+		root = repoRoot(ctx, ".")
 	}
 	if o.out == "" {
 		o.out = filepath.Join(root, "docs") // root "" gives ./docs
@@ -141,7 +148,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	} else {
 		if o.pkg == "" {
 			if root == "" {
-				return errors.New("not in a Go module: give -pkg, the directory of the package to benchmark")
+				return errors.New("not in hash4's repository: give -pkg, the directory of the package to benchmark")
 			}
 			o.pkg = root
 		}
@@ -233,10 +240,23 @@ func runAll(ctx context.Context, o options, stderr io.Writer) ([]byte, error) {
 	defer os.RemoveAll(tmp)
 
 	began := time.Now()
-	fmt.Fprintf(stderr, "benchreport: compiling the test binary of %s\n", o.pkg)
-	bin, err := compile(ctx, o.pkg, tmp)
-	if err != nil {
-		return nil, err
+	// A test binary per package, in the order the plan first runs them.
+	bins := map[string]string{}
+	for _, inv := range invs {
+		dir := filepath.Join(o.pkg, inv.dir)
+		if bins[dir] != "" {
+			continue
+		}
+		fmt.Fprintf(stderr, "benchreport: compiling the test binary of %s\n", dir)
+		sub, err := os.MkdirTemp(tmp, "pkg")
+		if err != nil {
+			return nil, err
+		}
+		bin, err := compile(ctx, dir, sub)
+		if err != nil {
+			return nil, err
+		}
+		bins[dir] = bin
 	}
 	rounds := ""
 	if o.count > 1 {
@@ -267,7 +287,8 @@ func runAll(ctx context.Context, o options, stderr io.Writer) ([]byte, error) {
 	}
 	for range o.count {
 		for _, inv := range invs {
-			if err := runBinary(ctx, bin, o.pkg, inv, &raw, prog); err != nil {
+			dir := filepath.Join(o.pkg, inv.dir)
+			if err := runBinary(ctx, bins[dir], dir, inv, &raw, prog); err != nil {
 				prog.close()
 				return nil, err
 			}

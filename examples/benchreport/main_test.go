@@ -114,9 +114,10 @@ func TestPlan(t *testing.T) {
 		total += inv.expect
 	}
 	want := []string{
-		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^Benchmark(Lookup|Mixed|Churn|AppendLookups)$/^n=(1K)$' -cpu 1,2 .`,
-		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkChurnSharing$' .`,
-		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkConnect$/^(policy=(flat)|occupancy=.*)$' .`,
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^Benchmark(Lookup|Mixed|Churn|AppendLookups)$/^n=(1K)$' -cpu 1,2 ./bench`,
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkChurnSharing$' ./bench`,
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkConnect$/^(policy=(flat)|occupancy=.*)$' ./bench`,
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkConnect$/^policy=(flat)$/./^impl=(rehash|locked)$' .`,
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkUDPLookup$' .`,
 	}
 	if !slices.Equal(got, want) {
@@ -135,8 +136,12 @@ func TestPlan(t *testing.T) {
 	}
 	// One round: each benchmark once per invocation, whatever -count.
 	invs := plan(o)
-	if len(invs) != 2 || invs[0].expect != 2*3*5 || invs[1].expect != 2*16 ||
+	// Connect runs in two packages: bench/ (hash4, xsync) and the root
+	// (rehash, locked).
+	if len(invs) != 3 || invs[0].expect != 2*3*5 || invs[1].expect != 2*8 || invs[2].expect != 2*8 ||
+		invs[0].dir != "bench" || invs[1].dir != "bench" || invs[2].dir != "" ||
 		!slices.Contains(invs[1].args, "-test.bench=^BenchmarkConnect$") ||
+		!slices.Contains(invs[2].args, "-test.bench=^BenchmarkConnect$/././^impl=(rehash|locked)$") ||
 		!slices.Contains(invs[0].args, "-test.count=1") || !slices.Contains(invs[1].args, "-test.count=1") {
 		t.Errorf("plan %+v", invs)
 	}

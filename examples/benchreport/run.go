@@ -18,10 +18,11 @@ import (
 type invocation struct {
 	args   []string // flags of the test binary
 	expect int      // result lines it prints
+	dir    string   // the package, relative to options.pkg ("" for pkg itself)
 }
 
 // goTestCommand is the go test command equivalent to the invocation, run in
-// the package's directory.
+// the directory of options.pkg.
 func (inv invocation) goTestCommand() string {
 	parts := []string{"go", "test"}
 	for _, a := range inv.args {
@@ -32,7 +33,11 @@ func (inv invocation) goTestCommand() string {
 			parts = append(parts, "-"+k, shellQuote(v))
 		}
 	}
-	return strings.Join(append(parts, "."), " ")
+	dir := "."
+	if inv.dir != "" {
+		dir = "./" + filepath.ToSlash(inv.dir)
+	}
+	return strings.Join(append(parts, dir), " ")
 }
 
 // shellQuote quotes s for a POSIX shell if it needs it.
@@ -64,7 +69,7 @@ func plan(o options) []invocation {
 	if len(sized) > 0 {
 		re := "^Benchmark(" + strings.Join(sized, "|") + ")$/^n=(" + strings.Join(o.sizes, "|") + ")$"
 		args := append(common[:len(common):len(common)], "-test.bench="+re, "-test.cpu="+joinInts(o.cpus))
-		invs = append(invs, invocation{args: args, expect: perSize * len(o.sizes) * len(o.cpus)})
+		invs = append(invs, invocation{args: args, expect: perSize * len(o.sizes) * len(o.cpus), dir: o.dirOf(peersDir)})
 	}
 	for _, g := range o.groups {
 		if g.sized {
@@ -82,10 +87,40 @@ func plan(o options) []invocation {
 				n *= len(connectPolicies)
 			}
 		}
+		if g.name == "connect" && !o.single {
+			// Connect and its map baseline are in bench/, Connect's
+			// predecessors in the root package (its own impl=hash4 left
+			// out there, as bench/ runs it).
+			policy := "."
+			if o.policies != nil {
+				policy = "^policy=(" + strings.Join(o.policies, "|") + ")$"
+			}
+			args := append(common[:len(common):len(common)], "-test.bench="+re)
+			// Two implementations of the four in each.
+			invs = append(invs, invocation{args: args, expect: n / 2, dir: peersDir})
+			re = "^" + g.bench + "$/" + policy + "/./^impl=(rehash|locked)$"
+			args = append(common[:len(common):len(common)], "-test.bench="+re)
+			invs = append(invs, invocation{args: args, expect: n / 2})
+			continue
+		}
 		args := append(common[:len(common):len(common)], "-test.bench="+re)
-		invs = append(invs, invocation{args: args, expect: n})
+		invs = append(invs, invocation{args: args, expect: n, dir: o.dirOf(g.dir)})
 	}
 	return invs
+}
+
+// peersDir is the package of the comparisons with other maps, relative to
+// the repository's root.
+const peersDir = "bench"
+
+// dirOf returns the directory, relative to o.pkg, of a group whose package
+// is dir relative to the repository's root: dir, or o.pkg itself when
+// -pkg named the one package.
+func (o options) dirOf(dir string) string {
+	if o.single {
+		return ""
+	}
+	return dir
 }
 
 // childError is a failed child process: its command, exit error and output.

@@ -1,8 +1,9 @@
-package hash4
+package bench
 
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"runtime"
 	"sort"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/hash4/hash4"
 	"github.com/stretchr/testify/require"
 )
 
@@ -103,33 +105,114 @@ var linModel = porcupine.Model{
 	},
 }
 
-// linRun records a history of nClients goroutines doing opsPerClient random
-// operations each on nKeys keys of a tiny table, with or without home
-// groups, and with linGrow, while another goroutine grows the table from
-// 16 buckets to 1024, a doubling at a time, each followed by a Compact, or
-// with linGrowItself, while
-// another inserts 2048 keys that no client uses, so that the table grows
-// itself.
-func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth, nClients, opsPerClient, nKeys int) []porcupine.Operation {
-	t.Helper()
-	opts := []Option{WithCapacity(16), WithLockStripes(stripes), WithSecret(tblSecret), withHomeGroups(grouped)}
-	if grow == linFixed {
-		opts = append(opts, WithFixedBuckets())
-	}
-	tab := New[int](opts...)
-	// The keys: half in one bucket (a long chain), half anywhere, and each
-	// spelled two ways.
-	var keys []Tuple
-	for i := 0; len(keys) < nKeys; i++ {
-		k := tblKey(int(seed)*1000+i, i%2 == 1)
-		if len(keys) >= nKeys/2 || HashTuple(k, LinuxHasher, tblSecret)&15 == 7 {
-			keys = append(keys, k)
+// linSecret fixes the table's hash, so that keys can be chosen by bucket.
+var linSecret = hash4.Secret{Ehash: 0x01234567, Ehash6Addr: 0x89abcdef, Seed: 0x0f1e2d3c4b5a6978}
+
+// linGroupedBuckets is the bucket count of the runs with home groups: tables
+// have them from 2^16 buckets on (see Table, Placement).
+const linGroupedBuckets = 1 << 16
+
+// linChainBucket is the bucket of the keys that share a chain.
+const linChainBucket = 7
+
+// The peers of linKey's tuples.
+var (
+	linRemote4 = netip.MustParseAddrPort("192.0.2.7:50000")
+	linRemote6 = netip.MustParseAddrPort("[2001:db8:ffff::7]:50000")
+)
+
+// linKey returns distinct valid tuples: i < 2^24 selects the tuple, v6 the
+// family.
+func linKey(i int, v6 bool) Tuple {
+	if v6 {
+		a := [16]byte{0x20, 0x01, 0x0d, 0xb8, 12: 1, 13: byte(i >> 16), 14: byte(i >> 8), 15: byte(i)}
+		return Tuple{
+			Local:  netip.AddrPortFrom(netip.AddrFrom16(a), 443),
+			Remote: linRemote6,
 		}
 	}
+	return Tuple{
+		Local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 443),
+		Remote: linRemote4,
+	}
+}
+
+// linAs16 returns tup with both addresses in their 16-byte form: an IPv4
+// tuple spelled IPv4-mapped, which the table takes for the same key.
+func linAs16(tup Tuple) Tuple {
+	tup.Local = netip.AddrPortFrom(netip.AddrFrom16(tup.Local.Addr().As16()), tup.Local.Port())
+	tup.Remote = netip.AddrPortFrom(netip.AddrFrom16(tup.Remote.Addr().As16()), tup.Remote.Port())
+	return tup
+}
+
+// linKeys returns the nKeys keys of a run: the first half in bucket
+// linChainBucket of a table of the given bucket count (a long chain), the
+// rest anywhere. A tuple's hash is that of the tuple with local port 0 plus
+// the local port (HashTuple), so a local port puts a key in the bucket
+// chosen.
+func linKeys(t *testing.T, seed uint64, buckets, nKeys int) []Tuple {
+	mask := uint32(buckets - 1)
+	var keys []Tuple
+	for i := 0; len(keys) < nKeys; i++ {
+		k := linKey(int(seed)*1000+i, i%2 == 1)
+		if len(keys) < nKeys/2 {
+			k.Local = netip.AddrPortFrom(k.Local.Addr(), 0)
+			port := uint16((linChainBucket - hash4.HashTuple(k, hash4.LinuxHasher, linSecret)) & mask)
+			if port == 0 {
+				continue
+			}
+			k.Local = netip.AddrPortFrom(k.Local.Addr(), port)
+			require.Equal(t, uint32(linChainBucket), hash4.HashTuple(k, hash4.LinuxHasher, linSecret)&mask)
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// linRun records a history of nClients goroutines doing opsPerClient random
+// operations each on nKeys keys of a table of 16 buckets, or of
+// linGroupedBuckets if grouped, so that it has home groups, and with
+// linGrow, while another goroutine grows the table from 16 buckets to 1024
+// (or from linGroupedBuckets to four times as many), a doubling at a time,
+// each followed by a Compact, or with linGrowItself, while another inserts
+// 2048 keys that no client uses, into a table filled with such keys to
+// just under two per bucket (less 128 keys) if large, so that the table grows itself.
+//
+// Each client yields now and then between ops, and, to make the ops of
+// different clients overlap where the clients take turns on one processor
+// (GOMAXPROCS=1), now and then inside an op's interval: after the op's call
+// time is taken, before it runs, or after it ran, before its return time.
+// Another client's ops then fall within the interval; the checker takes
+// the op to happen at any point of it.
+func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth, nClients, opsPerClient, nKeys int) []porcupine.Operation {
+	t.Helper()
+	buckets, grownTo := 16, 1024
+	if grouped {
+		buckets, grownTo = linGroupedBuckets, 4*linGroupedBuckets
+	}
+	opts := []hash4.Option{hash4.WithCapacity(buckets), hash4.WithLockStripes(stripes), hash4.WithSecret(linSecret)}
+	if grow == linFixed {
+		opts = append(opts, hash4.WithFixedBuckets())
+	}
+	tab := hash4.New[int](opts...)
+	require.Equal(t, buckets, tab.Stats().Buckets)
+	// The keys, each spelled two ways (linAs16).
+	keys := linKeys(t, seed, buckets, nKeys)
 	// Preallocated values: id c*opsPerClient+i+1 is client c's i-th insert.
 	vals := make([]*int, nClients*opsPerClient+1)
 	for i := 1; i < len(vals); i++ {
-		vals[i] = new(i)
+		v := i
+		vals[i] = &v
+	}
+	// The keys no client uses, and their value.
+	filler, fillerVal := 1<<22, -1
+	if grow == linGrowItself {
+		var err error
+		for ; filler < 1<<22+max(0, 2*buckets-128) && err == nil; filler++ {
+			err = tab.Insert(linKey(filler, filler%2 == 1), &fillerVal)
+		}
+		require.NoError(t, err)
+		require.Equal(t, buckets, tab.Stats().Buckets, "the table grows only once the clients run")
 	}
 
 	var clock atomic.Int64
@@ -137,8 +220,10 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 	var bad atomic.Value
 	hist := make([][]porcupine.Operation, nClients)
 	start.Add(1)
+	wg.Add(nClients)
 	for c := range nClients {
-		wg.Go(func() {
+		go func() {
+			defer wg.Done()
 			r := rand.New(rand.NewPCG(seed, uint64(c)))
 			ops := make([]porcupine.Operation, 0, opsPerClient)
 			seen := make([]int, nKeys) // the last value id seen per key
@@ -147,7 +232,7 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 				ki := r.IntN(nKeys)
 				k := keys[ki]
 				if r.IntN(2) == 0 {
-					k = tblMapped(k)
+					k = linAs16(k)
 				}
 				in := linInput{key: ki}
 				var out linOutput
@@ -173,6 +258,9 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 					}
 				}
 				call := clock.Add(1)
+				if r.IntN(8) == 0 {
+					runtime.Gosched()
+				}
 				switch in.op {
 				case linInsert:
 					err := tab.Insert(k, vals[in.val])
@@ -191,6 +279,9 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 					out.ok = tab.CompareAndDelete(k, vals[in.val])
 				case linCompareAndSwap:
 					out.ok = tab.CompareAndSwap(k, vals[in.val], vals[in.swap])
+				}
+				if r.IntN(8) == 0 {
+					runtime.Gosched()
 				}
 				ret := clock.Add(1)
 				switch {
@@ -213,24 +304,28 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 				}
 			}
 			hist[c] = ops
-		})
+		}()
 	}
 	var grower sync.WaitGroup
 	var done atomic.Bool
 	switch grow {
 	case linGrowItself:
-		grower.Go(func() {
+		grower.Add(1)
+		go func() {
+			defer grower.Done()
 			start.Wait()
 			for i := range 2048 {
-				if err := tab.Insert(tblKey(1<<20+i, i%2 == 1), new(-1)); err != nil {
+				if err := tab.Insert(linKey(filler+i, i%2 == 1), &fillerVal); err != nil {
 					bad.Store(fmt.Sprintf("filler insert: %v", err))
 				}
 			}
-		})
+		}()
 	case linGrow:
-		grower.Go(func() {
+		grower.Add(1)
+		go func() {
+			defer grower.Done()
 			start.Wait()
-			for b := 32; b <= 1024 && !done.Load(); b *= 2 {
+			for b := 2 * buckets; b <= grownTo && !done.Load(); b *= 2 {
 				if err := tab.Grow(b); err != nil {
 					bad.Store(fmt.Sprintf("Grow(%d): %v", b, err))
 				}
@@ -239,16 +334,20 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 					runtime.Gosched()
 				}
 			}
-		})
+		}()
 	}
 	start.Done()
 	wg.Wait()
 	done.Store(true)
 	grower.Wait()
-	tab.growers.Wait()
 	require.Nil(t, bad.Load())
 	if grow == linGrowItself {
-		require.Greater(t, tab.Stats().Buckets, 16, "the table grew itself")
+		// The growth runs on a goroutine of the table's own, which the
+		// insert that found its stripe over the limit started: its new
+		// array is published at once, and Grow waits for it to end.
+		require.Eventually(t, func() bool { return tab.Stats().Buckets > buckets }, 30*time.Second, time.Millisecond,
+			"the table grew itself")
+		require.NoError(t, tab.Grow(0))
 	}
 	var all []porcupine.Operation
 	for _, h := range hist {

@@ -1,0 +1,353 @@
+package bench
+
+// Benchmarks of Table against the usual Go concurrent maps, in the style of
+// xsync and the sync package: every implementation side by side in one
+// benchmark function, e.g. BenchmarkLookup/n=1M/impl=hash4. Compare them,
+// from the repository's root, with
+//
+//	for i in 1 2 3 4 5 6; do
+//		go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn)$' -count 1 ./bench
+//	done > bench.txt
+//	benchstat -col /impl bench.txt
+//
+// Each run is a process of its own, so that every implementation's samples
+// span the machine's changes of speed rather than fall in one of them.
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hash4/hash4"
+	"github.com/puzpuzpuz/xsync/v4"
+)
+
+// BenchmarkLookup measures lookup hits in a map filled once.
+func BenchmarkLookup(b *testing.B) {
+	benchEach(b, false, filledOnce, benchLookups)
+}
+
+// BenchmarkLookupChurned measures lookup hits in a map whose keys all came
+// in through churn (filledByChurn).
+func BenchmarkLookupChurned(b *testing.B) {
+	benchEach(b, false, filledByChurn, benchLookups)
+}
+
+// benchLookups looks up the keys of ks in m, which holds them all.
+func benchLookups(b *testing.B, m benchMap, ks *benchKeySet) {
+	var gid atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		w, misses := newBenchWalk(&gid, ks), 0
+		for pb.Next() {
+			if _, ok := m.Lookup(*w.next()); !ok {
+				misses++
+			}
+		}
+		if misses > 0 {
+			b.Errorf("%d lookups of present keys missed", misses)
+		}
+	})
+}
+
+// BenchmarkLookupChained measures lookup hits on one goroutine, in two
+// loops over the same keys: deps=none, where every key is known in advance,
+// and deps=chained, where the index of the next key takes in the value the
+// last lookup returned (it adds zero, which the processor cannot know), so a
+// lookup cannot begin before the one before it has answered. The loops take
+// equal time when the processor overlaps no memory reads of consecutive
+// lookups by itself; then each lookup waits out its own.
+
+// BenchmarkMixed measures 90% lookups and 10% delete+insert of the same key
+// (one op each), so that occupancy stays constant.
+func BenchmarkMixed(b *testing.B) {
+	benchEach(b, true, filledOnce, benchMixed)
+}
+
+// benchMixed runs BenchmarkMixed's ops on m, which holds the keys of ks.
+func benchMixed(b *testing.B, m benchMap, ks *benchKeySet) {
+	benchMixedParts(b, m, ks, true, true)
+}
+
+// benchMixedParts runs BenchmarkMixed's walk on m, doing its lookups only if
+// lookups is set and its delete+insert pairs only if churn is. A skipped op
+// still counts as one, and costs its step of the walk: so the two parts'
+// times, less once the time of the walk alone, add up to the whole's if
+// the two kinds of op do not slow each other down.
+func benchMixedParts(b *testing.B, m benchMap, ks *benchKeySet, lookups, churn bool) {
+	var gid atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		w, c := newBenchWalk(&gid, ks), 10
+		for pb.Next() {
+			k := w.next()
+			if c--; c == 0 {
+				c = 10
+				// Another goroutine may hold this key deleted for a
+				// moment: reinsert only what this one removed.
+				if !churn {
+					continue
+				}
+				if v, ok := m.Delete(*k); ok {
+					m.Insert(*k, v)
+				}
+			} else if lookups {
+				m.Lookup(*k)
+			}
+		}
+	})
+}
+
+// BenchmarkMixedParts runs BenchmarkMixed at 1M entries, on hash4 and on
+// xsync, whole (ops=all), in its two parts, the lookups alone (ops=lookups,
+// 90% of ops; the rest only walk) and the delete+insert pairs alone
+// (ops=churn, 10%), and as the walk alone (ops=none), to tell whether the
+// two kinds of op slow each other down.
+func BenchmarkMixedParts(b *testing.B) {
+	for _, part := range []struct {
+		name           string
+		lookups, churn bool
+	}{{"all", true, true}, {"lookups", true, false}, {"churn", false, true}, {"none", false, false}} {
+		for _, impl := range benchImpls {
+			if impl.name != "hash4" && impl.name != "xsync" {
+				continue
+			}
+			b.Run(fmt.Sprintf("n=1M/ops=%s/impl=%s", part.name, impl.name), func(b *testing.B) {
+				m, ks := benchPrefilled(b, impl, 1<<20, filledOnce)
+				b.ResetTimer()
+				benchMixedParts(b, m, ks, part.lookups, part.churn)
+			})
+		}
+	}
+}
+
+// BenchmarkChurn measures delete+insert pairs (one op each) only.
+func BenchmarkChurn(b *testing.B) {
+	benchEach(b, true, filledOnce, benchChurn)
+}
+
+// benchChurn runs BenchmarkChurn's ops on m, which holds the keys of ks.
+func benchChurn(b *testing.B, m benchMap, ks *benchKeySet) {
+	var gid atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		w := newBenchWalk(&gid, ks)
+		for pb.Next() {
+			k := w.next()
+			if v, ok := m.Delete(*k); ok {
+				m.Insert(*k, v)
+			}
+		}
+	})
+}
+
+// BenchmarkFill measures filling an empty map with n keys from GOMAXPROCS
+// goroutines, each inserting a share of them, where every map is made
+// without a size and grows as it fills: hash4 by itself (from New's 1024
+// buckets), the others as they do; impl=hash4-sized is hash4 made for n
+// entries, for scale. It reports the time per insert (ns/insert), which
+// for hash4 includes the wait for its growth to end (see fillSettle).
+func BenchmarkFill(b *testing.B) {
+	newUnsized := func(int) benchMap {
+		return benchHash4{hash4.New[benchVal](hash4.WithSecret(benchSecret))}
+	}
+	impls := []benchImpl{
+		{"hash4", newUnsized},
+		{"hash4-sized", benchImpls[0].new},
+		{"syncmap", func(int) benchMap { return new(benchSyncMap) }},
+		{"xsync", func(int) benchMap { return benchXsync{xsync.NewMap[Tuple, *benchVal]()} }},
+		{"rwmutex", func(int) benchMap { return &benchRWMap{m: map[Tuple]*benchVal{}} }},
+		{"cmap", func(int) benchMap { return newBenchCmap() }},
+	}
+	for _, sz := range benchSizes {
+		ks := benchKeys(sz.n)
+		for _, impl := range impls {
+			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl.name), func(b *testing.B) {
+				procs := runtime.GOMAXPROCS(0)
+				settled := 0
+				if impl.name == "hash4" {
+					b.StopTimer()
+					m := newUnsized(sz.n).(benchHash4)
+					fillFrom(m, ks, 1)
+					settled = fillSettled(m.t)
+					b.StartTimer()
+				}
+				for b.Loop() {
+					m := impl.new(sz.n)
+					fillFrom(m, ks, procs)
+					if h, ok := m.(benchHash4); ok && settled > 0 {
+						fillSettle(h.t, settled)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.n), "ns/insert")
+			})
+		}
+	}
+}
+
+// fillFrom inserts the keys of ks into m from procs goroutines, each a share.
+func fillFrom(m benchMap, ks *benchKeySet, procs int) {
+	var wg sync.WaitGroup
+	wg.Add(procs)
+	for g := range procs {
+		go func() {
+			defer wg.Done()
+			for i := g; i < len(ks.fill); i += procs {
+				j := ks.fill[i]
+				m.Insert(ks.keys[j], &ks.vals[j])
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// fillSettled returns the bucket count of t, filled and growing by itself,
+// once its growth has ended, waiting for that untimed. The count is the
+// same in every fill of the same keys: the least at which no stripe is
+// over its limit with every key in, as the counts only rise during a fill
+// and a growth goes to the least count at which no stripe is over with
+// the keys in so far.
+func fillSettled(t *hash4.Table[benchVal]) int {
+	for prev := 0; ; {
+		time.Sleep(20 * time.Millisecond) // for a growth an insert started
+		_ = t.Grow(0)                     // waits for a growth under way
+		n := t.Stats().Buckets
+		if n == prev {
+			return n
+		}
+		prev = n
+	}
+}
+
+// fillSettle waits for the growth of t, just filled, to end: until the
+// table has its settled bucket count (fillSettled), published when the
+// last growth began, and then, through Grow, which runs after the table's
+// own growth, until that growth has moved every entry.
+func fillSettle(t *hash4.Table[benchVal], settled int) {
+	for t.Stats().Buckets < settled {
+		runtime.Gosched()
+	}
+	_ = t.Grow(0)
+}
+
+// BenchmarkAppendLookups measures lookup hits in bursts of 16 tuples, as a
+// gateway that reads packets in bursts does: Table.AppendLookups
+// (impl=hash4-batch) against a loop of Lookup (impl=hash4) and of xsync's
+// Load (impl=xsync). Time per op is per tuple.
+func BenchmarkAppendLookups(b *testing.B) {
+	const burst = 16
+	for _, sz := range benchSizes {
+		for _, impl := range []string{"hash4-batch", "hash4", "xsync"} {
+			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl), func(b *testing.B) {
+				bi := benchImpls[slices.IndexFunc(benchImpls, func(bi benchImpl) bool {
+					return bi.name == strings.TrimSuffix(impl, "-batch")
+				})]
+				m, ks := benchPrefilled(b, bi, sz.n, filledOnce)
+				// One indirect call per burst; direct calls within it.
+				var lookupBurst func(vals []*benchVal, tups []Tuple) []*benchVal
+				switch m := m.(type) {
+				case benchHash4:
+					lookupBurst = func(vals []*benchVal, tups []Tuple) []*benchVal {
+						if impl == "hash4-batch" {
+							return m.t.AppendLookups(vals, tups)
+						}
+						for _, tup := range tups {
+							v, _ := m.t.Lookup(tup)
+							vals = append(vals, v)
+						}
+						return vals
+					}
+				case benchXsync:
+					lookupBurst = func(vals []*benchVal, tups []Tuple) []*benchVal {
+						for _, tup := range tups {
+							v, _ := m.m.Load(tup)
+							vals = append(vals, v)
+						}
+						return vals
+					}
+				}
+				b.ResetTimer()
+				var gid atomic.Uint64
+				b.RunParallel(func(pb *testing.PB) {
+					w, misses := newBenchWalk(&gid, ks), 0
+					var tups [burst]Tuple
+					vals := make([]*benchVal, 0, burst)
+					for more := true; more; {
+						n := 0
+						for ; n < burst; n++ {
+							if more = pb.Next(); !more {
+								break
+							}
+							tups[n] = *w.next()
+						}
+						vals = lookupBurst(vals[:0], tups[:n])
+						for _, v := range vals {
+							if v == nil {
+								misses++
+							}
+						}
+					}
+					if misses > 0 {
+						b.Errorf("%d lookups of present keys missed", misses)
+					}
+				})
+			})
+		}
+	}
+}
+
+// BenchmarkChurnSharing measures what sharing a table between goroutines
+// costs in churn: every goroutine churns either one table (tables=shared)
+// or a table of its own that holds the same keys (tables=own). Both do the
+// same work per op; the difference is cache lines that move between the
+// cores writing them. At 1M, tables=own is also churn with no line to pass.
+func BenchmarkChurnSharing(b *testing.B) {
+	for _, sz := range benchSizes {
+		ks := benchKeys(sz.n)
+		for _, impl := range benchImpls {
+			if impl.name != "hash4" && impl.name != "xsync" {
+				continue
+			}
+			for _, shared := range []bool{true, false} {
+				name := map[bool]string{true: "shared", false: "own"}[shared]
+				b.Run(fmt.Sprintf("n=%s/impl=%s/tables=%s", sz.name, impl.name, name), func(b *testing.B) {
+					benchChurnTables(b, impl, ks, shared)
+				})
+			}
+		}
+	}
+}
+
+// benchChurnTables runs BenchmarkChurnSharing's churn of the keys of ks in
+// one table shared by every goroutine or in a table per goroutine.
+func benchChurnTables(b *testing.B, impl benchImpl, ks *benchKeySet, shared bool) {
+	maps := make([]benchMap, runtime.GOMAXPROCS(0))
+	for g := range maps {
+		if g > 0 && shared {
+			maps[g] = maps[0]
+			continue
+		}
+		maps[g] = impl.new(len(ks.keys))
+		for _, i := range ks.fill {
+			maps[g].Insert(ks.keys[i], &ks.vals[i])
+		}
+	}
+	runtime.GC()
+	b.ResetTimer()
+	var gid atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		w := newBenchWalk(&gid, ks)
+		// N.B. the walk's own number, not gid.Load(): both goroutines
+		// may load gid after both have added to it, and then churn one
+		// table of the own ones.
+		m := maps[(w.g-1)%uint64(len(maps))]
+		for pb.Next() {
+			k := w.next()
+			if v, ok := m.Delete(*k); ok {
+				m.Insert(*k, v)
+			}
+		}
+	})
+}

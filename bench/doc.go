@@ -1,0 +1,13 @@
+// Package bench compares hash4's Table with the usual Go concurrent maps
+// (xsync, concurrent-map, a map behind a sync.RWMutex and sync.Map) and
+// checks the table's histories for linearizability with porcupine.
+//
+// It is a module of its own, github.com/hash4/hash4/bench, because of what
+// these tests import: the maps compared and the checker are modules the
+// library itself does not need, and in the library's module they would be
+// requirements of every program that imports it. The linearizability test
+// lives here rather than in a module of its own for the same reason: it is
+// the one other test that needs an outside module, and one module keeps one
+// set of requirements and one command. Everything here uses hash4's public
+// API only. All code is in _test files; see README.md for the commands.
+package bench
