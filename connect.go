@@ -40,19 +40,21 @@ const (
 // syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil value,
 // invalid, unspecified or mixed-family addresses, remote port 0) returns an
 // error matching ErrInvalidTuple or ErrNilValue, and a nil PortAllocator or
-// one that NewPortAllocator did not make an error matching
-// ErrInvalidPortRange, as PortAllocator.Bind does; none changes anything.
+// one that NewPortAllocator did not make an error matching ErrNilAllocator;
+// none changes anything.
 // If the table cannot index another entry it returns ErrTableFull.
 func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, opts ...ConnectOption) (Tuple, error) {
 	return t.connect(a, local, remote, v, connectHashOnce, opts)
 }
 
 func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, strategy connectStrategy, opts []ConnectOption) (Tuple, error) {
-	local = local.Unmap().WithZone("")
-	remote = netip.AddrPortFrom(remote.Addr().Unmap().WithZone(""), remote.Port())
-	// Validate as a tuple with a stand-in local port.
-	if err := validate(Tuple{Local: netip.AddrPortFrom(local, 1), Remote: remote}); err != nil {
-		return Tuple{}, err
+	// N.B. errors quote the addresses as given, not in key form.
+	why := addrProblem(local, remote.Addr())
+	if why == "" && remote.Port() == 0 {
+		why = "port 0"
+	}
+	if why != "" {
+		return Tuple{}, fmt.Errorf("%w: flow from %v to %v: %s", ErrInvalidTuple, local, remote, why)
 	}
 	if v == nil {
 		return Tuple{}, fmt.Errorf("%w for a flow to %v", ErrNilValue, remote)
@@ -60,6 +62,9 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	if err := a.check(); err != nil {
 		return Tuple{}, err
 	}
+	t.array() // a zero Table panics here, before the scan
+	local = local.Unmap().WithZone("")
+	remote = netip.AddrPortFrom(remote.Addr().Unmap().WithZone(""), remote.Port())
 	cc := connectOptions(opts)
 	var k key
 	setWords(&k.remote, remote.Addr())

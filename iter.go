@@ -10,7 +10,7 @@ import (
 // moment's count of each stripe, not a snapshot of the whole table.
 func (t *Table[T]) Len() int {
 	var n int64
-	ss := t.arr.Load().b.stripes
+	ss := t.array().b.stripes
 	for i := range ss {
 		n += int64(ss[i].count.Load())
 	}
@@ -111,7 +111,7 @@ func (t *Table[T]) Stats() Stats {
 
 // stats is Stats over the current array; false if Grow replaced it.
 func (t *Table[T]) stats() (Stats, bool) {
-	a := t.arr.Load()
+	a := t.array()
 	s := Stats{Buckets: len(a.b.heads), LockStripes: len(a.b.stripes)}
 	for b := range a.b.heads {
 		// N.B. lockStripe moves the stripe's entries into the table's

@@ -36,7 +36,7 @@ func (t *Table[T]) AppendLookups(dst []*T, tups []Tuple) []*T {
 	var keys [lookupBatch]key
 	var buckets [lookupBatch]uint32
 	var valid [lookupBatch]bool
-	a := t.arr.Load() // for the requests only: each lookup loads its own
+	a := t.array() // for the requests only: each lookup loads its own
 	for len(tups) > 0 {
 		batch := tups[:min(len(tups), lookupBatch)]
 		tups = tups[len(batch):]
@@ -117,7 +117,7 @@ func (t *Table[T]) requestLines(a *tableArray[T], bs *[lookupBatch]uint32, valid
 // lookup does not ask again.
 func (t *Table[T]) lookup(k *key, asked bool) (*T, bool) {
 	h := uint32(k.meta >> 32)
-	a := t.arr.Load()
+	a := t.array()
 	b := a.b.bucket(h)
 	head := &a.b.heads[b]
 	nodes := t.nodes.view()

@@ -1,27 +1,10 @@
 package hash4
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
-)
-
-// Errors returned by Table. Match them with errors.Is: the errors returned
-// wrap them with the offending tuple, except ErrTableFull, which is returned
-// as it is.
-var (
-	// ErrExists: the 4-tuple is already in the table.
-	ErrExists = errors.New("hash4: 4-tuple already in table")
-	// ErrInvalidTuple: an address is invalid or unspecified (0.0.0.0, ::),
-	// a port is 0, or the local and remote addresses are of different
-	// families.
-	ErrInvalidTuple = errors.New("hash4: invalid tuple")
-	// ErrNilValue: the value to insert is nil.
-	ErrNilValue = errors.New("hash4: nil value")
-	// ErrTableFull: the table holds 2^31-1 entries, as many as it can index.
-	ErrTableFull = errors.New("hash4: table full")
 )
 
 // Table is a concurrent hash table from 4-tuples to *T, built as the Linux
@@ -105,6 +88,17 @@ func (h *testHooks) onVisit(i uint32) {
 	if h != nil && h.visit != nil {
 		h.visit(i)
 	}
+}
+
+// array returns the table's bucket array. N.B. the nil test is the only cost
+// of naming New to the user of a zero Table: it sits where the array is
+// first used, and the panic is out of line.
+func (t *Table[T]) array() *tableArray[T] {
+	a := t.arr.Load()
+	if a == nil {
+		unmade("Table", "New")
+	}
+	return a
 }
 
 // tableArray is a table's bucket array and all that its bucket count lays
@@ -196,11 +190,23 @@ type tableConfig struct {
 	stripesSet        bool // by WithLockStripes
 	secret            *Secret
 	hasher            Hasher
+	hasherSet         bool // by WithHasher
 	// homeGroups is whether to form home groups (home.go): set by New
 	// from the bucket count, or by tests through withHomeGroups.
 	homeGroups    bool
 	homeGroupsSet bool
 	fixed         bool // by WithFixedBuckets
+}
+
+// only panics for the options of New that a constructor of another table,
+// ctor, cannot use.
+func (c *tableConfig) only(ctor string) {
+	if c.hasherSet {
+		panic("hash4: " + ctor + ": WithHasher does not apply")
+	}
+	if c.fixed {
+		panic("hash4: " + ctor + ": WithFixedBuckets does not apply")
+	}
 }
 
 // withHomeGroups forces home groups on or off, whatever the bucket count,
@@ -221,11 +227,20 @@ func (c *tableConfig) stripeCount() int {
 // WithCapacity sizes the table for about n entries: the bucket count is n
 // rounded up to a power of two (at least 16, at most 2^29), so that a full
 // table holds one entry per bucket on average, as Linux sizes its
-// established table. The default is 1024. New reserves 60 bytes per bucket
-// at once (see Table), as make(map[K]V, n) reserves room for n entries.
-// Past about twice as many entries as buckets the table grows (see Table,
-// Growth), unless made WithFixedBuckets.
-func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n } }
+// established table. 0 means the default, 1024; New panics for a negative n.
+// New reserves 60 bytes per bucket at once (see Table), as make(map[K]V, n)
+// reserves room for n entries. Past about twice as many entries as buckets
+// the table grows (see Table, Growth), unless made WithFixedBuckets.
+func WithCapacity(n int) Option {
+	return func(c *tableConfig) {
+		if n < 0 {
+			panic(fmt.Sprintf("hash4: WithCapacity(%d): negative capacity", n))
+		}
+		if n > 0 {
+			c.capacity = n
+		}
+	}
+}
 
 // WithFixedBuckets keeps the bucket count that New sets: the table grows
 // only when Grow is called, as Linux sizes its established table once, at
@@ -234,9 +249,9 @@ func WithCapacity(n int) Option { return func(c *tableConfig) { c.capacity = n }
 func WithFixedBuckets() Option { return func(c *tableConfig) { c.fixed = true } }
 
 // WithLockStripes sets the number of writer locks, rounded up to a power of
-// two and limited to the bucket count (at least 1). The default is 16 per
+// two and limited to the bucket count. 0 means the default: 16 per
 // GOMAXPROCS, at least 64, and at least one per 1024 buckets, but at most
-// one per 16 buckets.
+// one per 16 buckets. New panics for a negative n.
 //
 // Fewer stripes make a small table smaller: an entry may take the free
 // home slot of any bucket under its own stripe only, so many stripes of few
@@ -246,24 +261,32 @@ func WithFixedBuckets() Option { return func(c *tableConfig) { c.fixed = true } 
 // fewer locks (README, Memory). More stripes than a quarter of the buckets
 // turn home groups off (see Table, Placement).
 func WithLockStripes(n int) Option {
-	return func(c *tableConfig) { c.stripes, c.stripesSet = n, true }
+	return func(c *tableConfig) {
+		if n < 0 {
+			panic(fmt.Sprintf("hash4: WithLockStripes(%d): negative stripe count", n))
+		}
+		c.stripes, c.stripesSet = n, n > 0
+	}
 }
 
 // WithSecret sets the keys of the table's hash function. The default is a
 // fresh NewSecret; see Secret.
 func WithSecret(s Secret) Option { return func(c *tableConfig) { c.secret = &s } }
 
-// WithHasher chooses the tuple hasher; the default is LinuxHasher. A value
-// that names no hasher leaves the default in place.
+// WithHasher chooses the tuple hasher; the default is LinuxHasher. New
+// panics for a value that names no hasher.
 func WithHasher(h Hasher) Option {
 	return func(c *tableConfig) {
-		if h.valid() {
-			c.hasher = h
+		if !h.valid() {
+			panic(fmt.Sprintf("hash4: WithHasher(%d): no such Hasher", h))
 		}
+		c.hasher, c.hasherSet = h, true
 	}
 }
 
-// New returns an empty table.
+// New returns an empty table. It panics, naming the option, for an option
+// value that is negative or names nothing (as make does for a negative
+// size); nil options are ignored.
 func New[T any](opts ...Option) *Table[T] {
 	cfg := tableConfig{capacity: 1024, hasher: LinuxHasher}
 	for _, o := range opts {
@@ -372,18 +395,29 @@ func (k *key) setPort(hash0 uint32, localPort, remotePort uint16) {
 
 // validate reports why tup cannot be a key, or nil.
 func validate(tup Tuple) error {
-	l, r := tup.Local.Addr().Unmap(), tup.Remote.Addr().Unmap()
-	switch {
-	case !l.IsValid() || !r.IsValid():
-		return fmt.Errorf("%w %v: invalid address", ErrInvalidTuple, tup)
-	case l.IsUnspecified() || r.IsUnspecified():
-		return fmt.Errorf("%w %v: unspecified address", ErrInvalidTuple, tup)
-	case l.Is4() != r.Is4():
-		return fmt.Errorf("%w %v: local and remote address families differ", ErrInvalidTuple, tup)
-	case tup.Local.Port() == 0 || tup.Remote.Port() == 0:
-		return fmt.Errorf("%w %v: port 0", ErrInvalidTuple, tup)
+	why := addrProblem(tup.Local.Addr(), tup.Remote.Addr())
+	if why == "" && (tup.Local.Port() == 0 || tup.Remote.Port() == 0) {
+		why = "port 0"
+	}
+	if why != "" {
+		return fmt.Errorf("%w %v: %s", ErrInvalidTuple, tup, why)
 	}
 	return nil
+}
+
+// addrProblem says why local and remote cannot be the addresses of a key,
+// or returns "".
+func addrProblem(local, remote netip.Addr) string {
+	l, r := local.Unmap(), remote.Unmap()
+	switch {
+	case !l.IsValid() || !r.IsValid():
+		return "invalid address"
+	case l.IsUnspecified() || r.IsUnspecified():
+		return "unspecified address"
+	case l.Is4() != r.Is4():
+		return "local and remote address families differ"
+	}
+	return ""
 }
 
 // validateInsert reports why tup with value v cannot be inserted, or nil.

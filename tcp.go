@@ -138,7 +138,12 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 // a listener on :: that is not IPv6-only, which takes IPv4 segments too, bind
 // both :: and 0.0.0.0 on its port). Its Stats count the listeners' nodes among
 // Nodes, since listeners share its node store.
-func (t *TCPTable[T]) Established() *Table[T] { return t.est }
+func (t *TCPTable[T]) Established() *Table[T] {
+	if t.est == nil {
+		unmade("TCPTable", "NewTCPTable")
+	}
+	return t.est
+}
 
 // listenerKey returns the key of a listener on (addr, port), addr in the
 // form normAddr gives: hash and local port in meta, the listen word in the
@@ -212,6 +217,9 @@ func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMe
 // port 0, or WithIPv6Only on an IPv4 address, ErrNilValue for a nil v and
 // ErrTableFull if the node store is exhausted; on error nothing changes.
 func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (release func(), err error) {
+	if t.est == nil {
+		unmade("TCPTable", "NewTCPTable")
+	}
 	var cfg bindConfig
 	for _, o := range opts {
 		if o != nil {
@@ -330,6 +338,9 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// established walk for it keeps its key from ever equalling a
 	// listener node's (remote port 0), should the walk stray into a
 	// listener chain.
+	if t.est == nil {
+		unmade("TCPTable", "NewTCPTable")
+	}
 	var k key
 	if pkt.Remote.Port() != 0 {
 		t.est.tupleKey(&k, &pkt)

@@ -2,7 +2,6 @@ package hash4
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -52,13 +51,6 @@ import (
 //
 // Lock order: UDPSocket.mu, then a hash2 slot's mu, then a hash4 stripe's
 // mu. Stripe locks never nest. Lookups take none of them.
-
-// ErrInvalidAddr is returned, wrapped, by UDPTable.Bind, UDPSocket.Connect,
-// TCPTable.Listen, PortAllocator.Bind and PortAllocator.BindEphemeral for an
-// address they cannot use: an invalid or (where a concrete one is needed)
-// unspecified address, port 0, or an address of the wrong family.
-// (Table.Insert and Table.Connect report bad tuples with ErrInvalidTuple.)
-var ErrInvalidAddr = errors.New("hash4: invalid address")
 
 // BindOption configures one UDPTable.Bind or one TCPTable.Listen.
 type BindOption func(*bindConfig)
@@ -281,9 +273,9 @@ type udpPeer struct {
 // writer locks; WithSecret the keys: Secret.Ehash keys udp_ehashfn (the
 // kernel's udp_ehash_secret), Secret.Ehash6Addr the hash of remote IPv6
 // addresses, and Secret.Seed, folded to 32 bits, stands for net_hash_mix in
-// the port+address hash of hash2. WithHasher does not apply, nor does
-// WithFixedBuckets: the tables of a UDPTable keep the size it is made with,
-// as the kernel's do.
+// the port+address hash of hash2. It panics, as New does, for bad option
+// values, and for WithHasher and WithFixedBuckets, which do not apply: the
+// tables of a UDPTable keep the size it is made with, as the kernel's do.
 func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	cfg := tableConfig{capacity: 1024}
 	for _, o := range opts {
@@ -291,6 +283,7 @@ func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 			o(&cfg)
 		}
 	}
+	cfg.only("NewUDPTable")
 	t := &UDPTable[T]{}
 	if cfg.secret != nil {
 		t.secret = *cfg.secret
@@ -338,6 +331,9 @@ func normAddr(addr netip.Addr) netip.Addr { return addr.Unmap().WithZone("") }
 // It returns ErrInvalidAddr for an invalid address, port 0, or WithIPv6Only
 // on an IPv4 address, and ErrNilValue for a nil v; on error nothing changes.
 func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDPSocket[T], error) {
+	if t.slots == nil {
+		unmade("UDPTable", "NewUDPTable")
+	}
 	var cfg bindConfig
 	for _, o := range opts {
 		if o != nil {
@@ -665,6 +661,9 @@ func (t *UDPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	var p udpPacket
 	if !p.set(pkt) {
 		return nil, false
+	}
+	if t.slots == nil {
+		unmade("UDPTable", "NewUDPTable")
 	}
 	slot := &t.slots[portaddrHashWords(&p.lw, p.is4, p.lport, t.mix)&t.mask]
 	if !t.hash4Off && slot.hash4Cnt.Load() > 0 {

@@ -129,7 +129,7 @@ const (
 // stripe's entries stay in it until the lock is released, when the next
 // holder (or Grow) moves them.
 func (t *Table[T]) lockStripe(h uint32, intent lockIntent) (a *tableArray[T], st *stripe, s, b uint32) {
-	a = t.arr.Load()
+	a = t.array()
 	s = h & a.b.stripeMask
 	st = &a.b.stripes[s]
 	if intent != lockOnly {
