@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/hash4/hash4"
 )
@@ -205,6 +206,142 @@ func ExampleTable_CompareAndSwap() {
 	// took over: true
 	// took over again: false
 	// current: SYN_RECV
+}
+
+func ExampleTable_Store() {
+	routes := hash4.New[string]()
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:8080"),
+		Remote: netip.MustParseAddrPort("192.0.2.7:40000"),
+	}
+	backend := "10.1.0.5:80"
+	routes.Store(flow, &backend) // the flow is new: inserted
+	moved := "10.1.0.6:80"
+	routes.Store(flow, &moved) // the backend moved: replaced in place
+	cur, _ := routes.Lookup(flow)
+	fmt.Println(*cur, routes.Len())
+	// Output:
+	// 10.1.0.6:80 1
+}
+
+func ExampleTable_Swap() {
+	type conn struct{ id int }
+	conns := hash4.New[conn]()
+	tup := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("192.0.2.10:80"),
+		Remote: netip.MustParseAddrPort("198.51.100.7:50000"),
+	}
+	for id := 1; id <= 2; id++ {
+		// A rebind: the new connection takes the 4-tuple, and the old
+		// one, if any, comes back to be closed.
+		old, loaded, err := conns.Swap(tup, &conn{id: id})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if loaded {
+			fmt.Println("close connection", old.id)
+		} else {
+			fmt.Println("no connection before", id)
+		}
+	}
+	// Output:
+	// no connection before 1
+	// close connection 1
+}
+
+func ExampleTable_Compute() {
+	type counter struct{ packets int }
+	flows := hash4.New[counter]()
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:53"),
+		Remote: netip.MustParseAddrPort("192.0.2.7:40000"),
+	}
+	// Count packets, creating the flow on the first: f sees the current
+	// value and returns the next, atomically with other writers of flow.
+	count := func(old *counter, loaded bool) (*counter, hash4.ComputeOp) {
+		if !loaded {
+			return &counter{packets: 1}, hash4.UpdateOp
+		}
+		return &counter{packets: old.packets + 1}, hash4.UpdateOp
+	}
+	for range 3 {
+		flows.Compute(flow, count)
+	}
+	c, _ := flows.Lookup(flow)
+	fmt.Println("packets:", c.packets)
+
+	// Expire the flow only if it is quiet, in the same atomic step.
+	_, present, _ := flows.Compute(flow, func(old *counter, loaded bool) (*counter, hash4.ComputeOp) {
+		if loaded && old.packets < 10 {
+			return nil, hash4.DeleteOp
+		}
+		return old, hash4.CancelOp
+	})
+	fmt.Println("present:", present)
+	// Output:
+	// packets: 3
+	// present: false
+}
+
+func ExampleTable_LookupOrCompute() {
+	type session struct{ id int }
+	sessions := hash4.New[session]()
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:53"),
+		Remote: netip.MustParseAddrPort("192.0.2.7:40000"),
+	}
+	nextID := 100
+	build := func() (*session, error) {
+		// Runs only for a flow not seen yet: the session is built once.
+		nextID++
+		return &session{id: nextID}, nil
+	}
+	for range 2 {
+		s, loaded, err := sessions.LookupOrCompute(flow, build)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println("session", s.id, "loaded:", loaded)
+	}
+	// Output:
+	// session 101 loaded: false
+	// session 101 loaded: true
+}
+
+func ExampleTable_DeleteFunc() {
+	type flow struct{ lastSeen time.Time }
+	flows := hash4.New[flow]()
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	for i, age := range []time.Duration{time.Second, 5 * time.Minute, 10 * time.Minute} {
+		flows.Insert(hash4.Tuple{
+			Local:  netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), uint16(40000+i)),
+			Remote: netip.MustParseAddrPort("192.0.2.7:443"),
+		}, &flow{lastSeen: now.Add(-age)})
+	}
+	// The reaper's sweep: every flow idle for more than a minute goes.
+	n := flows.DeleteFunc(func(_ hash4.Tuple, f *flow) bool {
+		return now.Sub(f.lastSeen) > time.Minute
+	})
+	fmt.Println("reaped:", n, "left:", flows.Len())
+	// Output:
+	// reaped: 2 left: 1
+}
+
+func ExampleTable_Clear() {
+	flows := hash4.New[int]()
+	for i := range 3 {
+		flows.Insert(hash4.Tuple{
+			Local:  netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), uint16(40000+i)),
+			Remote: netip.MustParseAddrPort("192.0.2.7:443"),
+		}, &i)
+	}
+	// The uplink went down: every flow goes, the table stays ready.
+	flows.Clear()
+	fmt.Println(flows.Len())
+	// Output:
+	// 0
 }
 
 func ExampleTable_Grow() {

@@ -8,21 +8,20 @@ import (
 )
 
 // Table is a concurrent hash table from 4-tuples to *T, built as the Linux
-// established-socket table (inet_ehash): a power-of-two array of
-// hlist_nulls chains that lookups walk without locks, writers under
-// striped locks, entries recycled without allocation. Make one with [New];
-// all methods are safe for concurrent use.
+// established-socket table (inet_ehash): hlist_nulls chains that lookups
+// walk without locks, writers under striped locks, entries recycled without
+// allocation. Make one with [New] (a zero Table panics); all methods are
+// safe for concurrent use.
 //
 // Cost: [Table.Lookup] takes no lock and never allocates; writes lock one
-// stripe of the table and allocate only when the table needs more nodes.
-// A table reserves about 60 bytes per bucket when it is made or grown, and
-// up to 56 bytes for each entry beyond one per bucket, besides the caller's
-// T. It grows itself past about two entries per bucket (see
-// [WithFixedBuckets]) and never shrinks its bucket array.
+// stripe and allocate only when the table needs more nodes: about 60 bytes
+// per bucket, made or grown, and 56 per entry beyond one per bucket. It
+// grows past about two entries per bucket (see [WithFixedBuckets]).
 //
-// Keys: an IPv4 address and its IPv4-mapped IPv6 form are one address, and
-// zones are not part of a key (keep one Table per interface where
-// link-local flows must be told apart).
+// Keys: an IPv4 address and its IPv4-mapped form are one; zones are not
+// part of a key. Values: a Lookup that began before a Delete or Swap may
+// return the old *T after it; reuse (pool) a deleted value only once no
+// such Lookup can still hold it, or let the garbage collector free it.
 type Table[T any] struct {
 	// N.B. the pads keep the fields that every lookup reads off the cache
 	// lines of the objects the heap puts before and after the table (see

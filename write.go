@@ -73,9 +73,7 @@ const (
 )
 
 // insert adds k with value v under the stripe lock, unless k is present;
-// then it returns the value k has (insertExists). An insert that leaves
-// its stripe holding more entries than the array's growAt starts the
-// table's growth (see growBehind).
+// then it returns the value k has (insertExists).
 func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
 	if _, l := t.findLocked(a, k); !l.isNulls() {
@@ -83,15 +81,30 @@ func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 		st.mu.Unlock()
 		return old, insertExists
 	}
+	n, res := t.add(a, st, s, b, k, v)
+	st.mu.Unlock()
+	t.grown(a, n)
+	return nil, res
+}
+
+// add inserts k, absent, with value v into bucket b of stripe s (st),
+// whose lock the caller holds, and returns the stripe's entry count after
+// it, to pass to grown once the lock is released.
+func (t *Table[T]) add(a *tableArray[T], st *stripe, s, b uint32, k *key, v *T) (uint64, insertResult) {
 	i, ok := t.place(a, st, s, b)
 	if !ok {
-		st.mu.Unlock()
-		return nil, insertFull
+		return 0, insertFull
 	}
 	t.fill(i, k, v, &a.b.heads[b])
 	n := st.count.Load() + 1
 	st.count.Store(n)
-	st.mu.Unlock()
+	return n, inserted
+}
+
+// grown starts the table's growth (see growBehind) if an insert left a
+// stripe of a holding n entries, more than a's growAt. The caller has
+// released the stripe's lock.
+func (t *Table[T]) grown(a *tableArray[T], n uint64) {
 	// N.B. growing is loaded after the unlock, an atomic read-modify-write
 	// that orders the count's store before the load on every target, as
 	// growBehind stores growing before it reads the counts: of the two,
@@ -103,7 +116,6 @@ func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 			t.growBehind()
 		}()
 	}
-	return nil, inserted
 }
 
 // lockIntent says what a writer locking a stripe is about to do, and so
@@ -257,7 +269,9 @@ func (t *Table[T]) free(a *tableArray[T], st *stripe, i uint32) {
 	}
 }
 
-// Delete removes tup and returns its value.
+// Delete removes tup and returns its value. A Lookup that began before may
+// still return that value after Delete returns: a caller that reuses
+// values must wait until no such Lookup can hold it (see [Table]).
 func (t *Table[T]) Delete(tup Tuple) (*T, bool) {
 	var k key
 	t.tupleKey(&k, &tup)
@@ -318,8 +332,14 @@ func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
 	if l.isNulls() || (old != nil && t.nodes.at(l.index()).val.Load() != old) {
 		return nil, false
 	}
+	return t.remove(a, st, prev, l), true
+}
+
+// remove deletes the entry of link l, linked by prev, from stripe st,
+// whose lock the caller holds, frees its node and returns its value.
+func (t *Table[T]) remove(a *tableArray[T], st *stripe, prev *linkField, l link) *T {
 	v := t.unlinkLocked(prev, l)
 	t.free(a, st, l.index())
 	st.count.Store(st.count.Load() - 1)
-	return v, true
+	return v
 }
