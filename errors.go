@@ -32,6 +32,11 @@ var (
 	// did not make (its zero value), was given to Connect, ConnectFunc,
 	// Bind or BindEphemeral.
 	ErrNilAllocator = errors.New("hash4: PortAllocator not made by NewPortAllocator")
+	// ErrPortRefused is for the function of a ConnectFunc to return,
+	// wrapped, when the flow cannot have the port it was offered (the
+	// operating system refused to bind it): ConnectFunc then tries the
+	// next port.
+	ErrPortRefused = errors.New("hash4: port refused")
 )
 
 // invalidInput is the type of ErrInvalidTuple and ErrInvalidAddr, each of

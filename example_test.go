@@ -460,6 +460,44 @@ func ExampleTable_Connect() {
 	// other destination: true true
 }
 
+// A NAT gateway binds the outside socket of each new flow in ConnectFunc's
+// function, with the port ConnectFunc offers: lookups see the flow only once
+// its socket is ready, and a port the system refuses is skipped.
+func ExampleTable_ConnectFunc() {
+	type flow struct {
+		outside hash4.Tuple // the flow's own 4-tuple, recorded before anyone sees it
+	}
+	flows := hash4.New[flow]()
+	ports, err := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40009}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	busy := map[uint16]bool{}             // ports the system will not bind, found as we go
+	bind := func(tup hash4.Tuple) error { // stands in for a socket's bind
+		if len(busy) == 0 {
+			busy[tup.Local.Port()] = true
+			return fmt.Errorf("bind %v: %w", tup.Local, hash4.ErrPortRefused)
+		}
+		return nil
+	}
+	tup, f, err := flows.ConnectFunc(ports, netip.MustParseAddr("203.0.113.1"), netip.MustParseAddrPort("93.184.216.34:443"),
+		func(tup hash4.Tuple) (*flow, error) {
+			if err := bind(tup); err != nil {
+				return nil, err
+			}
+			return &flow{outside: tup}, nil
+		})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	got, _ := flows.Lookup(tup)
+	fmt.Println(got == f, f.outside == tup, busy[tup.Local.Port()], len(busy))
+	// Output:
+	// true true false 1
+}
+
 func ExamplePortAllocator_Bind() {
 	ports, err := hash4.NewPortAllocator()
 	if err != nil {

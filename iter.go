@@ -66,19 +66,25 @@ func (t *Table[T]) DeleteFunc(f func(Tuple, *T) bool) int {
 
 // Clear deletes every entry. Like [Table.All] it is weakly consistent: an
 // entry present for the whole call is deleted, one inserted meanwhile may
-// stay. It is safe with every other method, locks each stripe once per
-// bucket, and keeps the nodes for reuse.
+// stay, and the flow of a [Table.ConnectFunc] in progress stays. It is safe
+// with every other method, locks each stripe once per bucket, and keeps the
+// nodes for reuse.
 func (t *Table[T]) Clear() {
 	t.eachBucket(func(a *tableArray[T], st *stripe, b uint32) {
 		// N.B. remove may refill the home slot it frees with the entry
 		// at the head of this chain (see free), so each delete starts
 		// from the head again.
-		for head := &a.b.heads[b]; ; {
-			l := head.load()
+		for {
+			prev := &a.b.heads[b]
+			l := prev.load()
+			for !l.isNulls() && t.nodes.at(l.index()).reserved() {
+				prev = &t.nodes.at(l.index()).next
+				l = prev.load()
+			}
 			if l.isNulls() {
 				return
 			}
-			t.remove(a, st, head, l)
+			t.remove(a, st, prev, l)
 		}
 	}, func() bool { return true })
 }
@@ -124,12 +130,14 @@ func (c *chainEntry[T]) tuple() Tuple {
 	}
 }
 
-// copyChain appends the entries of bucket b of a to dst; the caller holds
-// the bucket's stripe lock.
+// copyChain appends the entries of bucket b of a to dst, but for
+// reservations (see entry); the caller holds the bucket's stripe lock.
 func (t *Table[T]) copyChain(dst []chainEntry[T], a *tableArray[T], b uint32) []chainEntry[T] {
 	for l := a.b.heads[b].load(); !l.isNulls(); {
 		e := t.nodes.at(l.index())
-		dst = append(dst, chainEntry[T]{k: e.key.load(), v: e.val.Load()})
+		if !e.reserved() {
+			dst = append(dst, chainEntry[T]{k: e.key.load(), v: e.val.Load()})
+		}
 		l = e.next.load()
 	}
 	return dst
@@ -139,7 +147,7 @@ func (t *Table[T]) copyChain(dst []chainEntry[T], a *tableArray[T], b uint32) []
 type Stats struct {
 	Buckets     int // bucket count, a power of two
 	LockStripes int // writer lock count, a power of two
-	Entries     int // entries counted in the chains
+	Entries     int // entries counted in the chains, with the tuples ConnectFunc holds
 	// LongestChain is the length of the longest chain.
 	LongestChain int
 	// ChainLengths[n] is the number of buckets whose chain holds n entries.

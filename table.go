@@ -150,12 +150,27 @@ func (a *tableArray[T]) flipped() bool { return a.b.nullsBase&arrayNullsFlip != 
 // a reader would have to stall between its two loads through minutes of
 // churn on that one entry. Chain walkers skip entries whose seq is even.
 // Recycling never waits for readers.
+//
+// N.B. a reservation (ConnectFunc) is a live entry whose key has local port
+// 0 in meta, the hash and the rest its tuple's, and whose value is nil. No
+// lookup key equals it: a key's hash is its hash with local port 0 plus its
+// port, so a key with meta's port 0 has another hash. Writers' findLocked
+// matches it with the tuple's key, and moves copy it as any entry. It goes
+// live to readers in place, under the lock: the value is stored, then meta,
+// so a reader that matches the new meta loads the new value.
 type entry[T any] struct {
 	seq  relUint32
 	next linkField
 	key  entryKey
 	val  relPointer[T]
 }
+
+// reserved reports whether e, live in a chain of a Table, is a reservation
+// (see entry). The caller holds the chain's stripe lock.
+func (e *entry[T]) reserved() bool { return e.key.meta.Load()&lportMask == 0 }
+
+// lportMask is the local port's field in a key's meta (see key.setPort).
+const lportMask = 0xffff << 16
 
 // read is a reader's half of the seq protocol: it returns e's value and
 // ok = true if e is live and holds k, unchanged across the read. A match

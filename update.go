@@ -11,8 +11,8 @@ import "fmt"
 // [Table.CompareAndSwap]: a concurrent Lookup finds the old value or v,
 // never neither, and one that began before may still return the old value
 // after Store returns (see [Table]). It returns an error matching
-// ErrInvalidTuple or ErrNilValue for bad input, and ErrTableFull; then
-// nothing changes.
+// ErrInvalidTuple or ErrNilValue for bad input, ErrExists while a
+// [Table.ConnectFunc] holds tup, and ErrTableFull; then nothing changes.
 func (t *Table[T]) Store(tup Tuple, v *T) error {
 	_, _, err := t.Swap(tup, v)
 	return err
@@ -30,6 +30,10 @@ func (t *Table[T]) Swap(tup Tuple, v *T) (old *T, loaded bool, err error) {
 	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
 	if _, l := t.findLocked(a, &k); !l.isNulls() {
 		e := t.nodes.at(l.index())
+		if e.reserved() {
+			st.mu.Unlock()
+			return nil, false, errReserved(tup)
+		}
 		old = e.val.Load()
 		// N.B. seq stays odd, as in CompareAndSwap.
 		e.val.Store(v)
@@ -43,6 +47,11 @@ func (t *Table[T]) Swap(tup Tuple, v *T) (old *T, loaded bool, err error) {
 	}
 	t.grown(a, n)
 	return nil, false, nil
+}
+
+// errReserved is the error of a write to a tuple that a ConnectFunc holds.
+func errReserved(tup Tuple) error {
+	return fmt.Errorf("%w: %v, held by a ConnectFunc in progress", ErrExists, tup)
 }
 
 // ComputeOp tells [Table.Compute] what to do with the value its function
@@ -63,8 +72,8 @@ const (
 // Compute; it returns the value tup has afterwards and whether it has one.
 // f runs under the lock of tup's stripe, atomically with every other write
 // of tup: it must be short and must not call the table. Bad input, nil
-// with UpdateOp, an unknown op or a full table give an error (as
-// [Table.Store]) and change nothing.
+// with UpdateOp, an unknown op, a tuple a [Table.ConnectFunc] holds or a
+// full table give an error (as [Table.Store]) and change nothing.
 func (t *Table[T]) Compute(tup Tuple, f func(old *T, loaded bool) (v *T, op ComputeOp)) (actual *T, ok bool, err error) {
 	if err := validate(tup); err != nil {
 		return nil, false, err
@@ -86,7 +95,9 @@ func (t *Table[T]) compute(k *key, tup Tuple, f func(*T, bool) (*T, ComputeOp)) 
 	var e *entry[T]
 	var old *T
 	if !l.isNulls() {
-		e = t.nodes.at(l.index())
+		if e = t.nodes.at(l.index()); e.reserved() {
+			return a, nil, false, 0, errReserved(tup)
+		}
 		old = e.val.Load()
 	}
 	v, op := f(old, e != nil)
@@ -118,7 +129,8 @@ func (t *Table[T]) compute(k *key, tup Tuple, f func(*T, bool) (*T, ComputeOp)) 
 // the value f returns, as xsync's LoadOrCompute. Of concurrent calls for an
 // absent tuple, one calls f and inserts, the others return its value. f
 // runs under the lock of tup's stripe: it must be short and must not call
-// the table. f's error, or a nil value, inserts nothing and is
+// the table (build a slow value, such as one that needs a socket, in
+// [Table.ConnectFunc]). f's error, or a nil value, inserts nothing and is
 // returned; other errors are those of [Table.Store].
 func (t *Table[T]) LookupOrCompute(tup Tuple, f func() (*T, error)) (actual *T, loaded bool, err error) {
 	if err := validate(tup); err != nil {

@@ -2,17 +2,17 @@ package hash4
 
 import "fmt"
 
-// findLocked returns the field that links the entry holding k in its chain
-// (the head or the predecessor's next) and the entry's link, or a nulls
-// link if k is absent. The caller holds the chain's stripe lock, so the
-// chain and its entries are stable; a is the table's array, loaded under
-// the lock (see lockStripe).
+// findLocked returns the field that links the entry holding k, or k's
+// reservation (see entry), in its chain (the head or the predecessor's
+// next) and the entry's link, or a nulls link if k is absent. The caller
+// holds the chain's stripe lock, so the chain and its entries are stable; a
+// is the table's array, loaded under the lock (see lockStripe).
 func (t *Table[T]) findLocked(a *tableArray[T], k *key) (*linkField, link) {
 	prev := a.b.head(uint32(k.meta >> 32))
 	l := prev.load()
 	for !l.isNulls() {
 		e := t.nodes.at(l.index())
-		if e.key.matches(k) {
+		if e.key.matchesHeld(k) {
 			return prev, l
 		}
 		prev = &e.next
@@ -33,6 +33,8 @@ func (t *Table[T]) Insert(tup Tuple, v *T) error {
 	switch _, res := t.insert(&k, v); res {
 	case insertExists:
 		return fmt.Errorf("%w: %v", ErrExists, tup)
+	case insertReserved:
+		return errReserved(tup)
 	case insertFull:
 		return ErrTableFull
 	}
@@ -58,6 +60,8 @@ func (t *Table[T]) LookupOrInsert(tup Tuple, v *T) (actual *T, found bool, err e
 	switch old, res := t.insert(&k, v); res {
 	case insertExists: // inserted since the lookup
 		return old, true, nil
+	case insertReserved:
+		return nil, false, errReserved(tup)
 	case insertFull:
 		return nil, false, ErrTableFull
 	}
@@ -69,17 +73,23 @@ type insertResult uint8
 const (
 	inserted insertResult = iota
 	insertExists
+	insertReserved // a ConnectFunc holds the tuple (see entry)
 	insertFull
 )
 
 // insert adds k with value v under the stripe lock, unless k is present;
-// then it returns the value k has (insertExists).
+// then it returns the value k has (insertExists), or insertReserved.
 func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
 	if _, l := t.findLocked(a, k); !l.isNulls() {
-		old := t.nodes.at(l.index()).val.Load()
+		e := t.nodes.at(l.index())
+		res := insertExists
+		if e.reserved() {
+			res = insertReserved
+		}
+		old := e.val.Load()
 		st.mu.Unlock()
-		return old, insertExists
+		return old, res
 	}
 	n, res := t.add(a, st, s, b, k, v)
 	st.mu.Unlock()
@@ -329,7 +339,11 @@ func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
 	a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockToDelete)
 	defer st.mu.Unlock()
 	prev, l := t.findLocked(a, k)
-	if l.isNulls() || (old != nil && t.nodes.at(l.index()).val.Load() != old) {
+	if l.isNulls() {
+		return nil, false
+	}
+	// N.B. a reservation's value is nil: a compare never matches it.
+	if e := t.nodes.at(l.index()); e.reserved() || (old != nil && e.val.Load() != old) {
 		return nil, false
 	}
 	return t.remove(a, st, prev, l), true
