@@ -94,8 +94,11 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 	setWords(&k.remote, remote.Addr())
 	setWords(&k.local, local)
 	hash0 := hashPort0(t.hasher, &t.secret, &k.local, &k.remote, remote.Port())
-	full := false
-	refused := 0
+	full, noPorts := false, false
+	var tried, refused uint64
+	// N.B. counted on the line of the stripe of the flow's hash with port
+	// 0, which flows to other destinations mostly do not share.
+	defer t.metrics[hash0&uint32(len(t.metrics)-1)].connected(&tried, &refused, &noPorts)
 	scan := a.startScan(local, remote, &cc)
 	for {
 		first, n := scan.next()
@@ -110,6 +113,7 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 			} else {
 				k.setPort(hash0, port, remote.Port())
 			}
+			tried++
 			if strategy != connectLocked && t.present(&k) {
 				continue
 			}
@@ -141,6 +145,7 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 	if full {
 		return Tuple{}, nil, ErrTableFull
 	}
+	noPorts = true
 	if refused > 0 {
 		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (%d ports refused)", ErrNoPorts, local, remote, refused)
 	}

@@ -2,9 +2,11 @@ package hash4_test
 
 import (
 	"errors"
+	"expvar"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hash4/hash4"
@@ -498,6 +500,31 @@ func ExampleTable_ConnectFunc() {
 	// true true false 1
 }
 
+// A gateway publishes its flow table's counters with expvar, where
+// /debug/vars serves them; here under a map of its own, as a program would
+// with expvar.Publish("flows", ...).
+func ExampleTable_Metrics() {
+	flows := hash4.New[int](hash4.WithCapacity(64))
+	ports, err := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40001}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	vars := new(expvar.Map).Init()
+	vars.Set("flows", expvar.Func(func() any { return flows.Metrics() }))
+
+	remote := netip.MustParseAddrPort("192.0.2.7:443")
+	for range 3 { // the third finds no port
+		flows.Connect(ports, netip.MustParseAddr("10.0.0.1"), remote, new(int))
+	}
+	m := flows.Metrics()
+	fmt.Println("entries:", m.Entries, "connects:", m.Connects, "no ports:", m.ConnectNoPorts)
+	fmt.Println(strings.Contains(vars.String(), `"ConnectNoPorts":1`))
+	// Output:
+	// entries: 2 connects: 3 no ports: 1
+	// true
+}
+
 func ExamplePortAllocator_Bind() {
 	ports, err := hash4.NewPortAllocator()
 	if err != nil {
@@ -567,6 +594,34 @@ func ExampleTCPTable() {
 	// Output:
 	// 198.51.100.7:50000 -> connection
 	// 198.51.100.8:50000 -> listener
+}
+
+func ExampleTCPTable_LookupKind() {
+	conns := hash4.NewTCPTable[string]()
+	listener, conn := "web listener", "connection"
+	release, err := conns.Listen(netip.MustParseAddrPort("0.0.0.0:80"), &listener)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer release()
+	seg := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("192.0.2.10:80"),
+		Remote: netip.MustParseAddrPort("198.51.100.7:50000"),
+	}
+	for range 2 {
+		v, kind, _ := conns.LookupKind(seg)
+		switch kind {
+		case hash4.KindListener: // a SYN: accept it, and the flow is established
+			fmt.Println("listener:", *v)
+			conns.Established().Insert(seg, &conn)
+		case hash4.KindEstablished:
+			fmt.Println("established:", *v)
+		}
+	}
+	// Output:
+	// listener: web listener
+	// established: connection
 }
 
 func ExampleTCPTable_Listen() {

@@ -29,7 +29,8 @@ type Table[T any] struct {
 	_        [cacheLineSize]byte
 	arr      atomic.Pointer[tableArray[T]] // the bucket array (see tableArray)
 	nodes    slab[entry[T]]
-	moves    []moveCount // per stripe (see move)
+	moves    []moveCount     // per stripe (see move)
+	metrics  []stripeMetrics // per stripe (see Metrics)
 	secret   Secret
 	hasher   Hasher
 	restarts atomic.Uint64
@@ -330,6 +331,7 @@ func New[T any](opts ...Option) *Table[T] {
 		a.home.initStripe(&a.b.stripes[s], uint32(s))
 	}
 	t.moves = make([]moveCount, len(a.b.stripes))
+	t.metrics = make([]stripeMetrics, len(a.b.stripes))
 	t.fixed = cfg.fixed
 	a.growAt = t.growLimit(n, len(a.b.stripes))
 	t.arr.Store(a)

@@ -351,6 +351,29 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	return t.lookupListener(&pkt, uint32(k.meta>>32), pkt.Remote.Port() != 0)
 }
 
+// Kind says which socket of a TCPTable owns a segment.
+type Kind uint8
+
+const (
+	KindNone        Kind = iota // no socket: the segment would get a RST
+	KindEstablished             // the established flow of the segment's 4-tuple
+	KindListener                // a listener on the segment's destination
+)
+
+// LookupKind is [TCPTable.Lookup] that also says which kind of socket
+// answered, as a stack must know to pass a SYN to a listener and anything
+// else to a flow. It costs a Lookup, and for a segment that reaches a
+// reuseport group the flow hash once more.
+func (t *TCPTable[T]) LookupKind(pkt Tuple) (*T, Kind, bool) {
+	if v, ok := t.Established().Lookup(pkt); ok {
+		return v, KindEstablished, true
+	}
+	if v, ok := t.lookupListener(&pkt, 0, false); ok {
+		return v, KindListener, true
+	}
+	return nil, KindNone, false
+}
+
 // lookupListener is __inet_lookup_listener: the exact lhash2 chain, then
 // the wildcard one; in each, the first listener on the segment's address
 // and port, and if it is in a reuseport group, the group's listener that

@@ -438,6 +438,14 @@ func (s *UDPSocket[T]) LocalAddr() netip.AddrPort {
 	return s.local
 }
 
+// Value returns the value the socket was bound with; nil for a nil socket.
+func (s *UDPSocket[T]) Value() *T {
+	if s == nil {
+		return nil
+	}
+	return s.val
+}
+
 // RemoteAddr returns the peer the socket is connected to, and whether it is
 // connected. A closed socket reports the peer it had when it was closed; a
 // nil one, none.
