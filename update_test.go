@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -223,8 +224,9 @@ func TestDeleteFuncClear(t *testing.T) {
 }
 
 // TestReaperRace runs reapers, over All with CompareAndDelete and over
-// DeleteFunc, while flows are created, touched and cleared, for the race
-// detector; every flow a reaper deletes was expired when it was deleted.
+// DeleteFunc, while flows are created (by LookupOrCompute and ConnectFunc),
+// touched and cleared, for the race detector; every flow a reaper deletes
+// was expired when it was deleted.
 func TestReaperRace(t *testing.T) {
 	type flow struct{ expired atomic.Bool }
 	tab := New[flow](WithCapacity(16))
@@ -236,16 +238,35 @@ func TestReaperRace(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; !stop.Load(); i++ {
-				k := tblKey(w<<20|i%4000, i%2 == 0)
+				k := tblKey(w<<20|i%1000, i%2 == 0)
 				if _, loaded, err := tab.LookupOrCompute(k, func() (*flow, error) { return new(flow), nil }); err == nil && !loaded {
 					created.Add(1)
 				}
-				if f, ok := tab.Lookup(tblKey(w<<20|(i/2)%4000, i%2 == 0)); ok {
+				if f, ok := tab.Lookup(tblKey(w<<20|(i/2)%1000, i%2 == 0)); ok {
 					f.expired.Store(true)
 				}
 			}
 		}()
 	}
+	// Flows set up by ConnectFunc, expired at once.
+	a := newTestAllocator(t)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			_, _, err := tab.ConnectFunc(a, connLocal, connDsts[0], func(Tuple) (*flow, error) {
+				f := new(flow)
+				f.expired.Store(true)
+				return f, nil
+			}, WithConnectRange(PortRange{40000, 40999}))
+			if err == nil {
+				created.Add(1)
+			} else if !errors.Is(err, ErrNoPorts) {
+				t.Error(err)
+				return
+			}
+		}
+	}()
 	reap := func(tup Tuple, f *flow) bool {
 		if !f.expired.Load() {
 			return false
@@ -255,7 +276,8 @@ func TestReaperRace(t *testing.T) {
 	}
 	// Rounds until both reapers have deleted flows (or a bound), since
 	// the writers may start late.
-	for round := 0; round < 20 || (reaped.Load() < 100 && round < 100000); round++ {
+	deadline := time.Now().Add(5 * time.Second)
+	for round := 0; round < 5 || (reaped.Load() < 100 && time.Now().Before(deadline)); round++ {
 		runtime.Gosched()
 		tab.DeleteFunc(reap)
 		for tup, f := range tab.All() {
