@@ -1,9 +1,6 @@
 package hash4
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
 // Errors for bad input and for a table's state. Match them with errors.Is:
 // the errors returned wrap them with the offending tuple or address, except
@@ -50,11 +47,12 @@ func (e *invalidInput) Is(target error) bool {
 	return target == ErrInvalidTuple || target == ErrInvalidAddr
 }
 
-// unmade panics for a method called on the zero value of a type that must
-// be made by its constructor. N.B. callers reach it from a test the hot
-// paths make anyway (a nil array, an empty slice), in a branch of its own.
-//
-//go:noinline
-func unmade(typ, ctor string) {
-	panic(fmt.Sprintf("hash4: %s used without %s", typ, ctor))
-}
+// The panics of the zero values of the tables, on first use. N.B. callers
+// panic with them where a hot path tests anyway (a nil array, an empty
+// slice): the compiler sees the panic end the path and saves no register
+// for it, as it would for a call.
+const (
+	zeroTable    = "hash4: Table used without New"
+	zeroUDPTable = "hash4: UDPTable used without NewUDPTable"
+	zeroTCPTable = "hash4: TCPTable used without NewTCPTable"
+)

@@ -117,7 +117,12 @@ func (t *Table[T]) requestLines(a *tableArray[T], bs *[lookupBatch]uint32, valid
 // lookup does not ask again.
 func (t *Table[T]) lookup(k *key, asked bool) (*T, bool) {
 	h := uint32(k.meta >> 32)
-	a := t.array()
+	a := t.arr.Load()
+	if a == nil {
+		// N.B. array's test, in line, and a panic the compiler sees
+		// end the path: no register is saved for it.
+		panic(zeroTable)
+	}
 	b := a.b.bucket(h)
 	head := &a.b.heads[b]
 	nodes := t.nodes.view()

@@ -90,13 +90,12 @@ func (h *testHooks) onVisit(i uint32) {
 	}
 }
 
-// array returns the table's bucket array. N.B. the nil test is the only cost
-// of naming New to the user of a zero Table: it sits where the array is
-// first used, and the panic is out of line.
+// array returns the table's bucket array, and panics naming New for a zero
+// Table. N.B. lookup makes the same test in line: array does not inline.
 func (t *Table[T]) array() *tableArray[T] {
 	a := t.arr.Load()
 	if a == nil {
-		unmade("Table", "New")
+		panic(zeroTable)
 	}
 	return a
 }

@@ -140,7 +140,7 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 // Nodes, since listeners share its node store.
 func (t *TCPTable[T]) Established() *Table[T] {
 	if t.est == nil {
-		unmade("TCPTable", "NewTCPTable")
+		panic(zeroTCPTable)
 	}
 	return t.est
 }
@@ -218,7 +218,7 @@ func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMe
 // ErrTableFull if the node store is exhausted; on error nothing changes.
 func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (release func(), err error) {
 	if t.est == nil {
-		unmade("TCPTable", "NewTCPTable")
+		panic(zeroTCPTable)
 	}
 	var cfg bindConfig
 	for _, o := range opts {
@@ -339,7 +339,7 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// listener node's (remote port 0), should the walk stray into a
 	// listener chain.
 	if t.est == nil {
-		unmade("TCPTable", "NewTCPTable")
+		panic(zeroTCPTable)
 	}
 	var k key
 	if pkt.Remote.Port() != 0 {

@@ -332,7 +332,7 @@ func normAddr(addr netip.Addr) netip.Addr { return addr.Unmap().WithZone("") }
 // on an IPv4 address, and ErrNilValue for a nil v; on error nothing changes.
 func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDPSocket[T], error) {
 	if t.slots == nil {
-		unmade("UDPTable", "NewUDPTable")
+		panic(zeroUDPTable)
 	}
 	var cfg bindConfig
 	for _, o := range opts {
@@ -671,7 +671,7 @@ func (t *UDPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 		return nil, false
 	}
 	if t.slots == nil {
-		unmade("UDPTable", "NewUDPTable")
+		panic(zeroUDPTable)
 	}
 	slot := &t.slots[portaddrHashWords(&p.lw, p.is4, p.lport, t.mix)&t.mask]
 	if !t.hash4Off && slot.hash4Cnt.Load() > 0 {
