@@ -336,6 +336,9 @@ func TestTableGrowConcurrent(t *testing.T) {
 		rounds++
 		spent := rounds%2 == 0
 		tab := New[val](WithFixedBuckets(), WithCapacity(16), WithLockStripes(4), WithSecret(NewSecret()))
+		if spent {
+			hooksOf(tab) // before the table is shared: lookups read the pointer
+		}
 		vals := make([]*val, len(stay))
 		for i, k := range stay {
 			vals[i] = &val{k}
