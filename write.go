@@ -47,7 +47,8 @@ func (t *Table[T]) Insert(tup Tuple, v *T) error {
 // absent tuple, one inserts and the others find its value. A tuple that is
 // present costs a lookup, without a lock. Bad input returns an error that
 // matches ErrInvalidTuple or ErrNilValue, whether or not tup is present,
-// and changes nothing; so does ErrTableFull.
+// and changes nothing; so do ErrTableFull, and ErrExists while a
+// [Table.ConnectFunc] holds tup.
 func (t *Table[T]) LookupOrInsert(tup Tuple, v *T) (actual *T, found bool, err error) {
 	if err := validateInsert(tup, v); err != nil {
 		return nil, false, err
