@@ -27,7 +27,7 @@ func (t *Table[T]) Compact() { t.compact() }
 func (t *Table[T]) compact() (moved, released int) {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
-	return t.compactNodes(t.arr.Load())
+	return t.compactNodes(t.array())
 }
 
 // compactNodes is compact on a, the table's array, with growMu held, so no

@@ -1,6 +1,7 @@
 package hash4
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 )
@@ -26,46 +27,78 @@ const (
 	connectLocked
 )
 
-// Connect picks a local port for the flow from local to remote, inserts v
-// under the resulting 4-tuple and returns the tuple, atomically: two
+// Connect picks a local port for the flow from local to remote, inserts
+// v under the resulting 4-tuple and returns the tuple, atomically: two
 // concurrent Connects never get the same 4-tuple, and Connect never returns
 // a tuple it did not insert. The tuple is in key form: IPv4-mapped
 // addresses as IPv4, zones dropped. A socket for the flow should bind local
 // as given (zone included) with the tuple's local port. The allocator a
 // chooses the candidates (its range, reserved and bound ports, policy and
 // perturbation; see PortAllocator); a WithConnectRange option narrows the
-// range for this call and makes its scan flat.
+// range for this call and makes its scan flat. It is [Table.ConnectFunc]
+// with a function that returns v, at the cost of one lock per port tried.
 //
 // When every candidate is taken it returns an error matching ErrNoPorts (and
 // syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil value,
 // invalid, unspecified or mixed-family addresses, remote port 0) returns an
 // error matching ErrInvalidTuple or ErrNilValue, and a nil PortAllocator or
-// one that NewPortAllocator did not make an error matching
-// ErrInvalidPortRange, as PortAllocator.Bind does; none changes anything.
-// If the table cannot index another entry it returns ErrTableFull.
+// one that NewPortAllocator did not make an error matching ErrNilAllocator;
+// none changes anything. If the table cannot index another entry it returns
+// ErrTableFull.
 func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, opts ...ConnectOption) (Tuple, error) {
-	return t.connect(a, local, remote, v, connectHashOnce, opts)
-}
-
-func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, strategy connectStrategy, opts []ConnectOption) (Tuple, error) {
-	local = local.Unmap().WithZone("")
-	remote = netip.AddrPortFrom(remote.Addr().Unmap().WithZone(""), remote.Port())
-	// Validate as a tuple with a stand-in local port.
-	if err := validate(Tuple{Local: netip.AddrPortFrom(local, 1), Remote: remote}); err != nil {
-		return Tuple{}, err
-	}
 	if v == nil {
 		return Tuple{}, fmt.Errorf("%w for a flow to %v", ErrNilValue, remote)
 	}
-	if err := a.check(); err != nil {
-		return Tuple{}, err
+	return t.connect(a, local, remote, v, connectHashOnce, opts)
+}
+
+// ConnectFunc is [Table.Connect] for a value that needs its tuple: it picks
+// a port as Connect does and holds the tuple, so that no other Connect,
+// Insert, Store or Compute takes it, calls f with it without any lock, and
+// publishes f's value only once f returns: no Lookup, All or AppendLookups
+// sees the tuple before. If f's error matches ErrPortRefused it tries the
+// next port; any other error, or a nil value, ends it with nothing inserted
+// and is returned. Its other errors are Connect's; it costs Connect's scan
+// and two locks of the tuple's stripe.
+func (t *Table[T]) ConnectFunc(a *PortAllocator, local netip.Addr, remote netip.AddrPort, f func(Tuple) (*T, error), opts ...ConnectOption) (Tuple, *T, error) {
+	if f == nil {
+		return Tuple{}, nil, fmt.Errorf("%w: ConnectFunc with a nil function, for a flow to %v", ErrNilValue, remote)
 	}
+	return t.connectFlow(a, local, remote, nil, f, connectHashOnce, opts)
+}
+
+// connect is Connect with the given strategy.
+func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, strategy connectStrategy, opts []ConnectOption) (Tuple, error) {
+	tup, _, err := t.connectFlow(a, local, remote, v, nil, strategy, opts)
+	return tup, err
+}
+
+// connectFlow is Connect, with v, or ConnectFunc, with f.
+func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, f func(Tuple) (*T, error), strategy connectStrategy, opts []ConnectOption) (Tuple, *T, error) {
+	// N.B. errors quote the addresses as given, not in key form.
+	why := addrProblem(local, remote.Addr())
+	if why == "" && remote.Port() == 0 {
+		why = "port 0"
+	}
+	if why != "" {
+		return Tuple{}, nil, fmt.Errorf("%w: flow from %v to %v: %s", ErrInvalidTuple, local, remote, why)
+	}
+	if err := a.check(); err != nil {
+		return Tuple{}, nil, err
+	}
+	t.array() // a zero Table panics here, before the scan
+	local = local.Unmap().WithZone("")
+	remote = netip.AddrPortFrom(remote.Addr().Unmap().WithZone(""), remote.Port())
 	cc := connectOptions(opts)
 	var k key
 	setWords(&k.remote, remote.Addr())
 	setWords(&k.local, local)
 	hash0 := t.hashPort0(&k.local, &k.remote, remote.Port())
-	full := false
+	full, noPorts := false, false
+	var tried, refused uint64
+	// N.B. counted on the line of the stripe of the flow's hash with port
+	// 0, which flows to other destinations mostly do not share.
+	defer t.metrics[hash0&uint32(len(t.metrics)-1)].connected(&tried, &refused, &noPorts)
 	scan := a.startScan(local, remote, &cc)
 	for {
 		first, n := scan.next()
@@ -80,22 +113,115 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 			} else {
 				k.setPort(hash0, port, remote.Port())
 			}
+			tried++
 			if strategy != connectLocked && t.present(&k) {
 				continue
 			}
-			switch _, res := t.insert(&k, v); res {
+			var res insertResult
+			if f == nil {
+				_, res = t.insert(&k, v)
+			} else {
+				res = t.reserve(&k)
+			}
+			switch res {
 			case inserted:
+				tup := Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}
+				if f != nil {
+					var err error
+					if v, err = t.settle(&k, tup, f); errors.Is(err, ErrPortRefused) {
+						refused++
+						continue
+					} else if err != nil {
+						return Tuple{}, nil, err
+					}
+				}
 				scan.taken(j)
-				return Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}, nil
+				return tup, v, nil
 			case insertFull:
 				full = true
 			}
 		}
 	}
 	if full {
-		return Tuple{}, ErrTableFull
+		return Tuple{}, nil, ErrTableFull
 	}
-	return Tuple{}, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
+	noPorts = true
+	if refused > 0 {
+		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (%d ports refused)", ErrNoPorts, local, remote, refused)
+	}
+	return Tuple{}, nil, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
+}
+
+// reserve links a reservation of k (see entry) into its chain, unless k is
+// present or held; it returns inserted if it did. The reservation is not
+// counted in the stripe's entries until publish.
+func (t *Table[T]) reserve(k *key) insertResult {
+	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
+	defer st.mu.Unlock()
+	if _, l := t.findLocked(a, k); !l.isNulls() {
+		return insertExists
+	}
+	i, ok := t.place(a, st, s, b)
+	if !ok {
+		return insertFull
+	}
+	r := *k
+	r.meta &^= lportMask
+	t.fill(i, &r, nil, &a.b.heads[b])
+	return inserted
+}
+
+// settle calls f for the tuple tup, whose key k is reserved, and publishes
+// its value, or drops the reservation if f fails, returns nil or panics.
+// N.B. f runs without any lock, and the reservation it holds cannot go
+// meanwhile: every other writer skips it, and a move, an eviction, a
+// migration or a compaction carries it to another node as it is, so
+// publish and unreserve find it by its key.
+func (t *Table[T]) settle(k *key, tup Tuple, f func(Tuple) (*T, error)) (v *T, err error) {
+	published := false
+	defer func() {
+		if !published {
+			t.unreserve(k)
+		}
+	}()
+	if v, err = f(tup); err == nil && v == nil {
+		err = fmt.Errorf("%w from ConnectFunc's function for %v", ErrNilValue, tup)
+	}
+	if err != nil {
+		return nil, err
+	}
+	t.publish(k, v)
+	published = true
+	return v, nil
+}
+
+// publish makes k's reservation the live entry of k with value v.
+func (t *Table[T]) publish(k *key, v *T) {
+	a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
+	_, l := t.findLocked(a, k)
+	if l.isNulls() {
+		st.mu.Unlock()
+		panic("hash4: ConnectFunc's reservation lost")
+	}
+	e := t.nodes.at(l.index())
+	e.val.Store(v)
+	e.key.meta.Store(k.meta) // live to readers: N.B. after the value (see entry)
+	n := st.count.Load() + 1
+	st.count.Store(n)
+	st.mu.Unlock()
+	t.grown(a, uint32(k.meta>>32), n)
+}
+
+// unreserve drops k's reservation.
+func (t *Table[T]) unreserve(k *key) {
+	a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockToDelete)
+	defer st.mu.Unlock()
+	prev, l := t.findLocked(a, k)
+	if l.isNulls() {
+		panic("hash4: ConnectFunc's reservation lost")
+	}
+	t.unlinkLocked(prev, l)
+	t.free(a, st, l.index())
 }
 
 // connectOptions returns the config that opts make. N.B. it fills a config

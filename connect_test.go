@@ -809,7 +809,7 @@ func TestConnectBadInput(t *testing.T) {
 		is     error
 		says   string
 	}{
-		{"nil allocator", true, v4, dst4, false, ErrInvalidPortRange, "nil *PortAllocator"},
+		{"nil allocator", true, v4, dst4, false, ErrNilAllocator, "nil *PortAllocator"},
 		{"nil value", false, v4, dst4, true, ErrNilValue, "nil value"},
 		{"invalid local", false, netip.Addr{}, dst4, false, ErrInvalidTuple, "invalid address"},
 		{"invalid remote", false, v4, netip.AddrPort{}, false, ErrInvalidTuple, "invalid address"},
@@ -849,6 +849,12 @@ func TestConnectBadInput(t *testing.T) {
 			require.ErrorIs(t, err, tt.is, tt.name)
 			require.NotErrorIs(t, err, ErrNoPorts, tt.name)
 			require.Contains(t, err.Error(), tt.says, tt.name)
+			if tt.is == ErrInvalidTuple {
+				// One vocabulary, and the flow as the caller gave it:
+				// no stand-in local port.
+				require.ErrorIs(t, err, ErrInvalidAddr, tt.name)
+				require.Contains(t, err.Error(), fmt.Sprintf("from %v to %v:", tt.local, tt.remote), tt.name)
+			}
 			require.Equal(t, Tuple{}, tup, tt.name)
 			require.Equal(t, 5, tb.Len(), tt.name)
 		}
@@ -1000,7 +1006,9 @@ func TestConnectMapped(t *testing.T) {
 func TestConnectZeroAllocator(t *testing.T) {
 	tab := New[int]()
 	_, err := tab.Connect(&PortAllocator{}, netip.MustParseAddr("10.0.0.1"), netip.MustParseAddrPort("10.0.0.2:80"), new(int))
-	require.ErrorIs(t, err, ErrInvalidPortRange)
+	require.ErrorIs(t, err, ErrNilAllocator)
+	require.NotErrorIs(t, err, ErrInvalidPortRange)
+	require.Contains(t, err.Error(), "NewPortAllocator")
 	require.Zero(t, tab.Len())
 }
 

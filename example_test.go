@@ -2,9 +2,12 @@ package hash4_test
 
 import (
 	"errors"
+	"expvar"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/hash4/hash4"
 )
@@ -209,6 +212,142 @@ func ExampleTable_CompareAndSwap() {
 	// current: SYN_RECV
 }
 
+func ExampleTable_Store() {
+	routes := hash4.New[string]()
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:8080"),
+		Remote: netip.MustParseAddrPort("192.0.2.7:40000"),
+	}
+	backend := "10.1.0.5:80"
+	routes.Store(flow, &backend) // the flow is new: inserted
+	moved := "10.1.0.6:80"
+	routes.Store(flow, &moved) // the backend moved: replaced in place
+	cur, _ := routes.Lookup(flow)
+	fmt.Println(*cur, routes.Len())
+	// Output:
+	// 10.1.0.6:80 1
+}
+
+func ExampleTable_Swap() {
+	type conn struct{ id int }
+	conns := hash4.New[conn]()
+	tup := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("192.0.2.10:80"),
+		Remote: netip.MustParseAddrPort("198.51.100.7:50000"),
+	}
+	for id := 1; id <= 2; id++ {
+		// A rebind: the new connection takes the 4-tuple, and the old
+		// one, if any, comes back to be closed.
+		old, loaded, err := conns.Swap(tup, &conn{id: id})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if loaded {
+			fmt.Println("close connection", old.id)
+		} else {
+			fmt.Println("no connection before", id)
+		}
+	}
+	// Output:
+	// no connection before 1
+	// close connection 1
+}
+
+func ExampleTable_Compute() {
+	type counter struct{ packets int }
+	flows := hash4.New[counter]()
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:53"),
+		Remote: netip.MustParseAddrPort("192.0.2.7:40000"),
+	}
+	// Count packets, creating the flow on the first: f sees the current
+	// value and returns the next, atomically with other writers of flow.
+	count := func(old *counter, loaded bool) (*counter, hash4.ComputeOp) {
+		if !loaded {
+			return &counter{packets: 1}, hash4.UpdateOp
+		}
+		return &counter{packets: old.packets + 1}, hash4.UpdateOp
+	}
+	for range 3 {
+		flows.Compute(flow, count)
+	}
+	c, _ := flows.Lookup(flow)
+	fmt.Println("packets:", c.packets)
+
+	// Expire the flow only if it is quiet, in the same atomic step.
+	_, present, _ := flows.Compute(flow, func(old *counter, loaded bool) (*counter, hash4.ComputeOp) {
+		if loaded && old.packets < 10 {
+			return nil, hash4.DeleteOp
+		}
+		return old, hash4.CancelOp
+	})
+	fmt.Println("present:", present)
+	// Output:
+	// packets: 3
+	// present: false
+}
+
+func ExampleTable_LookupOrCompute() {
+	type session struct{ id int }
+	sessions := hash4.New[session]()
+	flow := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("10.0.0.1:53"),
+		Remote: netip.MustParseAddrPort("192.0.2.7:40000"),
+	}
+	nextID := 100
+	build := func() (*session, error) {
+		// Runs only for a flow not seen yet: the session is built once.
+		nextID++
+		return &session{id: nextID}, nil
+	}
+	for range 2 {
+		s, loaded, err := sessions.LookupOrCompute(flow, build)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println("session", s.id, "loaded:", loaded)
+	}
+	// Output:
+	// session 101 loaded: false
+	// session 101 loaded: true
+}
+
+func ExampleTable_DeleteFunc() {
+	type flow struct{ lastSeen time.Time }
+	flows := hash4.New[flow]()
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	for i, age := range []time.Duration{time.Second, 5 * time.Minute, 10 * time.Minute} {
+		flows.Insert(hash4.Tuple{
+			Local:  netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), uint16(40000+i)),
+			Remote: netip.MustParseAddrPort("192.0.2.7:443"),
+		}, &flow{lastSeen: now.Add(-age)})
+	}
+	// The reaper's sweep: every flow idle for more than a minute goes.
+	n := flows.DeleteFunc(func(_ hash4.Tuple, f *flow) bool {
+		return now.Sub(f.lastSeen) > time.Minute
+	})
+	fmt.Println("reaped:", n, "left:", flows.Len())
+	// Output:
+	// reaped: 2 left: 1
+}
+
+func ExampleTable_Clear() {
+	flows := hash4.New[int]()
+	for i := range 3 {
+		flows.Insert(hash4.Tuple{
+			Local:  netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), uint16(40000+i)),
+			Remote: netip.MustParseAddrPort("192.0.2.7:443"),
+		}, &i)
+	}
+	// The uplink went down: every flow goes, the table stays ready.
+	flows.Clear()
+	fmt.Println(flows.Len())
+	// Output:
+	// 0
+}
+
 func ExampleTable_Grow() {
 	// A table grows itself as flows arrive (see ExampleTable_growth). A
 	// gateway that knows a load is coming, such as the 1000 flows of a
@@ -325,6 +464,69 @@ func ExampleTable_Connect() {
 	// other destination: true true
 }
 
+// A NAT gateway binds the outside socket of each new flow in ConnectFunc's
+// function, with the port ConnectFunc offers: lookups see the flow only once
+// its socket is ready, and a port the system refuses is skipped.
+func ExampleTable_ConnectFunc() {
+	type flow struct {
+		outside hash4.Tuple // the flow's own 4-tuple, recorded before anyone sees it
+	}
+	flows := hash4.New[flow]()
+	ports, err := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40009}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	busy := map[uint16]bool{}             // ports the system will not bind, found as we go
+	bind := func(tup hash4.Tuple) error { // stands in for a socket's bind
+		if len(busy) == 0 {
+			busy[tup.Local.Port()] = true
+			return fmt.Errorf("bind %v: %w", tup.Local, hash4.ErrPortRefused)
+		}
+		return nil
+	}
+	tup, f, err := flows.ConnectFunc(ports, netip.MustParseAddr("203.0.113.1"), netip.MustParseAddrPort("93.184.216.34:443"),
+		func(tup hash4.Tuple) (*flow, error) {
+			if err := bind(tup); err != nil {
+				return nil, err
+			}
+			return &flow{outside: tup}, nil
+		})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	got, _ := flows.Lookup(tup)
+	fmt.Println(got == f, f.outside == tup, busy[tup.Local.Port()], len(busy))
+	// Output:
+	// true true false 1
+}
+
+// A gateway publishes its flow table's counters with expvar, where
+// /debug/vars serves them; here under a map of its own, as a program would
+// with expvar.Publish("flows", ...).
+func ExampleTable_Metrics() {
+	flows := hash4.New[int](hash4.WithCapacity(64))
+	ports, err := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40001}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	vars := new(expvar.Map).Init()
+	vars.Set("flows", expvar.Func(func() any { return flows.Metrics() }))
+
+	remote := netip.MustParseAddrPort("192.0.2.7:443")
+	for range 3 { // the third finds no port
+		flows.Connect(ports, netip.MustParseAddr("10.0.0.1"), remote, new(int))
+	}
+	m := flows.Metrics()
+	fmt.Println("entries:", m.Entries, "connects:", m.Connects, "no ports:", m.ConnectNoPorts)
+	fmt.Println(strings.Contains(vars.String(), `"ConnectNoPorts":1`))
+	// Output:
+	// entries: 2 connects: 3 no ports: 1
+	// true
+}
+
 func ExamplePortAllocator_Bind() {
 	ports, err := hash4.NewPortAllocator()
 	if err != nil {
@@ -394,6 +596,34 @@ func ExampleTCPTable() {
 	// Output:
 	// 198.51.100.7:50000 -> connection
 	// 198.51.100.8:50000 -> listener
+}
+
+func ExampleTCPTable_LookupKind() {
+	conns := hash4.NewTCPTable[string]()
+	listener, conn := "web listener", "connection"
+	release, err := conns.Listen(netip.MustParseAddrPort("0.0.0.0:80"), &listener)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer release()
+	seg := hash4.Tuple{
+		Local:  netip.MustParseAddrPort("192.0.2.10:80"),
+		Remote: netip.MustParseAddrPort("198.51.100.7:50000"),
+	}
+	for range 2 {
+		v, kind, _ := conns.LookupKind(seg)
+		switch kind {
+		case hash4.KindListener: // a SYN: accept it, and the flow is established
+			fmt.Println("listener:", *v)
+			conns.Established().Insert(seg, &conn)
+		case hash4.KindEstablished:
+			fmt.Println("established:", *v)
+		}
+	}
+	// Output:
+	// listener: web listener
+	// established: connection
 }
 
 func ExampleTCPTable_Listen() {

@@ -1,6 +1,7 @@
 package hash4
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -87,6 +88,16 @@ func FuzzTable(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 1, 2, 1, 3, 1, 2, 0, 0, 1, 5, 0, 3, 0, 0, 3, 2, 2})
 	f.Add([]byte{0, 7, 1, 9, 3, 8, 0, 8, 2, 9, 7, 0, 7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7, 6, 6, 0})
 	f.Add([]byte{8, 4, 8, 5, 9, 68, 2, 4, 9, 5, 2, 4, 8, 4, 5, 0, 9, 4, 6, 0, 8, 9, 8, 9, 3, 8, 6, 0})
+	// The read-modify-write and bulk operations: Store, Swap, Compute with
+	// each op (and nil, and an unknown op), LookupOrCompute failing and
+	// not, DeleteFunc, Clear, each checked by All and Stats.
+	f.Add([]byte{
+		10, 0, 10, 2, 11, 2, 11, 5, 10, 5, 5, 0, 2, 5,
+		12, 64 | 7, 12, 64 | 9, 12, 7, 12, 128 | 7, 12, 64 | 32 | 11, 12, 192 | 9, 5, 0, 6, 0,
+		13, 9, 13, 11, 13, 64 | 13, 13, 64 | 11, 5, 0,
+		0, 20, 0, 22, 0, 24, 0, 26, 0, 28, 14, 0, 5, 0, 6, 1, 14, 1, 5, 0,
+		0, 40, 0, 42, 10, 44, 15, 0, 5, 0, 6, 0, 10, 40, 2, 40,
+	})
 	r := rand.New(rand.NewPCG(2024, 7))
 	for range 6 {
 		b := make([]byte, 400)
@@ -158,8 +169,8 @@ func FuzzTable(f *testing.F) {
 			serial++
 			for ti, tab := range tabs {
 				model := models[ti]
-				msg := tblStep{ti, step, op % 10, tup}
-				switch op % 10 {
+				msg := tblStep{ti, step, op % 16, tup}
+				switch op % 16 {
 				case 0, 1: // Insert
 					v := valPtr(serial)
 					err := tab.Insert(tup, v)
@@ -295,6 +306,102 @@ func FuzzTable(f *testing.F) {
 					if ok {
 						delete(model, ki)
 					}
+				case 10: // Store
+					v := ptrTo(serial)
+					require.NoError(rt, tab.Store(tup, v), msg)
+					model[ki] = v
+				case 11: // Swap
+					v := ptrTo(serial)
+					want, wok := model[ki]
+					old, loaded, err := tab.Swap(tup, v)
+					require.NoError(rt, err, msg)
+					check(want, wok, old, loaded, msg)
+					model[ki] = v
+				case 12: // Compute: the op is in arg's top bits (3: unknown), nil with arg&32
+					want, wok := model[ki]
+					op := ComputeOp(arg >> 6)
+					v := ptrTo(serial)
+					if arg&32 != 0 {
+						v = nil
+					}
+					calls := 0
+					got, gok, err := tab.Compute(tup, func(old *int, loaded bool) (*int, ComputeOp) {
+						calls++
+						check(want, wok, old, loaded, msg)
+						return v, op
+					})
+					require.Equal(rt, 1, calls, msg)
+					switch {
+					case op == DeleteOp:
+						require.NoError(rt, err, msg)
+						check(nil, false, got, gok, msg)
+						delete(model, ki)
+					case op == CancelOp:
+						require.NoError(rt, err, msg)
+						check(want, wok, got, gok, msg)
+					case op != UpdateOp || v == nil:
+						require.Error(rt, err, msg)
+						if v == nil && op == UpdateOp {
+							require.ErrorIs(rt, err, ErrNilValue, msg)
+						}
+						check(want, wok, got, gok, msg)
+					default:
+						require.NoError(rt, err, msg)
+						check(v, true, got, gok, msg)
+						model[ki] = v
+					}
+				case 13: // LookupOrCompute; f fails with arg&64
+					want, wok := model[ki]
+					v := ptrTo(serial)
+					calls := 0
+					fail := errors.New("f failed")
+					got, loaded, err := tab.LookupOrCompute(tup, func() (*int, error) {
+						calls++
+						if arg&64 != 0 {
+							return nil, fail
+						}
+						return v, nil
+					})
+					switch {
+					case wok:
+						require.NoError(rt, err, msg)
+						require.Zero(rt, calls, msg)
+						check(want, true, got, loaded, msg)
+					case arg&64 != 0:
+						require.Equal(rt, 1, calls, msg)
+						require.ErrorIs(rt, err, fail, msg)
+						require.False(rt, loaded, msg)
+						require.Nil(rt, got, msg)
+					default:
+						require.Equal(rt, 1, calls, msg)
+						require.NoError(rt, err, msg)
+						require.False(rt, loaded, msg)
+						require.Same(rt, v, got, msg)
+						model[ki] = v
+					}
+				case 14: // DeleteFunc of the keys whose index is arg mod 3, mod 3
+					seen := map[int]bool{}
+					n := tab.DeleteFunc(func(tup Tuple, v *int) bool {
+						i, ok := canon[tup]
+						require.True(rt, ok, "%s: DeleteFunc gave %v, not a canonical key", msg, tup)
+						require.False(rt, seen[i], "%s: DeleteFunc gave %v twice", msg, tup)
+						seen[i] = true
+						check(model[i], true, v, true, msg)
+						return i%3 == arg%3
+					})
+					require.Len(rt, seen, len(model), msg)
+					want := 0
+					for i := range model {
+						if i%3 == arg%3 {
+							delete(model, i)
+							want++
+						}
+					}
+					require.Equal(rt, want, n, msg)
+				case 15: // Clear
+					tab.Clear()
+					clear(model)
+					require.Zero(rt, tab.Len(), msg)
 				}
 				// The table that grows itself has grown before the next
 				// step: the fuzzer needs each input to run the same code

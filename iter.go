@@ -10,7 +10,7 @@ import (
 // moment's count of each stripe, not a snapshot of the whole table.
 func (t *Table[T]) Len() int {
 	var n int64
-	ss := t.arr.Load().b.stripes
+	ss := t.array().b.stripes
 	for i := range ss {
 		n += int64(ss[i].count.Load())
 	}
@@ -22,59 +22,132 @@ func (t *Table[T]) Len() int {
 // exactly once, even if Grow runs meanwhile; one inserted or deleted
 // meanwhile may or may not be. The loop body may call any method of the
 // table.
-//
-// N.B. it copies one bucket's chain at a time under the bucket's stripe
-// lock (after the stripe's entries have moved into the table's array, if a
-// Grow is moving them: see lockStripe), and visits the buckets in the order of a counter whose bits are
-// reversed (as Redis's SCAN): when Grow multiplies the bucket count by 2^j,
-// the entries of bucket b go to the buckets that share b's low bits, which
-// lie side by side in that order, where b lay. So the buckets of the new
-// array left to visit hold exactly the entries of the old buckets left to
-// visit.
 func (t *Table[T]) All() iter.Seq2[Tuple, *T] {
 	return func(yield func(Tuple, *T) bool) {
-		type pair struct {
-			tup Tuple
-			v   *T
-		}
-		var chain []pair
-		var c uint32 // the counter, bits reversed
-		for {
-			// Copy one chain under its lock, then yield outside it, so
-			// that the body may write to the table.
-			chain = chain[:0]
-			a, st, _, b := t.lockStripe(c, lockOnly)
-			for l := a.b.heads[b].load(); !l.isNulls(); {
-				e := t.nodes.at(l.index())
-				k := e.key.load()
-				chain = append(chain, pair{
-					tup: Tuple{
-						Local:  netip.AddrPortFrom(wordsAddr(k.local), uint16(k.meta>>16)),
-						Remote: netip.AddrPortFrom(wordsAddr(k.remote), uint16(k.meta)),
-					},
-					v: e.val.Load(),
-				})
-				l = e.next.load()
-			}
-			st.mu.Unlock()
-			for _, p := range chain {
-				if !yield(p.tup, p.v) {
-					return
+		var chain []chainEntry[T]
+		t.eachBucket(func(a *tableArray[T], _ *stripe, b uint32) {
+			chain = t.copyChain(chain[:0], a, b)
+		}, func() bool {
+			for i := range chain {
+				if !yield(chain[i].tuple(), chain[i].v) {
+					return false
 				}
 			}
-			c = bits.Reverse32(bits.Reverse32(c|^a.b.mask) + 1)
-			if c == 0 {
-				return
+			return true
+		})
+	}
+}
+
+// DeleteFunc deletes every entry for which f returns true and returns how
+// many it deleted: the sweep of a flow reaper. It visits the entries as
+// [Table.All] does, weakly consistent, and f may call any method of the
+// table. An entry whose value changed after f saw it stays, as with
+// [Table.CompareAndDelete]. It locks each stripe once per bucket, and again
+// for each entry it deletes; a Lookup running meanwhile may still return a
+// deleted value (see [Table]).
+func (t *Table[T]) DeleteFunc(f func(Tuple, *T) bool) int {
+	n := 0
+	var chain []chainEntry[T]
+	t.eachBucket(func(a *tableArray[T], _ *stripe, b uint32) {
+		chain = t.copyChain(chain[:0], a, b)
+	}, func() bool {
+		for i := range chain {
+			c := &chain[i]
+			if f(c.tuple(), c.v) {
+				if _, ok := t.delete(&c.k, c.v); ok {
+					n++
+				}
 			}
 		}
+		return true
+	})
+	return n
+}
+
+// Clear deletes every entry. Like [Table.All] it is weakly consistent: an
+// entry present for the whole call is deleted, one inserted meanwhile may
+// stay, and the flow of a [Table.ConnectFunc] in progress stays. It is safe
+// with every other method, locks each stripe once per bucket, and keeps the
+// nodes for reuse.
+func (t *Table[T]) Clear() {
+	t.eachBucket(func(a *tableArray[T], st *stripe, b uint32) {
+		// N.B. remove may refill the home slot it frees with the entry
+		// at the head of this chain (see free), so each delete starts
+		// from the head again.
+		for {
+			prev := &a.b.heads[b]
+			l := prev.load()
+			for !l.isNulls() && t.nodes.at(l.index()).reserved() {
+				prev = &t.nodes.at(l.index()).next
+				l = prev.load()
+			}
+			if l.isNulls() {
+				return
+			}
+			t.remove(a, st, prev, l)
+		}
+	}, func() bool { return true })
+}
+
+// eachBucket calls locked for each bucket b of the table under its stripe
+// st's lock, after the stripe's entries have moved into the table's array
+// a if a Grow is moving them (see lockStripe), and then after without the
+// lock, until after returns false.
+//
+// N.B. it visits the buckets in the order of a counter whose bits are
+// reversed (as Redis's SCAN): when Grow multiplies the bucket count by
+// 2^j, the entries of bucket b go to the buckets that share b's low bits,
+// which lie side by side in that order, where b lay. So the buckets of the
+// new array left to visit hold exactly the entries of the old buckets left
+// to visit, and an entry present throughout is visited exactly once.
+func (t *Table[T]) eachBucket(locked func(a *tableArray[T], st *stripe, b uint32), after func() bool) {
+	var c uint32 // the counter, bits reversed
+	for {
+		a, st, _, b := t.lockStripe(c, lockOnly)
+		locked(a, st, b)
+		st.mu.Unlock()
+		if !after() {
+			return
+		}
+		c = bits.Reverse32(bits.Reverse32(c|^a.b.mask) + 1)
+		if c == 0 {
+			return
+		}
 	}
+}
+
+// chainEntry is an entry copied out of its chain: its key and value.
+type chainEntry[T any] struct {
+	k key
+	v *T
+}
+
+// tuple returns the tuple of c's key.
+func (c *chainEntry[T]) tuple() Tuple {
+	return Tuple{
+		Local:  netip.AddrPortFrom(wordsAddr(c.k.local), uint16(c.k.meta>>16)),
+		Remote: netip.AddrPortFrom(wordsAddr(c.k.remote), uint16(c.k.meta)),
+	}
+}
+
+// copyChain appends the entries of bucket b of a to dst, but for
+// reservations (see entry); the caller holds the bucket's stripe lock.
+func (t *Table[T]) copyChain(dst []chainEntry[T], a *tableArray[T], b uint32) []chainEntry[T] {
+	for l := a.b.heads[b].load(); !l.isNulls(); {
+		e := t.nodes.at(l.index())
+		if !e.reserved() {
+			dst = append(dst, chainEntry[T]{k: e.key.load(), v: e.val.Load()})
+		}
+		l = e.next.load()
+	}
+	return dst
 }
 
 // Stats describes a table's shape.
 type Stats struct {
 	Buckets     int // bucket count, a power of two
 	LockStripes int // writer lock count, a power of two
-	Entries     int // entries counted in the chains
+	Entries     int // entries counted in the chains, with the tuples ConnectFunc holds
 	// LongestChain is the length of the longest chain.
 	LongestChain int
 	// ChainLengths[n] is the number of buckets whose chain holds n entries.
@@ -111,7 +184,7 @@ func (t *Table[T]) Stats() Stats {
 
 // stats is Stats over the current array; false if Grow replaced it.
 func (t *Table[T]) stats() (Stats, bool) {
-	a := t.arr.Load()
+	a := t.array()
 	s := Stats{Buckets: len(a.b.heads), LockStripes: len(a.b.stripes)}
 	for b := range a.b.heads {
 		// N.B. lockStripe moves the stripe's entries into the table's

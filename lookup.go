@@ -29,7 +29,7 @@ func (t *Table[T]) AppendLookups(dst []*T, tups []Tuple) []*T {
 	var keys [lookupBatch]key
 	var buckets [lookupBatch]uint32
 	var valid [lookupBatch]bool
-	a := t.arr.Load() // for the requests only: each lookup loads its own
+	a := t.array() // for the requests only: each lookup loads its own
 	for len(tups) > 0 {
 		batch := tups[:min(len(tups), lookupBatch)]
 		tups = tups[len(batch):]
@@ -109,6 +109,11 @@ func (t *Table[T]) requestLines(a *tableArray[T], bs *[lookupBatch]uint32, valid
 func (t *Table[T]) lookup(k *key, asked bool) (*T, bool) {
 	h := uint32(k.meta >> 32)
 	a := t.arr.Load()
+	if a == nil {
+		// N.B. array's test, in line, and a panic the compiler sees
+		// end the path: no register is saved for it.
+		panic(zeroTable)
+	}
 	b := a.b.bucket(h)
 	head := &a.b.heads[b]
 	nodes := t.nodes.view()

@@ -37,9 +37,7 @@ type PortRange struct {
 var DefaultPortRange = PortRange{32768, 60999}
 
 // ErrInvalidPortRange is returned, wrapped, for a port range whose Low is 0 or
-// above its High, and by the methods that need an allocator's range (Bind,
-// BindEphemeral, Table.Connect) when given a nil PortAllocator or one that
-// NewPortAllocator did not make.
+// above its High.
 var ErrInvalidPortRange = errors.New("hash4: invalid port range")
 
 // ErrInvalidReservedPorts is returned, wrapped, for a reserved-port list that
@@ -707,14 +705,14 @@ func (a *PortAllocator) holdLocked(local netip.Addr, port uint16) func() {
 	}
 }
 
-// check returns an error matching ErrInvalidPortRange if a is nil or was
-// not made by NewPortAllocator (its zero value has no range).
+// check returns an error matching ErrNilAllocator if a is nil or was not
+// made by NewPortAllocator (its zero value has no range).
 func (a *PortAllocator) check() error {
 	if a == nil {
-		return fmt.Errorf("%w: nil *PortAllocator", ErrInvalidPortRange)
+		return fmt.Errorf("%w: nil *PortAllocator", ErrNilAllocator)
 	}
-	if err := a.rng.Validate(); err != nil {
-		return fmt.Errorf("%w: PortAllocator not made by NewPortAllocator", err)
+	if a.rng.Low == 0 {
+		return fmt.Errorf("%w: zero PortAllocator", ErrNilAllocator)
 	}
 	return nil
 }
@@ -733,8 +731,8 @@ func (a *PortAllocator) check() error {
 // the hold; those that start after Bind returns do.
 //
 // An invalid address or port 0 gives an error matching ErrInvalidAddr, and
-// an allocator that NewPortAllocator did not make one matching
-// ErrInvalidPortRange; neither holds anything.
+// a nil allocator or one that NewPortAllocator did not make one matching
+// ErrNilAllocator; neither holds anything.
 func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 	if err := a.check(); err != nil {
 		return nil, err
@@ -760,8 +758,8 @@ func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 // first and tries that parity, then the rest. It skips reserved ports and
 // those that Bind(local:port) would refuse, and returns ErrNoPorts if none
 // is left. It does not see the ports of connected flows. An invalid address,
-// or an allocator that NewPortAllocator did not make, gives an error as
-// Bind's do.
+// or a nil allocator or one that NewPortAllocator did not make, gives an
+// error as Bind's do.
 func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release func(), err error) {
 	if err := a.check(); err != nil {
 		return 0, nil, err

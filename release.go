@@ -84,6 +84,18 @@ func (x *entryKey) matches(k *key) bool {
 		x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
 }
 
+// matchesHeld reports whether x holds k or k's reservation (see entry):
+// the words of k with the local port's field of meta left out. N.B. that
+// field adds nothing to a real key's identity: with the addresses and the
+// remote port equal, the hashes are equal only if the local ports are (a
+// key's hash is its hash with local port 0 plus the port, below 2^16).
+// Writers' walks use it, under the chain's lock.
+func (x *entryKey) matchesHeld(k *key) bool {
+	return (x.meta.Load()^k.meta)&^lportMask == 0 &&
+		x.remote[1].Load() == k.remote[1] && x.remote[0].Load() == k.remote[0] &&
+		x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
+}
+
 // matchesLocal reports whether x holds k's hash, ports and local address,
 // the parts of a listener's key that name it (see TCPTable): its remote
 // words hold its listen word instead of an address. The caller checks the

@@ -1,48 +1,28 @@
 package hash4
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 )
 
-// Errors returned by Table. Match them with errors.Is: the errors returned
-// wrap them with the offending tuple (ErrTooLarge with the size), except
-// ErrTableFull, which is returned as it is.
-var (
-	// ErrExists: the 4-tuple is already in the table.
-	ErrExists = errors.New("hash4: 4-tuple already in table")
-	// ErrInvalidTuple: an address is invalid or unspecified (0.0.0.0, ::),
-	// a port is 0, or the local and remote addresses are of different
-	// families.
-	ErrInvalidTuple = errors.New("hash4: invalid tuple")
-	// ErrNilValue: the value to insert is nil.
-	ErrNilValue = errors.New("hash4: nil value")
-	// ErrTableFull: the table holds 2^31-1 entries, as many as it can index.
-	ErrTableFull = errors.New("hash4: table full")
-	// ErrTooLarge: a size asked of Table.Grow is beyond the most buckets
-	// the table may have (see WithMaxBuckets).
-	ErrTooLarge = errors.New("hash4: size beyond the table's bucket limit")
-)
-
 // Table is a concurrent hash table from 4-tuples to *T, built as the Linux
-// established-socket table (inet_ehash): a power-of-two array of
-// hlist_nulls chains that lookups walk without locks, writers under
-// striped locks, entries recycled without allocation. Make one with [New];
-// all methods are safe for concurrent use.
+// established-socket table (inet_ehash): hlist_nulls chains that lookups
+// walk without locks, writers under striped locks, entries recycled without
+// allocation. Make one with [New] (a zero Table panics); all methods are
+// safe for concurrent use.
 //
 // Cost: [Table.Lookup] takes no lock and never allocates; writes lock one
-// stripe of the table and allocate only when the table needs more nodes.
-// A table reserves about 60 bytes per bucket when it is made or grown, and
-// up to 56 bytes for each entry beyond one per bucket, besides the caller's
-// T. It grows itself past about two entries per bucket, to at most two
-// buckets per entry whatever the keys (see [WithMaxBuckets],
-// [WithFixedBuckets]), and never shrinks its bucket array.
+// stripe and allocate only when the table needs more nodes: about 60 bytes
+// per bucket, made or grown, and 56 per entry beyond one per bucket. It
+// grows past about two entries per bucket, to at most two buckets per
+// entry whatever the keys (see [WithMaxBuckets], [WithFixedBuckets]).
 //
-// Keys: an IPv4 address and its IPv4-mapped IPv6 form are one address, and
-// zones are not part of a key (use a Table per interface where that counts).
+// Keys: an IPv4 address and its IPv4-mapped form are one; zones are not
+// part of a key. Values: a Lookup that began before a Delete or Swap may
+// return the old *T after it; reuse (pool) a deleted value only once no
+// such Lookup can still hold it, or let the garbage collector free it.
 type Table[T any] struct {
 	// N.B. the pads keep the fields that every lookup reads off the cache
 	// lines of the objects the heap puts before and after the table (see
@@ -50,7 +30,8 @@ type Table[T any] struct {
 	_        [cacheLineSize]byte
 	arr      atomic.Pointer[tableArray[T]] // the bucket array (see tableArray)
 	nodes    slab[entry[T]]
-	moves    []moveCount // per stripe (see move)
+	moves    []moveCount     // per stripe (see move)
+	metrics  []stripeMetrics // per stripe (see Metrics)
 	secret   Secret
 	hasher   Hasher
 	fold     [4]uint64 // the fold hasher's keys, drawn from secret
@@ -116,6 +97,16 @@ func (h *testHooks) onVisit(i uint32) {
 	}
 }
 
+// array returns the table's bucket array, and panics naming New for a zero
+// Table. N.B. lookup makes the same test in line: array does not inline.
+func (t *Table[T]) array() *tableArray[T] {
+	a := t.arr.Load()
+	if a == nil {
+		panic(zeroTable)
+	}
+	return a
+}
+
 // tableArray is a table's bucket array and all that its bucket count lays
 // out: the chain heads, the home slots and their bitmap. The stripes are
 // the table's, shared by every array it has had. Grow replaces the array
@@ -169,12 +160,27 @@ func (a *tableArray[T]) flipped() bool { return a.b.nullsBase&arrayNullsFlip != 
 // a reader would have to stall between its two loads through minutes of
 // churn on that one entry. Chain walkers skip entries whose seq is even.
 // Recycling never waits for readers.
+//
+// N.B. a reservation (ConnectFunc) is a live entry whose key has local port
+// 0 in meta, the hash and the rest its tuple's, and whose value is nil. No
+// lookup key equals it: a key's hash is its hash with local port 0 plus its
+// port, so a key with meta's port 0 has another hash. Writers' findLocked
+// matches it with the tuple's key, and moves copy it as any entry. It goes
+// live to readers in place, under the lock: the value is stored, then meta,
+// so a reader that matches the new meta loads the new value.
 type entry[T any] struct {
 	seq  relUint32
 	next linkField
 	key  entryKey
 	val  relPointer[T]
 }
+
+// reserved reports whether e, live in a chain of a Table, is a reservation
+// (see entry). The caller holds the chain's stripe lock.
+func (e *entry[T]) reserved() bool { return e.key.meta.Load()&lportMask == 0 }
+
+// lportMask is the local port's field in a key's meta (see key.setPort).
+const lportMask = 0xffff << 16
 
 // read is a reader's half of the seq protocol: it returns e's value and
 // ok = true if e is live and holds k, unchanged across the read. A match
@@ -208,6 +214,7 @@ type tableConfig struct {
 	stripesSet        bool // by WithLockStripes
 	secret            *Secret
 	hasher            Hasher
+	hasherSet         bool // by WithHasher
 	// homeGroups is whether to form home groups (home.go): set by New
 	// from the bucket count, or by tests through withHomeGroups.
 	homeGroups    bool
@@ -216,6 +223,17 @@ type tableConfig struct {
 	hugePages     bool // by WithHugePages
 	capacitySet   bool // by WithCapacity
 	maxBuckets    int  // by WithMaxBuckets; 0 for none
+}
+
+// only panics for the options of New that a constructor of another table,
+// ctor, cannot use.
+func (c *tableConfig) only(ctor string) {
+	if c.hasherSet {
+		panic("hash4: " + ctor + ": WithHasher does not apply")
+	}
+	if c.fixed {
+		panic("hash4: " + ctor + ": WithFixedBuckets does not apply")
+	}
 }
 
 // withHomeGroups forces home groups on or off, whatever the bucket count,
@@ -236,13 +254,20 @@ func (c *tableConfig) stripeCount() int {
 // WithCapacity sizes the table for about n entries: the bucket count is n
 // rounded up to a power of two (at least 16), so that a full table holds
 // one entry per bucket on average, as Linux sizes its established table.
-// The default is 1024. New reserves 60 bytes per bucket at once (see
-// Table), as make(map[K]V, n) reserves room for n entries, and panics if n
-// is beyond 2^29 buckets or the bound set by [WithMaxBuckets]. Past about
-// twice as many entries as buckets the table grows (see [Table]), unless
+// 0 means the default, 1024. New reserves 60 bytes per bucket at once, as
+// make(map[K]V, n) reserves room for n entries, and panics if n is
+// negative or beyond 2^29 buckets or the bound set by [WithMaxBuckets].
+// Past about twice as many entries as buckets the table grows, unless
 // made [WithFixedBuckets].
 func WithCapacity(n int) Option {
-	return func(c *tableConfig) { c.capacity, c.capacitySet = n, true }
+	return func(c *tableConfig) {
+		if n < 0 {
+			panic(fmt.Sprintf("hash4: WithCapacity(%d): negative capacity", n))
+		}
+		if n > 0 {
+			c.capacity, c.capacitySet = n, true
+		}
+	}
 }
 
 // WithMaxBuckets bounds the table's bucket count at n rounded down to a
@@ -271,9 +296,9 @@ func WithFixedBuckets() Option { return func(c *tableConfig) { c.fixed = true } 
 func WithHugePages() Option { return func(c *tableConfig) { c.hugePages = true } }
 
 // WithLockStripes sets the number of writer locks, rounded up to a power of
-// two and limited to the bucket count (at least 1). The default is 16 per
+// two and limited to the bucket count. 0 means the default: 16 per
 // GOMAXPROCS, at least 64, and at least one per 1024 buckets, but at most
-// one per 16 buckets.
+// one per 16 buckets. New panics for a negative n.
 //
 // Fewer stripes make a small table smaller: an entry may take the free
 // home slot of any bucket under its own stripe only, so many stripes of few
@@ -283,7 +308,12 @@ func WithHugePages() Option { return func(c *tableConfig) { c.hugePages = true }
 // fewer locks (README, Memory). More stripes than a quarter of the buckets
 // turn home groups off (see Table, Placement).
 func WithLockStripes(n int) Option {
-	return func(c *tableConfig) { c.stripes, c.stripesSet = n, true }
+	return func(c *tableConfig) {
+		if n < 0 {
+			panic(fmt.Sprintf("hash4: WithLockStripes(%d): negative stripe count", n))
+		}
+		c.stripes, c.stripesSet = n, n > 0
+	}
 }
 
 // WithSecret sets the keys of the table's hash function. The default is a
@@ -294,18 +324,21 @@ func WithLockStripes(n int) Option {
 // within its bound per entry whatever the flows (see [Table]).
 func WithSecret(s Secret) Option { return func(c *tableConfig) { c.secret = &s } }
 
-// WithHasher chooses the tuple hasher; the default is LinuxHasher. A value
-// that names no hasher leaves the default in place.
+// WithHasher chooses the tuple hasher; the default is LinuxHasher. New
+// panics for a value that names no hasher.
 func WithHasher(h Hasher) Option {
 	return func(c *tableConfig) {
-		if h.valid() {
-			c.hasher = h
+		if !h.valid() {
+			panic(fmt.Sprintf("hash4: WithHasher(%d): no such Hasher", h))
 		}
+		c.hasher, c.hasherSet = h, true
 	}
 }
 
-// New returns an empty table. It panics if an option's size is out of
-// range (see [WithCapacity], [WithMaxBuckets]).
+// New returns an empty table. It panics, naming the option, for an option
+// value that is negative, out of range or names nothing (as make does for a
+// negative size; see [WithCapacity], [WithMaxBuckets]); nil options are
+// ignored.
 func New[T any](opts ...Option) *Table[T] {
 	cfg := tableConfig{capacity: 1024, hasher: LinuxHasher}
 	for _, o := range opts {
@@ -337,6 +370,7 @@ func New[T any](opts ...Option) *Table[T] {
 		a.home.initStripe(&a.b.stripes[s], uint32(s))
 	}
 	t.moves = make([]moveCount, len(a.b.stripes))
+	t.metrics = make([]stripeMetrics, len(a.b.stripes))
 	t.fixed = cfg.fixed
 	t.initGrowth(a)
 	t.arr.Store(a)
@@ -422,18 +456,29 @@ func (k *key) setPort(hash0 uint32, localPort, remotePort uint16) {
 
 // validate reports why tup cannot be a key, or nil.
 func validate(tup Tuple) error {
-	l, r := tup.Local.Addr().Unmap(), tup.Remote.Addr().Unmap()
-	switch {
-	case !l.IsValid() || !r.IsValid():
-		return fmt.Errorf("%w %v: invalid address", ErrInvalidTuple, tup)
-	case l.IsUnspecified() || r.IsUnspecified():
-		return fmt.Errorf("%w %v: unspecified address", ErrInvalidTuple, tup)
-	case l.Is4() != r.Is4():
-		return fmt.Errorf("%w %v: local and remote address families differ", ErrInvalidTuple, tup)
-	case tup.Local.Port() == 0 || tup.Remote.Port() == 0:
-		return fmt.Errorf("%w %v: port 0", ErrInvalidTuple, tup)
+	why := addrProblem(tup.Local.Addr(), tup.Remote.Addr())
+	if why == "" && (tup.Local.Port() == 0 || tup.Remote.Port() == 0) {
+		why = "port 0"
+	}
+	if why != "" {
+		return fmt.Errorf("%w %v: %s", ErrInvalidTuple, tup, why)
 	}
 	return nil
+}
+
+// addrProblem says why local and remote cannot be the addresses of a key,
+// or returns "".
+func addrProblem(local, remote netip.Addr) string {
+	l, r := local.Unmap(), remote.Unmap()
+	switch {
+	case !l.IsValid() || !r.IsValid():
+		return "invalid address"
+	case l.IsUnspecified() || r.IsUnspecified():
+		return "unspecified address"
+	case l.Is4() != r.Is4():
+		return "local and remote address families differ"
+	}
+	return ""
 }
 
 // validateInsert reports why tup with value v cannot be inserted, or nil.

@@ -577,8 +577,7 @@ func TestTableOptions(t *testing.T) {
 		buckets, lockStripes int
 	}{
 		{"default", nil, 1024, min(defStripes, 64)},
-		{"cap -5", []Option{WithCapacity(-5)}, 16, 1},
-		{"cap 0", []Option{WithCapacity(0)}, 16, 1},
+		{"cap 0 is the default", []Option{WithCapacity(0)}, 1024, min(defStripes, 64)},
 		{"cap 1", []Option{WithCapacity(1)}, 16, 1},
 		{"cap 15", []Option{WithCapacity(15)}, 16, 1},
 		{"cap 16", []Option{WithCapacity(16)}, 16, 1},
@@ -588,8 +587,8 @@ func TestTableOptions(t *testing.T) {
 		{"cap 4096", []Option{WithCapacity(4096)}, 4096, min(defStripes, 256)},
 		{"cap 100000", []Option{WithCapacity(100000)}, 1 << 17, min(max(defStripes, 128), 1<<13)},
 		{"cap 1<<18: a stripe per 1024 buckets", []Option{WithCapacity(1 << 18)}, 1 << 18, min(max(defStripes, 256), 1<<14)},
-		{"stripes -1", []Option{WithLockStripes(-1)}, 1024, 1},
-		{"stripes 0", []Option{WithLockStripes(0)}, 1024, 1},
+		{"stripes 0 is the default", []Option{WithLockStripes(0)}, 1024, min(defStripes, 64)},
+		{"stripes 0 after 2", []Option{WithLockStripes(2), WithLockStripes(0)}, 1024, min(defStripes, 64)},
 		{"stripes 1", []Option{WithLockStripes(1)}, 1024, 1},
 		{"stripes 3", []Option{WithLockStripes(3)}, 1024, 4},
 		{"stripes 64", []Option{WithLockStripes(64)}, 1024, 64},
@@ -614,6 +613,51 @@ func TestTableOptions(t *testing.T) {
 			require.Zero(t, st.LookupRestarts)
 		})
 	}
+}
+
+// TestOptionPanics: a negative or meaningless option value, or an option
+// that the constructor cannot use, panics in the constructor with a message
+// that names the option; so does the zero value of each table on first use.
+func TestOptionPanics(t *testing.T) {
+	cases := []struct {
+		name, says string
+		f          func()
+	}{
+		{"negative capacity", "WithCapacity(-5)", func() { New[int](WithCapacity(-5)) }},
+		{"negative stripes", "WithLockStripes(-3)", func() { New[int](WithLockStripes(-3)) }},
+		{"no such hasher", "WithHasher(99)", func() { New[int](WithHasher(99)) }},
+		{"TCP, negative capacity", "WithCapacity(-1)", func() { NewTCPTable[int](WithCapacity(-1)) }},
+		{"UDP, no such hasher", "WithHasher(9)", func() { NewUDPTable[int](WithHasher(9)) }},
+		{"UDP, negative stripes", "WithLockStripes(-1)", func() { NewUDPTable[int](WithLockStripes(-1)) }},
+		{"UDP, a hasher", "NewUDPTable: WithHasher does not apply", func() { NewUDPTable[int](WithHasher(XXH3Hasher)) }},
+		{"UDP, fixed buckets", "NewUDPTable: WithFixedBuckets does not apply", func() { NewUDPTable[int](WithFixedBuckets()) }},
+		{"zero Table, Lookup", "Table used without New", func() { new(Table[int]).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
+		{"zero Table, Insert", "Table used without New", func() { _ = new(Table[int]).Insert(tblTuple("10.0.0.1:1", "10.0.0.2:2"), ptrTo(1)) }},
+		{"zero Table, Len", "Table used without New", func() { new(Table[int]).Len() }},
+		{"zero Table, All", "Table used without New", func() {
+			for range new(Table[int]).All() {
+			}
+		}},
+		{"zero Table, AppendLookups", "Table used without New", func() { new(Table[int]).AppendLookups(nil, []Tuple{{}}) }},
+		{"zero UDPTable, Lookup", "UDPTable used without NewUDPTable", func() { new(UDPTable[int]).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
+		{"zero UDPTable, Bind", "UDPTable used without NewUDPTable", func() { _, _ = new(UDPTable[int]).Bind(netip.MustParseAddrPort("10.0.0.1:1"), ptrTo(1)) }},
+		{"zero TCPTable, Lookup", "TCPTable used without NewTCPTable", func() { new(TCPTable[int]).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
+		{"zero TCPTable, Listen", "TCPTable used without NewTCPTable", func() { _, _ = new(TCPTable[int]).Listen(netip.MustParseAddrPort("10.0.0.1:1"), ptrTo(1)) }},
+		{"zero TCPTable, Established", "TCPTable used without NewTCPTable", func() { new(TCPTable[int]).Established() }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				r := recover()
+				require.NotNil(t, r, "no panic")
+				require.Contains(t, fmt.Sprint(r), c.says)
+			}()
+			c.f()
+		})
+	}
+	// Options that apply are accepted by every constructor.
+	require.NotNil(t, NewUDPTable[int](WithCapacity(0), WithLockStripes(0), WithSecret(Secret{})))
+	require.NotNil(t, NewTCPTable[int](WithHasher(XXH3Hasher), WithFixedBuckets()))
 }
 
 // TestTableModelAcrossOptions runs random Insert, Delete and LookupOrInsert
@@ -768,12 +812,7 @@ func TestTableHasherOption(t *testing.T) {
 		require.Equal(t, n, longest(fold, WithHasher(FoldHasher)))
 		require.Less(t, longest(fold, WithHasher(LinuxHasher)), n)
 		require.Less(t, longest(linux, WithHasher(FoldHasher)), n)
-		// An invalid hasher leaves the default (or an earlier choice).
-		require.Equal(t, n, longest(linux, WithHasher(Hasher(3))))
-		require.Equal(t, n, longest(linux, WithHasher(Hasher(255))))
-		require.Equal(t, n, longest(xxh, WithHasher(XXH3Hasher), WithHasher(Hasher(7))))
 	}
-	require.Equal(t, LinuxHasher, New[int](WithFixedBuckets(), WithHasher(Hasher(4))).hasher)
 	require.Equal(t, XXH3Hasher, New[int](WithFixedBuckets(), WithHasher(XXH3Hasher)).hasher)
 }
 
@@ -1069,7 +1108,7 @@ func TestTableErrorsWrapTuple(t *testing.T) {
 
 // TestTableEdgeInput checks inputs that must neither panic nor match.
 func TestTableEdgeInput(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), nil, WithCapacity(-1), WithLockStripes(0), nil)
+	tab := New[int](WithFixedBuckets(), nil, WithCapacity(1), WithLockStripes(1), nil)
 	st := tab.Stats()
 	require.Equal(t, 16, st.Buckets)
 	require.Equal(t, 1, st.LockStripes)

@@ -138,7 +138,12 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 // a listener on :: that is not IPv6-only, which takes IPv4 segments too, bind
 // both :: and 0.0.0.0 on its port). Its Stats count the listeners' nodes among
 // Nodes, since listeners share its node store.
-func (t *TCPTable[T]) Established() *Table[T] { return t.est }
+func (t *TCPTable[T]) Established() *Table[T] {
+	if t.est == nil {
+		panic(zeroTCPTable)
+	}
+	return t.est
+}
 
 // listenerKey returns the key of a listener on (addr, port), addr in the
 // form normAddr gives: hash and local port in meta, the listen word in the
@@ -212,6 +217,9 @@ func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMe
 // port 0, or WithIPv6Only on an IPv4 address, ErrNilValue for a nil v and
 // ErrTableFull if the node store is exhausted; on error nothing changes.
 func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (release func(), err error) {
+	if t.est == nil {
+		panic(zeroTCPTable)
+	}
 	var cfg bindConfig
 	for _, o := range opts {
 		if o != nil {
@@ -330,6 +338,9 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// established walk for it keeps its key from ever equalling a
 	// listener node's (remote port 0), should the walk stray into a
 	// listener chain.
+	if t.est == nil {
+		panic(zeroTCPTable)
+	}
 	var k key
 	if pkt.Remote.Port() != 0 {
 		t.est.tupleKey(&k, &pkt)
@@ -338,6 +349,29 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 		}
 	}
 	return t.lookupListener(&pkt, uint32(k.meta>>32), pkt.Remote.Port() != 0)
+}
+
+// Kind says which socket of a TCPTable owns a segment.
+type Kind uint8
+
+const (
+	KindNone        Kind = iota // no socket: the segment would get a RST
+	KindEstablished             // the established flow of the segment's 4-tuple
+	KindListener                // a listener on the segment's destination
+)
+
+// LookupKind is [TCPTable.Lookup] that also says which kind of socket
+// answered, as a stack must know to pass a SYN to a listener and anything
+// else to a flow. It costs a Lookup, and for a segment that reaches a
+// reuseport group the flow hash once more.
+func (t *TCPTable[T]) LookupKind(pkt Tuple) (*T, Kind, bool) {
+	if v, ok := t.Established().Lookup(pkt); ok {
+		return v, KindEstablished, true
+	}
+	if v, ok := t.lookupListener(&pkt, 0, false); ok {
+		return v, KindListener, true
+	}
+	return nil, KindNone, false
 }
 
 // lookupListener is __inet_lookup_listener: the exact lhash2 chain, then

@@ -1,7 +1,6 @@
 package hash4
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -54,14 +53,6 @@ import (
 //
 // Lock order: UDPSocket.mu, a primary slot's mu, a hash2 slot's mu, a hash4
 // stripe's mu. Lookups take none of them.
-
-// ErrInvalidAddr is returned, wrapped, by [UDPTable.Bind],
-// [UDPSocket.Connect], [TCPTable.Listen], [PortAllocator.Bind] and
-// [PortAllocator.BindEphemeral] for an address they cannot use: an invalid or
-// (where a concrete one is needed) unspecified address, port 0, or an address
-// of the wrong family. ([Table.Insert] and [Table.Connect] report bad tuples
-// with [ErrInvalidTuple].)
-var ErrInvalidAddr = errors.New("hash4: invalid address")
 
 // BindOption configures one [UDPTable.Bind] or one [TCPTable.Listen].
 type BindOption func(*bindConfig)
@@ -211,8 +202,9 @@ type udpPeer struct {
 // NewUDPTable returns an empty table. [WithCapacity] sets the number of hash2
 // slots, which is also the number of hash4 chains, rounded up to a power of
 // two (default 1024); [WithLockStripes] the number of hash4 writer locks;
-// [WithSecret] the keys of the hashes. [WithHasher] and [WithFixedBuckets] do
-// not apply: the tables keep the size they are made with.
+// [WithSecret] the keys of the hashes. It panics, as [New] does, for bad
+// option values, and for [WithHasher] and [WithFixedBuckets], which do not
+// apply: the tables keep the size they are made with, as the kernel's do.
 func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	cfg := tableConfig{capacity: 1024}
 	for _, o := range opts {
@@ -220,6 +212,7 @@ func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 			o(&cfg)
 		}
 	}
+	cfg.only("NewUDPTable")
 	t := &UDPTable[T]{}
 	if cfg.secret != nil {
 		t.secret = *cfg.secret
@@ -343,6 +336,9 @@ func (t *UDPTable[T]) newBinding(s *UDPSocket[T], addr netip.Addr) *udpBinding[T
 // invalid address, port 0, or [WithIPv6Only] on an IPv4 or IPv4-mapped
 // address, and [ErrNilValue] for a nil v; on error nothing changes.
 func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDPSocket[T], error) {
+	if t.slots == nil {
+		panic(zeroUDPTable)
+	}
 	var cfg bindConfig
 	for _, o := range opts {
 		if o != nil {
@@ -518,6 +514,14 @@ func (s *UDPSocket[T]) LocalAddr() netip.AddrPort {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.local
+}
+
+// Value returns the value the socket was bound with; nil for a nil socket.
+func (s *UDPSocket[T]) Value() *T {
+	if s == nil {
+		return nil
+	}
+	return s.val
 }
 
 // RemoteAddr returns the peer the socket is connected to, IPv4 peers in
@@ -811,6 +815,9 @@ func (t *UDPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	var p udpPacket
 	if !p.set(pkt) {
 		return nil, false
+	}
+	if t.slots == nil {
+		panic(zeroUDPTable)
 	}
 	slot := &t.slots[portaddrHashWords(&p.lw, p.is4, p.lport, t.mix)&t.mask]
 	if !t.hash4Off && slot.hash4Cnt.Load() > 0 {

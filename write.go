@@ -2,17 +2,17 @@ package hash4
 
 import "fmt"
 
-// findLocked returns the field that links the entry holding k in its chain
-// (the head or the predecessor's next) and the entry's link, or a nulls
-// link if k is absent. The caller holds the chain's stripe lock, so the
-// chain and its entries are stable; a is the table's array, loaded under
-// the lock (see lockStripe).
+// findLocked returns the field that links the entry holding k, or k's
+// reservation (see entry), in its chain (the head or the predecessor's
+// next) and the entry's link, or a nulls link if k is absent. The caller
+// holds the chain's stripe lock, so the chain and its entries are stable; a
+// is the table's array, loaded under the lock (see lockStripe).
 func (t *Table[T]) findLocked(a *tableArray[T], k *key) (*linkField, link) {
 	prev := a.b.head(uint32(k.meta >> 32))
 	l := prev.load()
 	for !l.isNulls() {
 		e := t.nodes.at(l.index())
-		if e.key.matches(k) {
+		if e.key.matchesHeld(k) {
 			return prev, l
 		}
 		prev = &e.next
@@ -33,6 +33,8 @@ func (t *Table[T]) Insert(tup Tuple, v *T) error {
 	switch _, res := t.insert(&k, v); res {
 	case insertExists:
 		return fmt.Errorf("%w: %v", ErrExists, tup)
+	case insertReserved:
+		return errReserved(tup)
 	case insertFull:
 		return ErrTableFull
 	}
@@ -45,7 +47,8 @@ func (t *Table[T]) Insert(tup Tuple, v *T) error {
 // absent tuple, one inserts and the others find its value. A tuple that is
 // present costs a lookup, without a lock. Bad input returns an error that
 // matches ErrInvalidTuple or ErrNilValue, whether or not tup is present,
-// and changes nothing; so does ErrTableFull.
+// and changes nothing; so do ErrTableFull, and ErrExists while a
+// [Table.ConnectFunc] holds tup.
 func (t *Table[T]) LookupOrInsert(tup Tuple, v *T) (actual *T, found bool, err error) {
 	if err := validateInsert(tup, v); err != nil {
 		return nil, false, err
@@ -58,6 +61,8 @@ func (t *Table[T]) LookupOrInsert(tup Tuple, v *T) (actual *T, found bool, err e
 	switch old, res := t.insert(&k, v); res {
 	case insertExists: // inserted since the lookup
 		return old, true, nil
+	case insertReserved:
+		return nil, false, errReserved(tup)
 	case insertFull:
 		return nil, false, ErrTableFull
 	}
@@ -69,33 +74,53 @@ type insertResult uint8
 const (
 	inserted insertResult = iota
 	insertExists
+	insertReserved // a ConnectFunc holds the tuple (see entry)
 	insertFull
 )
 
 // insert adds k with value v under the stripe lock, unless k is present;
-// then it returns the value k has (insertExists). An insert that leaves
-// its stripe holding more entries than the array's growAt has the table's
-// growth check the table (see overLimit).
+// then it returns the value k has (insertExists), or insertReserved. An
+// insert that leaves its stripe holding more entries than the array's
+// growAt has the table's growth check the table (see grown).
 func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
 	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
 	if _, l := t.findLocked(a, k); !l.isNulls() {
-		old := t.nodes.at(l.index()).val.Load()
+		e := t.nodes.at(l.index())
+		res := insertExists
+		if e.reserved() {
+			res = insertReserved
+		}
+		old := e.val.Load()
 		st.mu.Unlock()
-		return old, insertExists
+		return old, res
 	}
+	n, res := t.add(a, st, s, b, k, v)
+	st.mu.Unlock()
+	t.grown(a, s, n)
+	return nil, res
+}
+
+// add inserts k, absent, with value v into bucket b of stripe s (st),
+// whose lock the caller holds, and returns the stripe's entry count after
+// it, to pass to grown once the lock is released.
+func (t *Table[T]) add(a *tableArray[T], st *stripe, s, b uint32, k *key, v *T) (uint64, insertResult) {
 	i, ok := t.place(a, st, s, b)
 	if !ok {
-		st.mu.Unlock()
-		return nil, insertFull
+		return 0, insertFull
 	}
 	t.fill(i, k, v, &a.b.heads[b])
 	n := st.count.Load() + 1
 	st.count.Store(n)
-	st.mu.Unlock()
+	return n, inserted
+}
+
+// grown has the table's growth check the table (see overLimit) if an insert
+// of hash h left its stripe of a holding n entries, more than a's growAt.
+// The caller has released the stripe's lock.
+func (t *Table[T]) grown(a *tableArray[T], h uint32, n uint64) {
 	if n > a.growAt {
-		t.overLimit(a, s, n) // N.B. after the unlock (see overLimit)
+		t.overLimit(a, h&a.b.stripeMask, n) // N.B. after the unlock (see overLimit)
 	}
-	return nil, inserted
 }
 
 // lockIntent says what a writer locking a stripe is about to do, and so
@@ -121,7 +146,7 @@ const (
 // stripe's entries stay in it until the lock is released, when the next
 // holder (or Grow) moves them.
 func (t *Table[T]) lockStripe(h uint32, intent lockIntent) (a *tableArray[T], st *stripe, s, b uint32) {
-	a = t.arr.Load()
+	a = t.array()
 	s = h & a.b.stripeMask
 	st = &a.b.stripes[s]
 	if intent != lockOnly {
@@ -249,7 +274,9 @@ func (t *Table[T]) free(a *tableArray[T], st *stripe, i uint32) {
 	}
 }
 
-// Delete removes tup and returns its value.
+// Delete removes tup and returns its value. A Lookup that began before may
+// still return that value after Delete returns: a caller that reuses
+// values must wait until no such Lookup can hold it (see [Table]).
 func (t *Table[T]) Delete(tup Tuple) (*T, bool) {
 	var k key
 	t.tupleKey(&k, &tup)
@@ -307,11 +334,21 @@ func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
 	a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockToDelete)
 	defer st.mu.Unlock()
 	prev, l := t.findLocked(a, k)
-	if l.isNulls() || (old != nil && t.nodes.at(l.index()).val.Load() != old) {
+	if l.isNulls() {
 		return nil, false
 	}
+	// N.B. a reservation's value is nil: a compare never matches it.
+	if e := t.nodes.at(l.index()); e.reserved() || (old != nil && e.val.Load() != old) {
+		return nil, false
+	}
+	return t.remove(a, st, prev, l), true
+}
+
+// remove deletes the entry of link l, linked by prev, from stripe st,
+// whose lock the caller holds, frees its node and returns its value.
+func (t *Table[T]) remove(a *tableArray[T], st *stripe, prev *linkField, l link) *T {
 	v := t.unlinkLocked(prev, l)
 	t.free(a, st, l.index())
 	st.count.Store(st.count.Load() - 1)
-	return v, true
+	return v
 }

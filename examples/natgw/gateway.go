@@ -28,8 +28,8 @@ type config struct {
 // maxUDPPayload is the largest UDP payload over IPv4.
 const maxUDPPayload = 65507
 
-// connectAttempts bounds the Connect retries of one new flow when the OS
-// refuses the ports it picks.
+// connectAttempts bounds the ports one new flow tries when the OS refuses
+// the ports ConnectFunc offers.
 const connectAttempts = 8
 
 // flow is one NAT mapping: a client address on the inside and the outside
@@ -43,7 +43,9 @@ type flow struct {
 
 	// mu orders the inside path's use of the flow against its expiry: the
 	// janitor marks a flow dead under mu only if it is still idle, and the
-	// inside path refreshes it under mu only if it is not dead.
+	// inside path refreshes it under mu only if it is not dead. A dead flow
+	// leaves the inside table after its outside socket is closed, by the
+	// janitor's sweep or by the inside path, whichever comes first.
 	mu   sync.Mutex
 	dead bool
 }
@@ -51,7 +53,7 @@ type flow struct {
 func (f *flow) touch(now time.Time) { f.last.Store(now.UnixNano()) }
 
 // refusal is a port the OS refused to bind, held in the allocator so that
-// Connect skips it until retry.
+// ConnectFunc skips it until retry.
 type refusal struct {
 	port    uint16
 	release func()
@@ -64,8 +66,10 @@ type refusal struct {
 //
 // Two hash4 tables make the NAT. The inside table maps (inside address,
 // client) to the flow. The outside table maps (outside IP:port, upstream) to
-// the same flow; Table.Connect with a PortAllocator picks the outside port
-// so that this 4-tuple is unique, as the kernel's connect() does.
+// the same flow; Table.ConnectFunc with a PortAllocator picks the outside
+// port so that this 4-tuple is unique, as the kernel's connect() does, and
+// the flow's outside socket is bound in its function, so that the flow is
+// found only once its socket is ready.
 type gateway struct {
 	cfg        config
 	in         *net.UDPConn
@@ -205,9 +209,7 @@ func (g *gateway) run(ctx context.Context) error {
 	g.in.Close() // stops readInside: no flow is created after it returns
 	<-insideDone
 	<-janitorDone
-	for _, f := range g.inside.All() {
-		g.closeFlow(f, time.Time{})
-	}
+	g.inside.DeleteFunc(func(_ hash4.Tuple, f *flow) bool { return g.expire(f, time.Time{}) })
 	g.flowWG.Wait()
 	g.refMu.Lock()
 	for _, r := range g.refusals {
@@ -256,6 +258,10 @@ func (g *gateway) toUpstream(client netip.AddrPort, p []byte) {
 		f.mu.Lock()
 		if f.dead {
 			f.mu.Unlock()
+			// Expired under us, and perhaps not yet out of the table: a
+			// newer flow of the client's, if the janitor's sweep came
+			// first, stays.
+			g.inside.CompareAndDelete(key, f)
 			continue
 		}
 		f.touch(now)
@@ -270,9 +276,9 @@ func (g *gateway) toUpstream(client netip.AddrPort, p []byte) {
 }
 
 // flowBindAddr returns the address a flow's outside socket binds: the
-// configured outside address itself and the port Connect chose. N.B. the
-// tuple Connect returns is in key form, without a zone, and a link-local
-// address cannot be bound without its zone.
+// configured outside address itself and the port ConnectFunc chose. N.B.
+// the tuple ConnectFunc offers is in key form, without a zone, and a
+// link-local address cannot be bound without its zone.
 func flowBindAddr(outside netip.Addr, tup hash4.Tuple) netip.AddrPort {
 	return netip.AddrPortFrom(outside, tup.Local.Port())
 }
@@ -285,55 +291,59 @@ func (g *gateway) newFlow(key hash4.Tuple) *flow {
 		return nil
 	}
 	f := &flow{client: key.Remote, inside: key}
-	for range connectAttempts {
-		tup, err := g.outside.Connect(g.alloc, g.cfg.outside, g.cfg.upstream, f)
-		if errors.Is(err, hash4.ErrNoPorts) {
-			g.c.noPortDrops.Add(1)
-			return nil
-		}
-		if err != nil {
-			g.c.socketError.Add(1)
-			return nil
-		}
+	refused := 0
+	_, _, err := g.outside.ConnectFunc(g.alloc, g.cfg.outside, g.cfg.upstream, func(tup hash4.Tuple) (*flow, error) {
+		// The tuple is held for this flow, and no lookup finds it until
+		// this function returns the flow, socket and all.
 		conn, err := net.ListenUDP(g.network, net.UDPAddrFromAddrPort(flowBindAddr(g.cfg.outside, tup)))
-		if err != nil {
-			g.outside.Delete(tup)
-			if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {
-				// Another process has the port (or it is privileged): hold it
-				// so that Connect skips it, and pick again.
-				g.c.portsRefused.Add(1)
-				g.holdRefused(tup.Local)
-				continue
-			}
-			g.c.socketError.Add(1)
-			return nil
+		if err == nil {
+			f.outside, f.conn = tup, conn
+			f.touch(time.Now())
+			return f, nil
 		}
-		f.outside, f.conn = tup, conn
-		f.touch(time.Now())
-		if err := g.inside.Insert(key, f); err != nil {
-			// Cannot happen: only this goroutine inserts, after a miss.
-			conn.Close()
-			g.outside.Delete(tup)
-			g.c.socketError.Add(1)
-			return nil
+		if !errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EACCES) {
+			return nil, err
 		}
-		port := tup.Local.Port()
-		if old := g.usedPorts[port/64].Or(1 << (port % 64)); old&(1<<(port%64)) != 0 {
-			g.c.portsReused.Add(1)
+		// Another process has the port (or it is privileged): hold it so
+		// that later flows skip it, and let ConnectFunc offer the next.
+		g.c.portsRefused.Add(1)
+		g.holdRefused(tup.Local)
+		if refused++; refused >= connectAttempts {
+			return nil, fmt.Errorf("%d ports refused: %w", refused, hash4.ErrNoPorts)
 		}
-		if n := g.nflows.Add(1); n > g.c.peakFlows.Load() {
-			g.c.peakFlows.Store(n) // only this goroutine creates flows
-		}
-		g.c.flowsCreated.Add(1)
-		g.flowWG.Add(1)
-		go func() {
-			defer g.flowWG.Done()
-			g.readOutside(f)
-		}()
-		return f
+		return nil, fmt.Errorf("%w: %v", hash4.ErrPortRefused, err)
+	})
+	if errors.Is(err, hash4.ErrNoPorts) {
+		g.c.noPortDrops.Add(1)
+		return nil
 	}
-	g.c.noPortDrops.Add(1)
-	return nil
+	if err != nil {
+		g.c.socketError.Add(1)
+		return nil
+	}
+	if err := g.inside.Insert(key, f); err != nil {
+		// Cannot happen: only this goroutine inserts, after a miss, and
+		// a dead flow leaves the table before its client's next flow is
+		// made.
+		f.conn.Close()
+		g.outside.Delete(f.outside)
+		g.c.socketError.Add(1)
+		return nil
+	}
+	port := f.outside.Local.Port()
+	if old := g.usedPorts[port/64].Or(1 << (port % 64)); old&(1<<(port%64)) != 0 {
+		g.c.portsReused.Add(1)
+	}
+	if n := g.nflows.Add(1); n > g.c.peakFlows.Load() {
+		g.c.peakFlows.Store(n) // only this goroutine creates flows
+	}
+	g.c.flowsCreated.Add(1)
+	g.flowWG.Add(1)
+	go func() {
+		defer g.flowWG.Done()
+		g.readOutside(f)
+	}()
+	return f
 }
 
 // holdRefused holds local's port in the allocator until the next idle
@@ -395,11 +405,15 @@ func (g *gateway) janitor(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			for _, f := range g.inside.All() {
-				if g.closeFlow(f, now) {
-					g.c.flowsExpired.Add(1)
+			// The sweep: DeleteFunc removes from the inside table each
+			// flow that expire closed, unless the inside path did first.
+			g.inside.DeleteFunc(func(_ hash4.Tuple, f *flow) bool {
+				if !g.expire(f, now) {
+					return false
 				}
-			}
+				g.c.flowsExpired.Add(1)
+				return true
+			})
 			g.refMu.Lock()
 			keep := g.refusals[:0]
 			for _, r := range g.refusals {
@@ -416,22 +430,21 @@ func (g *gateway) janitor(ctx context.Context) {
 	}
 }
 
-// closeFlow closes f if it has been idle for the timeout at now, or
-// unconditionally if now is zero, and reports whether it closed it.
-func (g *gateway) closeFlow(f *flow, now time.Time) bool {
+// expire closes f if it has been idle for the timeout at now, or
+// unconditionally if now is zero, and reports whether it did: it marks f
+// dead, closes its outside socket and removes its outside entry. The
+// caller removes its inside entry (see flow.mu).
+func (g *gateway) expire(f *flow, now time.Time) bool {
 	f.mu.Lock()
 	if f.dead || (!now.IsZero() && now.UnixNano()-f.last.Load() < int64(g.cfg.idle)) {
 		f.mu.Unlock()
 		return false
 	}
 	f.dead = true
-	// Under mu: once the inside path sees dead, the client's next datagram
-	// finds no flow and creates a new one. Only f's own entries are
-	// removed, never a newer flow's on the same 4-tuple.
-	g.inside.CompareAndDelete(f.inside, f)
 	f.mu.Unlock()
 	// Close before freeing the port, so that a new flow given this port
-	// can bind it.
+	// can bind it. Only f's own outside entry is removed, never a newer
+	// flow's on the same 4-tuple.
 	f.conn.Close()
 	g.outside.CompareAndDelete(f.outside, f)
 	g.nflows.Add(-1)

@@ -14,17 +14,19 @@
 // # How it works
 //
 // A client sends to the inside address. Its first datagram creates a flow:
-// Table.Connect with a PortAllocator picks an outside port so that the
-// 4-tuple (outside IP:port, upstream) is unique and inserts the flow in the
-// outside table; the gateway binds a UDP socket to exactly that port and
-// records the flow in the inside table under (inside address, client). If
-// the OS refuses the port (another process holds it), the gateway holds the
-// port in the allocator so that Connect skips it, counts it and picks again;
+// Table.ConnectFunc with a PortAllocator picks an outside port so that the
+// 4-tuple (outside IP:port, upstream) is unique, and in its function the
+// gateway binds a UDP socket to exactly that port; the flow enters the
+// outside table with its socket, and then the inside table under (inside
+// address, client). If the OS refuses the port (another process holds it),
+// the gateway holds the port in the allocator so that later flows skip it,
+// counts it and refuses it (ErrPortRefused), and ConnectFunc picks again;
 // it tries the port again after one idle timeout. Datagrams arriving on an
 // outside socket are looked up in the outside table by (outside IP:port,
 // sender): only the upstream's replies match, and they go back to the flow's
-// client. A janitor closes flows idle (no datagram either way) for -idle,
-// which frees their ports for new flows.
+// client. A janitor sweeps the inside table with DeleteFunc and closes flows
+// idle (no datagram either way) for -idle, which frees their ports for new
+// flows.
 //
 // Bad traffic is counted and dropped: datagrams over -max-datagram either
 // way, datagrams of new flows past -max-flows or when no port is free, and

@@ -1,6 +1,6 @@
 // Command tcpproxy is a TCP proxy built on hash4: it forwards client
 // connections to upstreams in turn, and picks the source port of each
-// upstream connection itself with Table.Connect, so that one source port
+// upstream connection itself with Table.ConnectFunc, so that one source port
 // carries a connection to every upstream at once, as the kernel's connect()
 // does, and a few ports carry many connections.
 //
@@ -16,11 +16,12 @@
 // # How it works
 //
 // For each client connection the proxy takes the next upstream, and
-// Table.Connect picks a source port of -ports whose 4-tuple (source IP and
-// port, upstream) is free in the proxy's table and inserts it. The proxy
-// binds a socket to that address and port with SO_REUSEADDR, which lets
-// sockets toward other upstreams share the port, and connects; the kernel
-// checks the 4-tuple again at connect(). Then it copies both ways, passing
+// Table.ConnectFunc picks a source port of -ports whose 4-tuple (source IP
+// and port, upstream) is free in the proxy's table and holds it. In
+// ConnectFunc's function the proxy binds a socket to that address and port
+// with SO_REUSEADDR, which lets sockets toward other upstreams share the
+// port, and connects; the kernel checks the 4-tuple again at connect(). The
+// flow enters the table once connected. Then it copies both ways, passing
 // each side's end of data on to the other.
 //
 // The table mirrors the kernel's established table, TIME_WAIT included. A
@@ -30,10 +31,12 @@
 // meanwhile (unless net.ipv4.tcp_tw_reuse lets the connect() take the
 // socket over: by default only on loopback, when TCP timestamps make it
 // safe); so the proxy keeps such a tuple in the table for -timewait, and
-// Connect passes it over. A tuple the kernel refuses anyway (a socket
-// of an earlier run or of another program on it) is held the same way, and
-// a port on which bind() fails (a listener on it) is held in the allocator
-// with Bind; the proxy then tries another tuple, up to 8 in all. A client
+// ConnectFunc passes it over; a reaper sweeps the table with DeleteFunc to
+// free the tuples whose time is up. A tuple the kernel refuses anyway (a
+// socket of an earlier run or of another program on it) is held the same
+// way, and a port on which bind() fails (a listener on it) is held in the
+// allocator with Bind; the function refuses the port (ErrPortRefused) and
+// ConnectFunc offers another tuple, up to 8 in all. A client
 // for whose upstream no tuple is free is refused: the proxy closes its
 // connection.
 //

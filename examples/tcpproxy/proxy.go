@@ -37,10 +37,13 @@ const maxTries = 8
 // is gone, including its TIME_WAIT.
 type flow struct {
 	client, upstream netip.AddrPort
+	// until is when the held tuple is to be freed, in unix nanoseconds,
+	// or 0 while its connection lives (see hold).
+	until atomic.Int64
 }
 
 // proxy forwards TCP connections to upstreams, choosing the source port of
-// each upstream connection itself with Table.Connect, so that one port
+// each upstream connection itself with Table.ConnectFunc, so that one port
 // carries a connection to each upstream at once.
 type proxy struct {
 	cfg   config
@@ -48,7 +51,9 @@ type proxy struct {
 	alloc *hash4.PortAllocator
 	next  atomic.Uint64 // client connections accepted: picks the upstream
 	conns sync.WaitGroup
-	c     counts
+	// reaping is set while a sweep of the held tuples is due (see arm).
+	reaping atomic.Bool
+	c       counts
 }
 
 // counts are a proxy's counters; stats returns them as a Stats.
@@ -165,49 +170,65 @@ func (p *proxy) forward(client *net.TCPConn) {
 	active := p.pipe(client, conn)
 	conn.Close()
 	if active {
-		p.hold(tup, f)
+		p.hold(f)
 	} else {
 		p.flows.Delete(tup)
 	}
 }
 
-// dial connects to f's upstream from a 4-tuple that Table.Connect picks and
-// records for f: it binds the tuple's source address and port, with
-// SO_REUSEADDR so that the port may carry connections to other upstreams,
-// and connects.
+// dial connects to f's upstream from a 4-tuple that Table.ConnectFunc picks
+// and records for f: in ConnectFunc's function, it binds the tuple's source
+// address and port, with SO_REUSEADDR so that the port may carry
+// connections to other upstreams, and connects; the flow is in the table,
+// to Lookup and All, only once its connection is made.
 //
 // The kernel may still refuse the tuple: a socket that this proxy's last
 // run, or another program, left on it (connect: EADDRNOTAVAIL), or a
 // listener on the port (bind: EADDRINUSE). The proxy then keeps the tuple,
-// or the port, out of use for cfg.timeWait and tries another. Any other
-// error ends the try, as does EADDRNOTAVAIL from bind (the source address
-// is not this host's), which no other tuple would cure.
+// or the port, out of use for cfg.timeWait and has ConnectFunc offer
+// another (ErrPortRefused). Any other error ends the try, as does
+// EADDRNOTAVAIL from bind (the source address is not this host's), which no
+// other tuple would cure.
 func (p *proxy) dial(f *flow) (*net.TCPConn, hash4.Tuple, error) {
-	for range maxTries {
-		tup, err := p.flows.Connect(p.alloc, p.cfg.source, f.upstream, f)
-		if err != nil {
-			return nil, hash4.Tuple{}, err
-		}
+	var conn *net.TCPConn
+	var stale []hash4.Tuple // tuples a socket elsewhere still holds
+	tries := 0
+	tup, _, err := p.flows.ConnectFunc(p.alloc, p.cfg.source, f.upstream, func(tup hash4.Tuple) (*flow, error) {
+		tries++
 		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(tup.Local), Control: reuseAddr, Timeout: p.cfg.dialWait}
 		c, err := d.Dial("tcp", f.upstream.String())
 		switch {
 		case err == nil:
-			return c.(*net.TCPConn), tup, nil
+			conn = c.(*net.TCPConn)
+			return f, nil
 		case errors.Is(err, syscall.EADDRNOTAVAIL) && failedIn(err, "connect"):
 			p.c.kernelRefused.Add(1)
-			p.hold(tup, f)
+			stale = append(stale, tup)
 		case errors.Is(err, syscall.EADDRINUSE) && failedIn(err, "bind"):
 			p.c.kernelRefused.Add(1)
-			p.flows.Delete(tup)
 			if release, err := p.alloc.Bind(tup.Local); err == nil {
 				time.AfterFunc(p.cfg.timeWait, release)
 			}
 		default:
-			p.flows.Delete(tup)
-			return nil, hash4.Tuple{}, err
+			return nil, err
+		}
+		if tries >= maxTries {
+			return nil, fmt.Errorf("no usable 4-tuple toward %v in %d tries", f.upstream, maxTries)
+		}
+		return nil, fmt.Errorf("%w: %v", hash4.ErrPortRefused, err)
+	})
+	// A stale tuple goes into the table as if a flow had left it in
+	// TIME_WAIT, so that no flow is given it until the kernel lets it go.
+	for _, t := range stale {
+		held := &flow{client: f.client, upstream: f.upstream}
+		if p.flows.Insert(t, held) == nil {
+			p.hold(held)
 		}
 	}
-	return nil, hash4.Tuple{}, fmt.Errorf("no usable 4-tuple toward %v in %d tries", f.upstream, maxTries)
+	if err != nil {
+		return nil, hash4.Tuple{}, err
+	}
+	return conn, tup, nil
 }
 
 // failedIn reports whether err came from the system call named.
@@ -216,15 +237,39 @@ func failedIn(err error, syscall string) bool {
 	return errors.As(err, &se) && se.Syscall == syscall
 }
 
-// hold keeps tup, which f took, in the flows table for cfg.timeWait, so that
-// Connect does not give it out while the kernel still holds it, then frees
-// it.
-func (p *proxy) hold(tup hash4.Tuple, f *flow) {
-	p.c.timeWait.Add(1)
-	time.AfterFunc(p.cfg.timeWait, func() {
-		p.flows.CompareAndDelete(tup, f)
-		p.c.timeWait.Add(-1)
+// hold keeps f's tuple in the flows table for cfg.timeWait, so that
+// ConnectFunc does not give it out while the kernel still holds it; the
+// reaper frees it then.
+func (p *proxy) hold(f *flow) {
+	f.until.Store(time.Now().Add(p.cfg.timeWait).UnixNano())
+	p.c.timeWait.Add(1) // N.B. before arm: see reap
+	p.arm()
+}
+
+// arm schedules a sweep of the held tuples, unless one is due already. A
+// tuple is freed between cfg.timeWait and 1.25 times that after its hold.
+func (p *proxy) arm() {
+	if p.reaping.CompareAndSwap(false, true) {
+		time.AfterFunc(max(p.cfg.timeWait/4, time.Millisecond), p.reap)
+	}
+}
+
+// reap is the reaper: one sweep of the table that deletes the held tuples
+// whose time is up, and another scheduled while any tuple is held.
+func (p *proxy) reap() {
+	now := time.Now().UnixNano()
+	n := p.flows.DeleteFunc(func(_ hash4.Tuple, f *flow) bool {
+		u := f.until.Load()
+		return u != 0 && u <= now
 	})
+	p.c.timeWait.Add(-int64(n))
+	p.reaping.Store(false)
+	// N.B. a hold that came too late for this sweep counted itself before
+	// its arm, which found reaping set: the count, loaded after reaping
+	// is cleared, sees it, or its own arm schedules the next sweep.
+	if p.c.timeWait.Load() > 0 {
+		p.arm()
+	}
 }
 
 // pipe copies client to up and up to client until both directions are done,

@@ -1,0 +1,61 @@
+package hash4
+
+import "errors"
+
+// Errors for bad input and for a table's state. Match them with errors.Is:
+// the errors returned wrap them with the offending tuple, address or size,
+// except ErrTableFull, which is returned as it is.
+//
+// Bad addresses, ports and tuples, wherever they arise (Table, UDPTable,
+// TCPTable, PortAllocator), match both ErrInvalidTuple and ErrInvalidAddr:
+// the two names are one error, so code written against either catches them
+// all.
+var (
+	// ErrExists: the 4-tuple is already in the table, or held by a
+	// ConnectFunc that has not returned yet.
+	ErrExists = errors.New("hash4: 4-tuple already in table")
+	// ErrInvalidTuple: an address is invalid or unspecified (0.0.0.0, ::)
+	// where a concrete one is needed, a port is 0, or two addresses that
+	// must be of one family are not (see the rule above).
+	ErrInvalidTuple error = &invalidInput{"hash4: invalid tuple"}
+	// ErrInvalidAddr is ErrInvalidTuple under the name that the socket
+	// tables' methods and PortAllocator use.
+	ErrInvalidAddr error = &invalidInput{"hash4: invalid address"}
+	// ErrNilValue: the value to insert is nil.
+	ErrNilValue = errors.New("hash4: nil value")
+	// ErrTableFull: the table holds 2^31-1 entries, as many as it can index.
+	ErrTableFull = errors.New("hash4: table full")
+	// ErrTooLarge: a size asked of Table.Grow is beyond the most buckets
+	// the table may have (see WithMaxBuckets).
+	ErrTooLarge = errors.New("hash4: size beyond the table's bucket limit")
+	// ErrNilAllocator: a nil *PortAllocator, or one that NewPortAllocator
+	// did not make (its zero value), was given to Connect, ConnectFunc,
+	// Bind or BindEphemeral.
+	ErrNilAllocator = errors.New("hash4: PortAllocator not made by NewPortAllocator")
+	// ErrPortRefused is for the function of a ConnectFunc to return,
+	// wrapped, when the flow cannot have the port it was offered (the
+	// operating system refused to bind it): ConnectFunc then tries the
+	// next port.
+	ErrPortRefused = errors.New("hash4: port refused")
+)
+
+// invalidInput is the type of ErrInvalidTuple and ErrInvalidAddr, each of
+// which matches the other under errors.Is.
+type invalidInput struct{ msg string }
+
+func (e *invalidInput) Error() string { return e.msg }
+
+// Is reports whether target is ErrInvalidTuple or ErrInvalidAddr.
+func (e *invalidInput) Is(target error) bool {
+	return target == ErrInvalidTuple || target == ErrInvalidAddr
+}
+
+// The panics of the zero values of the tables, on first use. N.B. callers
+// panic with them where a hot path tests anyway (a nil array, an empty
+// slice): the compiler sees the panic end the path and saves no register
+// for it, as it would for a call.
+const (
+	zeroTable    = "hash4: Table used without New"
+	zeroUDPTable = "hash4: UDPTable used without NewUDPTable"
+	zeroTCPTable = "hash4: TCPTable used without NewTCPTable"
+)

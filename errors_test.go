@@ -1,0 +1,57 @@
+package hash4
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestErrorVocabulary: every bad-address error, whichever type reports it,
+// matches both ErrInvalidTuple and ErrInvalidAddr, and the two sentinels
+// match each other and nothing else.
+func TestErrorVocabulary(t *testing.T) {
+	require.ErrorIs(t, ErrInvalidTuple, ErrInvalidAddr)
+	require.ErrorIs(t, ErrInvalidAddr, ErrInvalidTuple)
+	require.NotErrorIs(t, ErrInvalidAddr, ErrExists)
+	require.NotErrorIs(t, errors.New("hash4: invalid address"), ErrInvalidAddr)
+
+	bad := tblTuple("10.0.0.1:0", "10.0.0.2:80")
+	tab := New[int]()
+	alloc, err := NewPortAllocator()
+	require.NoError(t, err)
+	udp := NewUDPTable[int]()
+	sock, err := udp.Bind(netip.MustParseAddrPort("10.0.0.1:53"), ptrTo(1))
+	require.NoError(t, err)
+	errs := map[string]error{
+		"Table.Insert": tab.Insert(bad, ptrTo(1)),
+		"Table.Connect": func() error {
+			_, err := tab.Connect(alloc, netip.IPv4Unspecified(), netip.MustParseAddrPort("10.0.0.2:80"), ptrTo(1))
+			return err
+		}(),
+		"UDPTable.Bind": func() error {
+			_, err := udp.Bind(netip.AddrPort{}, ptrTo(1))
+			return err
+		}(),
+		"UDPSocket.Connect": sock.Connect(netip.MustParseAddrPort("10.0.0.9:0")),
+		"TCPTable.Listen": func() error {
+			_, err := NewTCPTable[int]().Listen(netip.MustParseAddrPort("10.0.0.1:0"), ptrTo(1))
+			return err
+		}(),
+		"PortAllocator.Bind": func() error {
+			_, err := alloc.Bind(netip.MustParseAddrPort("10.0.0.1:0"))
+			return err
+		}(),
+		"PortAllocator.BindEphemeral": func() error {
+			_, _, err := alloc.BindEphemeral(netip.Addr{})
+			return err
+		}(),
+	}
+	for name, err := range errs {
+		require.ErrorIs(t, err, ErrInvalidTuple, name)
+		require.ErrorIs(t, err, ErrInvalidAddr, name)
+		require.NotErrorIs(t, err, ErrNilValue, name)
+	}
+	require.Zero(t, tab.Len())
+}

@@ -1,0 +1,169 @@
+package hash4
+
+import "fmt"
+
+// This file holds the read-modify-write operations that sync.Map and xsync
+// users expect: Store, Swap, Compute and LookupOrCompute. Each takes the
+// stripe lock of its tuple once, as Insert does.
+
+// Store sets the value of tup to v, inserting tup if it is absent. A
+// present entry keeps its place and only its value changes, as in
+// [Table.CompareAndSwap]: a concurrent Lookup finds the old value or v,
+// never neither, and one that began before may still return the old value
+// after Store returns (see [Table]). It returns an error matching
+// ErrInvalidTuple or ErrNilValue for bad input, ErrExists while a
+// [Table.ConnectFunc] holds tup, and ErrTableFull; then nothing changes.
+func (t *Table[T]) Store(tup Tuple, v *T) error {
+	_, _, err := t.Swap(tup, v)
+	return err
+}
+
+// Swap is [Table.Store] that also returns the value tup had, and
+// loaded = true if it had one, as sync.Map's Swap. It costs what Store
+// does: one lock of tup's stripe.
+func (t *Table[T]) Swap(tup Tuple, v *T) (old *T, loaded bool, err error) {
+	if err := validateInsert(tup, v); err != nil {
+		return nil, false, err
+	}
+	var k key
+	t.tupleKey(&k, &tup)
+	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
+	if _, l := t.findLocked(a, &k); !l.isNulls() {
+		e := t.nodes.at(l.index())
+		if e.reserved() {
+			st.mu.Unlock()
+			return nil, false, errReserved(tup)
+		}
+		old = e.val.Load()
+		// N.B. seq stays odd, as in CompareAndSwap.
+		e.val.Store(v)
+		st.mu.Unlock()
+		return old, true, nil
+	}
+	n, res := t.add(a, st, s, b, &k, v)
+	st.mu.Unlock()
+	if res == insertFull {
+		return nil, false, ErrTableFull
+	}
+	t.grown(a, uint32(k.meta>>32), n)
+	return nil, false, nil
+}
+
+// errReserved is the error of a write to a tuple that a ConnectFunc holds.
+func errReserved(tup Tuple) error {
+	return fmt.Errorf("%w: %v, held by a ConnectFunc in progress", ErrExists, tup)
+}
+
+// ComputeOp tells [Table.Compute] what to do with the value its function
+// returns.
+type ComputeOp uint8
+
+const (
+	// CancelOp, the zero ComputeOp, leaves the table as it was.
+	CancelOp ComputeOp = iota
+	// UpdateOp stores the value returned, inserting the tuple if absent.
+	UpdateOp
+	// DeleteOp deletes the tuple if present.
+	DeleteOp
+)
+
+// Compute calls f once with the value of tup (nil and loaded = false if
+// absent) and stores, deletes or keeps it as f's op says, as xsync's
+// Compute; it returns the value tup has afterwards and whether it has one.
+// f runs under the lock of tup's stripe, atomically with every other write
+// of tup: it must be short and must not call the table. Bad input, nil
+// with UpdateOp, an unknown op, a tuple a [Table.ConnectFunc] holds or a
+// full table give an error (as [Table.Store]) and change nothing.
+func (t *Table[T]) Compute(tup Tuple, f func(old *T, loaded bool) (v *T, op ComputeOp)) (actual *T, ok bool, err error) {
+	if err := validate(tup); err != nil {
+		return nil, false, err
+	}
+	var k key
+	t.tupleKey(&k, &tup)
+	a, actual, ok, n, err := t.compute(&k, tup, f)
+	t.grown(a, uint32(k.meta>>32), n)
+	return actual, ok, err
+}
+
+// compute is Compute under the stripe lock; n is the stripe's entry count
+// if it inserted, for grown, else 0.
+func (t *Table[T]) compute(k *key, tup Tuple, f func(*T, bool) (*T, ComputeOp)) (a *tableArray[T], actual *T, ok bool, n uint64, err error) {
+	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
+	// N.B. deferred, so that a panic in f leaves the stripe unlocked.
+	defer st.mu.Unlock()
+	prev, l := t.findLocked(a, k)
+	var e *entry[T]
+	var old *T
+	if !l.isNulls() {
+		if e = t.nodes.at(l.index()); e.reserved() {
+			return a, nil, false, 0, errReserved(tup)
+		}
+		old = e.val.Load()
+	}
+	v, op := f(old, e != nil)
+	switch {
+	case op == CancelOp:
+		return a, old, e != nil, 0, nil
+	case op == DeleteOp:
+		if e != nil {
+			t.remove(a, st, prev, l)
+		}
+		return a, nil, false, 0, nil
+	case op != UpdateOp:
+		return a, old, e != nil, 0, fmt.Errorf("hash4: Compute of %v: unknown ComputeOp %d", tup, op)
+	case v == nil:
+		return a, old, e != nil, 0, fmt.Errorf("%w from Compute of %v", ErrNilValue, tup)
+	case e != nil:
+		e.val.Store(v) // N.B. seq stays odd, as in CompareAndSwap
+		return a, v, true, 0, nil
+	}
+	n, res := t.add(a, st, s, b, k, v)
+	if res == insertFull {
+		return a, nil, false, 0, ErrTableFull
+	}
+	return a, v, true, n, nil
+}
+
+// LookupOrCompute returns the value of tup and loaded = true if tup is
+// present, at the cost of a Lookup; otherwise it calls f once and inserts
+// the value f returns, as xsync's LoadOrCompute. Of concurrent calls for an
+// absent tuple, one calls f and inserts, the others return its value. f
+// runs under the lock of tup's stripe: it must be short and must not call
+// the table (build a slow value, such as one that needs a socket, in
+// [Table.ConnectFunc]). f's error, or a nil value, inserts nothing and is
+// returned; other errors are those of [Table.Store].
+func (t *Table[T]) LookupOrCompute(tup Tuple, f func() (*T, error)) (actual *T, loaded bool, err error) {
+	if err := validate(tup); err != nil {
+		return nil, false, err
+	}
+	var k key
+	t.tupleKey(&k, &tup)
+	if v, ok := t.lookup(&k, false); ok {
+		return v, true, nil
+	}
+	called := false
+	a, actual, _, n, cerr := t.compute(&k, tup, func(old *T, ok bool) (*T, ComputeOp) {
+		if ok { // inserted since the lookup
+			return old, CancelOp
+		}
+		called = true
+		v, ferr := f()
+		switch {
+		case ferr != nil:
+			err = ferr
+		case v == nil:
+			err = fmt.Errorf("%w from LookupOrCompute of %v", ErrNilValue, tup)
+		default:
+			return v, UpdateOp
+		}
+		return nil, CancelOp
+	})
+	t.grown(a, uint32(k.meta>>32), n)
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return actual, !called, nil
+}
