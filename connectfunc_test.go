@@ -18,9 +18,9 @@ func TestConnectFuncHeld(t *testing.T) {
 	tab := New[int](WithCapacity(16), WithLockStripes(2), WithSecret(connSecret))
 	a := newTestAllocator(t)
 	for i := range 40 { // entries to move about
-		require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), ptrTo(i)))
+		require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), valPtr(i)))
 	}
-	v := ptrTo(7)
+	v := valPtr(7)
 	calls := 0
 	tup, got, err := tab.ConnectFunc(a, connLocal, connDsts[0], func(tup Tuple) (*int, error) {
 		calls++
@@ -33,11 +33,11 @@ func TestConnectFuncHeld(t *testing.T) {
 			}
 			require.Equal(t, 40, tab.Len(), when)
 			require.Equal(t, 41, tab.Stats().Entries, when)
-			require.ErrorIs(t, tab.Insert(tup, ptrTo(1)), ErrExists, when)
-			require.ErrorIs(t, tab.Store(tup, ptrTo(1)), ErrExists, when)
-			_, _, err := tab.Swap(tup, ptrTo(1))
+			require.ErrorIs(t, tab.Insert(tup, valPtr(1)), ErrExists, when)
+			require.ErrorIs(t, tab.Store(tup, valPtr(1)), ErrExists, when)
+			_, _, err := tab.Swap(tup, valPtr(1))
 			require.ErrorIs(t, err, ErrExists, when)
-			_, _, err = tab.LookupOrInsert(tup, ptrTo(1))
+			_, _, err = tab.LookupOrInsert(tup, valPtr(1))
 			require.ErrorIs(t, err, ErrExists, when)
 			_, _, err = tab.Compute(tup, func(*int, bool) (*int, ComputeOp) { t.Fatal("f called"); return nil, CancelOp })
 			require.ErrorIs(t, err, ErrExists, when)
@@ -99,7 +99,7 @@ func TestConnectFuncRefused(t *testing.T) {
 			if len(offered) == 1 {
 				return nil, fmt.Errorf("bind %v: %w", tup.Local, ErrPortRefused)
 			}
-			return ptrTo(round), nil
+			return valPtr(round), nil
 		})
 		require.NoError(t, err)
 		require.Len(t, offered, 2)
@@ -108,8 +108,8 @@ func TestConnectFuncRefused(t *testing.T) {
 		require.False(t, ok, "a refused port is not kept")
 		// The twin sees the refused port taken: its Connect picks the
 		// port ConnectFunc was offered next.
-		require.NoError(t, twin.Insert(offered[0], ptrTo(-1)))
-		got, err := twin.Connect(twinA, connLocal, connDsts[0], ptrTo(round))
+		require.NoError(t, twin.Insert(offered[0], valPtr(-1)))
+		got, err := twin.Connect(twinA, connLocal, connDsts[0], valPtr(round))
 		require.NoError(t, err)
 		require.Equal(t, tup, got, "round %d", round)
 		twin.Delete(offered[0])
@@ -152,7 +152,7 @@ func TestConnectFuncRefused(t *testing.T) {
 
 	_, _, err = tab.ConnectFunc(a, connLocal, connDsts[0], nil)
 	require.ErrorIs(t, err, ErrNilValue)
-	_, _, err = tab.ConnectFunc(nil, connLocal, connDsts[0], func(Tuple) (*int, error) { return ptrTo(1), nil })
+	_, _, err = tab.ConnectFunc(nil, connLocal, connDsts[0], func(Tuple) (*int, error) { return valPtr(1), nil })
 	require.ErrorIs(t, err, ErrNilAllocator)
 }
 
@@ -268,7 +268,7 @@ func TestConnectFuncReaders(t *testing.T) {
 func TestConnectFuncAllocs(t *testing.T) {
 	tab := connTable(256)
 	a := newTestAllocator(t)
-	vals := []*int{ptrTo(1), ptrTo(2)}
+	vals := []*int{valPtr(1), valPtr(2)}
 	i := 0
 	f := func(Tuple) (*int, error) { return vals[i%2], nil }
 	op := func() {

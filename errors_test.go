@@ -22,21 +22,21 @@ func TestErrorVocabulary(t *testing.T) {
 	alloc, err := NewPortAllocator()
 	require.NoError(t, err)
 	udp := NewUDPTable[int]()
-	sock, err := udp.Bind(netip.MustParseAddrPort("10.0.0.1:53"), ptrTo(1))
+	sock, err := udp.Bind(netip.MustParseAddrPort("10.0.0.1:53"), valPtr(1))
 	require.NoError(t, err)
 	errs := map[string]error{
-		"Table.Insert": tab.Insert(bad, ptrTo(1)),
+		"Table.Insert": tab.Insert(bad, valPtr(1)),
 		"Table.Connect": func() error {
-			_, err := tab.Connect(alloc, netip.IPv4Unspecified(), netip.MustParseAddrPort("10.0.0.2:80"), ptrTo(1))
+			_, err := tab.Connect(alloc, netip.IPv4Unspecified(), netip.MustParseAddrPort("10.0.0.2:80"), valPtr(1))
 			return err
 		}(),
 		"UDPTable.Bind": func() error {
-			_, err := udp.Bind(netip.AddrPort{}, ptrTo(1))
+			_, err := udp.Bind(netip.AddrPort{}, valPtr(1))
 			return err
 		}(),
 		"UDPSocket.Connect": sock.Connect(netip.MustParseAddrPort("10.0.0.9:0")),
 		"TCPTable.Listen": func() error {
-			_, err := NewTCPTable[int]().Listen(netip.MustParseAddrPort("10.0.0.1:0"), ptrTo(1))
+			_, err := NewTCPTable[int]().Listen(netip.MustParseAddrPort("10.0.0.1:0"), valPtr(1))
 			return err
 		}(),
 		"PortAllocator.Bind": func() error {

@@ -307,11 +307,11 @@ func FuzzTable(f *testing.F) {
 						delete(model, ki)
 					}
 				case 10: // Store
-					v := ptrTo(serial)
+					v := valPtr(serial)
 					require.NoError(rt, tab.Store(tup, v), msg)
 					model[ki] = v
 				case 11: // Swap
-					v := ptrTo(serial)
+					v := valPtr(serial)
 					want, wok := model[ki]
 					old, loaded, err := tab.Swap(tup, v)
 					require.NoError(rt, err, msg)
@@ -320,7 +320,7 @@ func FuzzTable(f *testing.F) {
 				case 12: // Compute: the op is in arg's top bits (3: unknown), nil with arg&32
 					want, wok := model[ki]
 					op := ComputeOp(arg >> 6)
-					v := ptrTo(serial)
+					v := valPtr(serial)
 					if arg&32 != 0 {
 						v = nil
 					}
@@ -352,7 +352,7 @@ func FuzzTable(f *testing.F) {
 					}
 				case 13: // LookupOrCompute; f fails with arg&64
 					want, wok := model[ki]
-					v := ptrTo(serial)
+					v := valPtr(serial)
 					calls := 0
 					fail := errors.New("f failed")
 					got, loaded, err := tab.LookupOrCompute(tup, func() (*int, error) {

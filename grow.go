@@ -197,6 +197,7 @@ func (t *Table[T]) Grow(n int) error {
 	if n < 0 {
 		panic(fmt.Sprintf("hash4: Grow(%d): negative size", n))
 	}
+	t.array() // a zero Table panics here, naming New
 	if n > t.bucketLimit {
 		return fmt.Errorf("%w: Grow(%d) beyond %d buckets", ErrTooLarge, n, t.bucketLimit)
 	}
@@ -216,8 +217,8 @@ func (t *Table[T]) Grow(n int) error {
 // entries a bucket at a time. A writer (or All, or Stats) that comes to a
 // stripe whose entries have not moved yet moves them itself first. So an
 // Insert, Delete or swap waits at most for the move of one stripe's
-// entries, 0.2 to 0.4 µs each: with the default stripes, about a thousand
-// entries in a table of a million, as against the whole table. (Connect
+// entries: with the default stripes, about a thousand entries in a table
+// of a million, as against the whole table. (Connect
 // may lock a stripe per port it tries, and All and Stats lock them all, so
 // each may move several.) Lookups go on without locks; until Grow returns,
 // a lookup that does not find its key in the new array, as one whose
@@ -234,11 +235,10 @@ func (t *Table[T]) Grow(n int) error {
 // every entry has moved, the old array's home slots go back to the heap
 // (as soon as no lookup still reads them), and the nodes beyond them that
 // the moves free serve the new array's entries beyond its home slots; the
-// table keeps those. Made for 2^15 entries, filled, grown to 2^16 and
-// filled again, a table holds 63.5 bytes per entry, as one made for 2^16
-// does (TestTableMemoryPerEntry).
+// table keeps those, so a table grown to a size holds about the bytes per
+// entry of one made at it.
 func (t *Table[T]) grow(n int) error {
-	old := t.arr.Load()
+	old := t.array()
 	nb := bucketCount(n)
 	if nb <= len(old.b.heads) {
 		return nil
@@ -276,6 +276,7 @@ func (t *Table[T]) grow(n int) error {
 	// in the table's array needs no other (see lookup).
 	a.old.Store(old)
 	t.arr.Store(a)
+	t.growths.Add(1)
 	for s := range ss {
 		if h := t.hooks; h != nil && h.growStep != nil {
 			h.growStep(uint32(s))

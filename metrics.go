@@ -7,7 +7,8 @@ import "sync/atomic"
 // line per lock stripe and walks no chain, unlike Stats.
 type Metrics struct {
 	Entries int // as Len
-	Buckets int // the bucket count: it goes up at each growth
+	Buckets int    // the bucket count: it goes up at each growth
+	Growths uint64 // the growths, by Grow or by the table itself
 	// LookupRestarts counts chain walks started again (see Stats).
 	LookupRestarts uint64
 	// Connects counts the Connect and ConnectFunc calls past their input
@@ -21,7 +22,7 @@ type Metrics struct {
 // are read one after another while writers go on, not as a snapshot.
 func (t *Table[T]) Metrics() Metrics {
 	a := t.array()
-	m := Metrics{Entries: t.Len(), Buckets: len(a.b.heads), LookupRestarts: t.restarts.Load()}
+	m := Metrics{Entries: t.Len(), Buckets: len(a.b.heads), Growths: t.growths.Load(), LookupRestarts: t.restarts.Load()}
 	for i := range t.metrics {
 		s := &t.metrics[i]
 		m.Connects += s.connects.Load()

@@ -19,12 +19,12 @@ func TestMetrics(t *testing.T) {
 	}
 	for range 4 {
 		require.Positive(t, tried(func() {
-			_, err := tab.Connect(a, connLocal, connDsts[0], ptrTo(1), narrow)
+			_, err := tab.Connect(a, connLocal, connDsts[0], valPtr(1), narrow)
 			require.NoError(t, err)
 		}))
 	}
 	require.Equal(t, uint64(4), tried(func() {
-		_, err := tab.Connect(a, connLocal, connDsts[0], ptrTo(1), narrow)
+		_, err := tab.Connect(a, connLocal, connDsts[0], valPtr(1), narrow)
 		require.ErrorIs(t, err, ErrNoPorts)
 	}), "every port of the range, once")
 	refusedOnce := false
@@ -34,11 +34,11 @@ func TestMetrics(t *testing.T) {
 				refusedOnce = true
 				return nil, ErrPortRefused
 			}
-			return ptrTo(2), nil
+			return valPtr(2), nil
 		})
 		require.NoError(t, err)
 	}))
-	_, err := tab.Connect(a, connLocal, netip.AddrPortFrom(connDsts[0].Addr(), 0), ptrTo(1))
+	_, err := tab.Connect(a, connLocal, netip.AddrPortFrom(connDsts[0].Addr(), 0), valPtr(1))
 	require.ErrorIs(t, err, ErrInvalidTuple, "not counted")
 
 	m := tab.Metrics()
@@ -46,21 +46,24 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, uint64(6), m.Connects)
 	require.Equal(t, uint64(1), m.ConnectRefused)
 	require.Equal(t, uint64(1), m.ConnectNoPorts)
+	require.Zero(t, m.Growths)
 	require.NoError(t, tab.Grow(100))
+	require.NoError(t, tab.Grow(100)) // no growth: the table has the buckets
 	require.Equal(t, 128, tab.Metrics().Buckets)
+	require.Equal(t, uint64(1), tab.Metrics().Growths)
 	require.Equal(t, tab.Stats().LookupRestarts, tab.Metrics().LookupRestarts)
 }
 
 func TestTCPLookupKind(t *testing.T) {
 	tbl := NewTCPTable[string]()
 	flow := tblTuple("10.0.0.1:80", "10.0.0.2:5000")
-	release, err := tbl.Listen(netip.MustParseAddrPort("0.0.0.0:80"), ptrTo("listener"))
+	release, err := tbl.Listen(netip.MustParseAddrPort("0.0.0.0:80"), valPtr("listener"))
 	require.NoError(t, err)
 	v, kind, ok := tbl.LookupKind(flow)
 	require.True(t, ok)
 	require.Equal(t, KindListener, kind)
 	require.Equal(t, "listener", *v)
-	require.NoError(t, tbl.Established().Insert(flow, ptrTo("flow")))
+	require.NoError(t, tbl.Established().Insert(flow, valPtr("flow")))
 	v, kind, ok = tbl.LookupKind(flow)
 	require.True(t, ok)
 	require.Equal(t, KindEstablished, kind)
@@ -78,7 +81,7 @@ func TestTCPLookupKind(t *testing.T) {
 
 func TestUDPSocketValue(t *testing.T) {
 	tbl := NewUDPTable[string]()
-	v := ptrTo("dns")
+	v := valPtr("dns")
 	s, err := tbl.Bind(netip.MustParseAddrPort("10.0.0.1:53"), v)
 	require.NoError(t, err)
 	require.Same(t, v, s.Value())

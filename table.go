@@ -36,6 +36,7 @@ type Table[T any] struct {
 	hasher   Hasher
 	fold     [4]uint64 // the fold hasher's keys, drawn from secret
 	restarts atomic.Uint64
+	growths  atomic.Uint64 // arrays published by Grow and growth
 
 	// growMu serializes Grow; groups is the config's home groups rule
 	// and huge pages choice, which Grow applies to each new array. growing is set while a growth

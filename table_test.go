@@ -632,17 +632,18 @@ func TestOptionPanics(t *testing.T) {
 		{"UDP, a hasher", "NewUDPTable: WithHasher does not apply", func() { NewUDPTable[int](WithHasher(XXH3Hasher)) }},
 		{"UDP, fixed buckets", "NewUDPTable: WithFixedBuckets does not apply", func() { NewUDPTable[int](WithFixedBuckets()) }},
 		{"zero Table, Lookup", "Table used without New", func() { new(Table[int]).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
-		{"zero Table, Insert", "Table used without New", func() { _ = new(Table[int]).Insert(tblTuple("10.0.0.1:1", "10.0.0.2:2"), ptrTo(1)) }},
+		{"zero Table, Insert", "Table used without New", func() { _ = new(Table[int]).Insert(tblTuple("10.0.0.1:1", "10.0.0.2:2"), valPtr(1)) }},
 		{"zero Table, Len", "Table used without New", func() { new(Table[int]).Len() }},
+		{"zero Table, Grow", "Table used without New", func() { _ = new(Table[int]).Grow(4096) }},
 		{"zero Table, All", "Table used without New", func() {
 			for range new(Table[int]).All() {
 			}
 		}},
 		{"zero Table, AppendLookups", "Table used without New", func() { new(Table[int]).AppendLookups(nil, []Tuple{{}}) }},
 		{"zero UDPTable, Lookup", "UDPTable used without NewUDPTable", func() { new(UDPTable[int]).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
-		{"zero UDPTable, Bind", "UDPTable used without NewUDPTable", func() { _, _ = new(UDPTable[int]).Bind(netip.MustParseAddrPort("10.0.0.1:1"), ptrTo(1)) }},
+		{"zero UDPTable, Bind", "UDPTable used without NewUDPTable", func() { _, _ = new(UDPTable[int]).Bind(netip.MustParseAddrPort("10.0.0.1:1"), valPtr(1)) }},
 		{"zero TCPTable, Lookup", "TCPTable used without NewTCPTable", func() { new(TCPTable[int]).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
-		{"zero TCPTable, Listen", "TCPTable used without NewTCPTable", func() { _, _ = new(TCPTable[int]).Listen(netip.MustParseAddrPort("10.0.0.1:1"), ptrTo(1)) }},
+		{"zero TCPTable, Listen", "TCPTable used without NewTCPTable", func() { _, _ = new(TCPTable[int]).Listen(netip.MustParseAddrPort("10.0.0.1:1"), valPtr(1)) }},
 		{"zero TCPTable, Established", "TCPTable used without NewTCPTable", func() { new(TCPTable[int]).Established() }},
 	}
 	for _, c := range cases {

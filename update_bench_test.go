@@ -16,7 +16,7 @@ func BenchmarkStoreSwap(b *testing.B) {
 	vals := make([]*int, n)
 	for i := range keys {
 		keys[i] = tblKey(i, i%4 == 0)
-		vals[i] = ptrTo(i)
+		vals[i] = valPtr(i)
 	}
 	ops := []struct {
 		name string
@@ -65,7 +65,7 @@ func BenchmarkConnectFunc(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			v := ptrTo(1)
+			v := valPtr(1)
 			f := func(Tuple) (*int, error) { return v, nil }
 			var ring [1024]Tuple
 			connect := func() Tuple {

@@ -17,7 +17,7 @@ func ptrTo[T any](v T) *T { return &v }
 func TestStoreSwap(t *testing.T) {
 	tab := New[int](WithSecret(tblSecret))
 	k := tblTuple("10.0.0.1:1000", "10.0.0.2:80")
-	v1, v2, v3 := ptrTo(1), ptrTo(2), ptrTo(3)
+	v1, v2, v3 := valPtr(1), valPtr(2), valPtr(3)
 	require.NoError(t, tab.Store(k, v1))
 	got, ok := tab.Lookup(tblMapped(k))
 	require.True(t, ok)
@@ -50,9 +50,9 @@ func TestCompute(t *testing.T) {
 	k := tblTuple("10.0.0.1:1000", "10.0.0.2:80")
 	incr := func(old *int, loaded bool) (*int, ComputeOp) {
 		if !loaded {
-			return ptrTo(1), UpdateOp
+			return valPtr(1), UpdateOp
 		}
-		return ptrTo(*old + 1), UpdateOp
+		return valPtr(*old + 1), UpdateOp
 	}
 	for want := 1; want <= 3; want++ {
 		v, ok, err := tab.Compute(k, incr)
@@ -63,7 +63,7 @@ func TestCompute(t *testing.T) {
 	cur, _ := tab.Lookup(k)
 	v, ok, err := tab.Compute(k, func(old *int, loaded bool) (*int, ComputeOp) {
 		require.True(t, loaded)
-		return ptrTo(99), CancelOp
+		return valPtr(99), CancelOp
 	})
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -71,7 +71,7 @@ func TestCompute(t *testing.T) {
 
 	_, _, err = tab.Compute(k, func(*int, bool) (*int, ComputeOp) { return nil, UpdateOp })
 	require.ErrorIs(t, err, ErrNilValue)
-	_, _, err = tab.Compute(k, func(*int, bool) (*int, ComputeOp) { return ptrTo(1), 7 })
+	_, _, err = tab.Compute(k, func(*int, bool) (*int, ComputeOp) { return valPtr(1), 7 })
 	require.ErrorContains(t, err, "unknown ComputeOp 7")
 	got, _ := tab.Lookup(k)
 	require.Same(t, cur, got, "errors change nothing")
@@ -95,7 +95,7 @@ func TestCompute(t *testing.T) {
 	require.Panics(t, func() {
 		_, _, _ = tab.Compute(k, func(*int, bool) (*int, ComputeOp) { panic("f") })
 	})
-	require.NoError(t, tab.Insert(k, ptrTo(5)))
+	require.NoError(t, tab.Insert(k, valPtr(5)))
 
 	_, _, err = tab.Compute(Tuple{}, incr)
 	require.ErrorIs(t, err, ErrInvalidTuple)
@@ -115,9 +115,9 @@ func TestComputeConcurrent(t *testing.T) {
 			for i := range rounds {
 				_, _, err := tab.Compute(keys[(w+i)%2], func(old *int, loaded bool) (*int, ComputeOp) {
 					if !loaded {
-						return ptrTo(1), UpdateOp
+						return valPtr(1), UpdateOp
 					}
-					return ptrTo(*old + 1), UpdateOp
+					return valPtr(*old + 1), UpdateOp
 				})
 				if err != nil {
 					t.Error(err)
@@ -159,7 +159,7 @@ func TestLookupOrCompute(t *testing.T) {
 			defer wg.Done()
 			v, loaded, err := tab.LookupOrCompute(k, func() (*int, error) {
 				calls.Add(1)
-				return ptrTo(42), nil
+				return valPtr(42), nil
 			})
 			if err != nil {
 				t.Error(err)
@@ -185,7 +185,7 @@ func TestDeleteFuncClear(t *testing.T) {
 	tab := New[int](WithCapacity(16), WithSecret(tblSecret))
 	const n = 300 // the table grows meanwhile
 	for i := range n {
-		require.NoError(t, tab.Insert(tblKey(i, i%3 == 0), ptrTo(i)))
+		require.NoError(t, tab.Insert(tblKey(i, i%3 == 0), valPtr(i)))
 	}
 	seen := 0
 	deleted := tab.DeleteFunc(func(tup Tuple, v *int) bool {
@@ -202,7 +202,7 @@ func TestDeleteFuncClear(t *testing.T) {
 	}
 	// A value replaced after f saw it stays.
 	k := tblKey(1, false)
-	newer := ptrTo(1)
+	newer := valPtr(1)
 	require.Zero(t, tab.DeleteFunc(func(tup Tuple, v *int) bool {
 		if *v == 1 {
 			require.True(t, tab.CompareAndSwap(k, v, newer))
@@ -219,7 +219,7 @@ func TestDeleteFuncClear(t *testing.T) {
 	for range tab.All() {
 		t.Fatal("an entry after Clear")
 	}
-	require.NoError(t, tab.Insert(k, ptrTo(1)), "a cleared table takes entries")
+	require.NoError(t, tab.Insert(k, valPtr(1)), "a cleared table takes entries")
 	require.Equal(t, 1, tab.Len())
 }
 
@@ -302,7 +302,7 @@ func TestUpdateAllocs(t *testing.T) {
 	vals := make([]*int, len(keys))
 	for i := range keys {
 		keys[i] = tblKey(i, i%2 == 1)
-		vals[i] = ptrTo(i)
+		vals[i] = valPtr(i)
 	}
 	i := 0
 	update := func(old *int, loaded bool) (*int, ComputeOp) { return vals[i%len(vals)], UpdateOp }
