@@ -6,7 +6,7 @@ import "sync/atomic"
 // (publish them with expvar or a metrics library): Metrics reads one cache
 // line per lock stripe and walks no chain, unlike Stats.
 type Metrics struct {
-	Entries int // as Len
+	Entries int    // as Len
 	Buckets int    // the bucket count: it goes up at each growth
 	Growths uint64 // the growths, by Grow or by the table itself
 	// LookupRestarts counts chain walks started again (see Stats).
