@@ -31,7 +31,10 @@ import (
 // socket's SO_INCOMING_CPU set to it, so compute_score's CPU bonus and the
 // reuseport CPU preference are the same for all.
 
-var kernelSeeds = flag.Int("kernel.seeds", 12, "random kernel-oracle scenarios to run")
+var (
+	kernelSeeds = flag.Int("kernel.seeds", 12, "random kernel-oracle scenarios to run")
+	kernelTrace = flag.Bool("kernel.trace", false, "log every operation of the kernel-oracle scenarios")
+)
 
 // Socket options missing from package syscall.
 const (
@@ -105,23 +108,29 @@ func addrPortOf(sa syscall.Sockaddr) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// freePort returns a port the kernel had free on 127.0.0.1 and ::1.
-func freePort(t *testing.T, cpu int) uint16 {
-	fd := oracleSock(t, netip.IPv6Loopback(), cpu)
-	defer syscall.Close(fd)
-	if err := syscall.Bind(fd, &syscall.SockaddrInet6{}); err != nil {
-		t.Fatal(err)
+// freePorts returns n distinct ports the kernel had free on every address:
+// the sockets that found them stay bound until all are found.
+func freePorts(t *testing.T, cpu, n int) []uint16 {
+	var ports []uint16
+	for range n {
+		fd := oracleSock(t, netip.IPv6Loopback(), cpu)
+		defer syscall.Close(fd)
+		if err := syscall.Bind(fd, &syscall.SockaddrInet6{}); err != nil {
+			t.Fatal(err)
+		}
+		sa, err := syscall.Getsockname(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, addrPortOf(sa).Port())
 	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addrPortOf(sa).Port()
+	return ports
 }
 
 func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 	rng := rand.New(rand.NewPCG(seed, 0x0a4c1e))
-	port, peerPort, ctlPort := freePort(t, cpu), freePort(t, cpu), freePort(t, cpu)
+	ports := freePorts(t, cpu, 3)
+	port, peerPort, ctlPort := ports[0], ports[1], ports[2]
 	tbl := NewUDPTable[int]()
 	ref := &udpModel{}
 	fds := map[*mSock]int{}
@@ -157,6 +166,11 @@ func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 	}
 	buf := make([]byte, 16)
 	name := 0
+	trace := func(step int, format string, args ...any) {
+		if *kernelTrace {
+			t.Logf("seed %d step %d: "+format, append([]any{seed, step}, args...)...)
+		}
+	}
 	for step := range 40 {
 		switch op := rng.IntN(10); {
 		case op < 4 || len(ref.socks) == 0 || len(ref.socks) > 7:
@@ -230,6 +244,7 @@ func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 			}
 			ms.s, ms.val = s, &v
 			fds[ms] = fd
+			trace(step, "bind %d %v v6only %v rp %v ra %v", v, local, v6only, rp, ra)
 		case op < 7:
 			s := ref.socks[rng.IntN(len(ref.socks))]
 			peer := peers[rng.IntN(len(peers))]
@@ -266,6 +281,7 @@ func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 				mok = ref.connect(s, netip.Addr{}, peer)
 			}
 			st.connects++
+			trace(step, "connect %d to %v: %v", *s.val, target, kerr)
 			if (kerr == nil) == (err == nil) && mok == (err == nil) {
 				st.connectAgree++
 			} else {
@@ -278,15 +294,18 @@ func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 			if _, _, e := syscall.Syscall(syscall.SYS_CONNECT, uintptr(fds[s]), uintptr(unsafe.Pointer(&unspec)), unsafe.Sizeof(unspec)); e != 0 {
 				t.Fatalf("disconnect: %v", e)
 			}
-			quirk := s.v6 && s.conn && s.peer.Addr().Is4()
+			trace(step, "disconnect %d", *s.val)
+			quirk := s.v6 && s.conn
 			if err := s.s.Disconnect(); err != nil {
 				t.Fatal(err)
 			}
 			ref.disconnect(s)
 			if quirk {
-				// Not modelled: __udp_disconnect leaves such a socket's
-				// IPv6 peer set, and it then takes neither family's
-				// packets as an unconnected socket would. It closes.
+				// Not modelled: __udp_disconnect leaves an IPv6
+				// socket's peer address (sk_v6_daddr) set, and it
+				// then scores and filters IPv6 packets on it, and
+				// takes no IPv4 packet if it was IPv4-mapped. It
+				// closes.
 				st.skipped++
 				syscall.Close(fds[s])
 				delete(fds, s)
@@ -297,6 +316,7 @@ func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 			}
 		default:
 			s := ref.socks[rng.IntN(len(ref.socks))]
+			trace(step, "close %d", *s.val)
 			syscall.Close(fds[s])
 			delete(fds, s)
 			if err := s.s.Close(); err != nil {

@@ -44,11 +44,13 @@ import (
 //   - hash4 is a bucket array (bucket.go) of hlist_nulls chains (nulls.go)
 //     keyed by UDPEhashfn / UDP6Ehashfn. Its nodes are entries (table.go)
 //     in a node store (slab.go): each binding with a concrete local
-//     address owns one, linked while it is connected, at the head of its
-//     chain, so that of two sockets connected to one peer the one
-//     connected last is met first. Readers standing on a node that moves
-//     or is recycled validate with the entry's sequence counter and
-//     restart on a foreign nulls marker.
+//     address owns one. Its first connect links it at the head of its
+//     chain (udp_lib_hash4), where it stays until the binding ends: later
+//     connects only rekey it in place and a disconnect makes it match
+//     nothing, as the kernel leaves the socket in the chain of its first
+//     peer. Readers standing on a node that is rekeyed or recycled
+//     validate with the entry's sequence counter and restart on a foreign
+//     nulls marker.
 //   - Each hash2 slot counts its bindings linked in hash4 (hash4_cnt);
 //     Lookup reads hash4 only when that count is not zero.
 //
@@ -94,7 +96,10 @@ func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } 
 //
 // [UDPTable.Bind] accepts and refuses binds as Linux's bind() does, and a
 // socket bound to the wildcard address takes a concrete local address when
-// it connects ([UDPSocket.ConnectFrom]), as in Linux.
+// it connects ([UDPSocket.ConnectFrom]), as in Linux. A socket's first
+// connect takes it out of its reuseport group, and only that connect puts it
+// where an exact 4-tuple finds it first: a socket connected again to another
+// peer is found by score, as in Linux 6.13 and later.
 //
 // Sockets have the family of their address: an IPv4-mapped address
 // (::ffff:a.b.c.d) makes an IPv6 socket, which receives the IPv4 packets to
@@ -198,7 +203,8 @@ type udpBinding[T any] struct {
 	group atomic.Pointer[udpReuse[T]]
 
 	hashed4 bool   // its node is linked in hash4; under s.mu
-	h4      uint32 // hash4 hash of its node's key while hashed4
+	live4   bool   // its node's seq is odd: it matches its key; under s.mu
+	h4      uint32 // hash4 hash of the chain its node is linked in
 }
 
 // udpPeer is the remote end of a connected socket, immutable once published.
@@ -267,13 +273,16 @@ type sockAddr struct {
 }
 
 // newSockAddr returns the sockAddr of a socket of family v6 on addr: an
-// IPv6 socket's IPv4 address is that of an IPv4-mapped address, else 0.
+// IPv6 socket's IPv4 address is that of an IPv4-mapped address, 0 for ::,
+// and the kernel's LOOPBACK4_IPV6 (127.0.0.6) for any other address.
 func newSockAddr(addr netip.Addr, v6, v6only bool) sockAddr {
 	a := sockAddr{v6: v6, v6only: v6only}
 	switch {
 	case !v6 || addr.Is4In6():
 		b := addr.Unmap().As4()
 		a.v4 = uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	case !addr.IsUnspecified():
+		a.v4 = 127<<24 | 6
 	}
 	if v6 {
 		a.a6 = netip.AddrFrom16(addr.As16())
@@ -286,9 +295,9 @@ func newSockAddr(addr netip.Addr, v6, v6only bool) sockAddr {
 // if wild, a wildcard address overlaps every address it receives for.
 func addrEqual(a, b sockAddr, wild bool) bool {
 	if !a.v6 {
-		if b.v6only || (b.v6 && !b.a6.Is4In6() && !b.a6.IsUnspecified()) {
-			// An IPv6 address other than :: and the IPv4-mapped ones
-			// overlaps no IPv4 address.
+		// N.B. an IPv6 socket on a specific address is IPv6-only unless
+		// connect fixed its address (see newSockAddr).
+		if b.v6only {
 			return false
 		}
 		return a.v4 == b.v4 || (wild && (a.v4 == 0 || b.v4 == 0))
@@ -362,7 +371,9 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	}
 	s := &UDPSocket[T]{
 		t: t, val: v, port: port, v6: addr.Is6(),
-		v6only: cfg.v6only, reusePort: cfg.reusePort, reuseAd: cfg.reuseAddr,
+		// __inet6_bind makes a socket on a specific IPv6 address IPv6-only.
+		v6only:    cfg.v6only || (addr.Is6() && !addr.Is4In6() && !addr.IsUnspecified()),
+		reusePort: cfg.reusePort, reuseAd: cfg.reuseAddr,
 	}
 	b := t.newBinding(s, addr)
 	ps := &t.ports[uint32(port)&t.mask]
@@ -595,11 +606,15 @@ func (s *UDPSocket[T]) connect(src netip.Addr, remote netip.AddrPort) error {
 			return fmt.Errorf("%w: ConnectFrom %v on a socket bound to %v", ErrInvalidAddr, src, b.local)
 		}
 		t := s.t
-		if b.hashed4 {
-			t.unhash4(b)
-		}
 		if g := b.group.Load(); g != nil {
 			g.hasConns.Store(true) // N.B. before the peer is set
+			if !b.hashed4 {
+				// udp_lib_hash4: the first connect leaves the group.
+				ps := &t.ports[uint32(s.port)&t.mask]
+				ps.mu.Lock()
+				leaveGroup(b)
+				ps.mu.Unlock()
+			}
 		}
 		b.peer.Store(peer)
 		t.hash4(b)
@@ -679,8 +694,12 @@ func (s *UDPSocket[T]) Disconnect() error {
 		}
 		return s.t.move(s, wild, nil)
 	}
-	if b.hashed4 {
-		s.t.unhash4(b)
+	// The node stays in its chain, matching nothing, as the kernel leaves
+	// a socket with a concrete address in hash4 (udp_lib_hash4).
+	if b.live4 {
+		e := s.t.nodes.at(b.node)
+		e.seq.Store(e.seq.Load() + 1)
+		b.live4 = false
 	}
 	b.peer.Store(nil)
 	return nil
@@ -718,14 +737,25 @@ func (s *UDPSocket[T]) Close() error {
 	return nil
 }
 
-// hash4 links b's node into hash4 under the key (b.local, b's peer), at the
-// head of its chain, as the kernel's udp_lib_hash4. b.s.mu is held and the
-// node is in no chain.
+// hash4 makes b's node match (b.local, b's peer). The first time, as the
+// kernel's udp_lib_hash4, it links the node at the head of its chain; later
+// connects leave the kernel's socket in that chain, the chain of its first
+// peer, and only change the fields it matches on, so b's node is rekeyed in
+// place. b.s.mu is held.
 func (t *UDPTable[T]) hash4(b *udpBinding[T]) {
 	peer := b.peer.Load()
 	h := t.udpEhash(&b.lw, peer.addr.Addr().Is4(), b.port, &peer.w, peer.port)
 	k := key{meta: uint64(h)<<32 | uint64(b.port)<<16 | uint64(peer.port), remote: peer.w, local: b.lw}
 	e := t.nodes.at(b.node)
+	if b.hashed4 {
+		if b.live4 {
+			e.seq.Store(e.seq.Load() + 1) // N.B. even while the key is rewritten
+		}
+		e.key.store(&k)
+		e.seq.Store(e.seq.Load() + 1)
+		b.live4 = true
+		return
+	}
 	// N.B. the node's seq is even (it is in no chain, see unhash4): readers
 	// that still stand on it ignore its key while it is rewritten.
 	e.key.store(&k)
@@ -737,7 +767,7 @@ func (t *UDPTable[T]) hash4(b *udpBinding[T]) {
 	e.seq.Store(e.seq.Load() + 1) // live, with its new key: N.B. after linking (see entry)
 	st.count.Store(st.count.Load() + 1)
 	st.mu.Unlock()
-	b.h4, b.hashed4 = h, true
+	b.h4, b.hashed4, b.live4 = h, true, true
 }
 
 // unhash4 unlinks b's node from its hash4 chain (the unhash half of the
@@ -754,7 +784,9 @@ func (t *UDPTable[T]) unhash4(b *udpBinding[T]) {
 			// entry) and before its key may be rewritten, so a reader
 			// standing on it stops trusting the key; e.next is left
 			// as it is, so such a reader walks on.
-			e.seq.Store(e.seq.Load() + 1)
+			if b.live4 {
+				e.seq.Store(e.seq.Load() + 1)
+			}
 			unlink(prev, &e.next)
 			st.count.Store(st.count.Load() - 1)
 			break
@@ -763,7 +795,7 @@ func (t *UDPTable[T]) unhash4(b *udpBinding[T]) {
 	}
 	st.mu.Unlock()
 	t.slots[b.h2&t.mask].hash4Cnt.Add(-1)
-	b.hashed4 = false
+	b.hashed4, b.live4 = false, false
 }
 
 // udpPacket is a received packet in the form the lookup reads.
