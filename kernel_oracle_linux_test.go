@@ -52,8 +52,10 @@ type oracleStats struct {
 	binds, bindAgree, connects, connectAgree, probes, unique, tied, skipped int
 }
 
-func TestKernelOracleUDP(t *testing.T) {
-	runtime.LockOSThread() // the thread ends with the test: its affinity stays pinned
+// pinOracleCPU pins the test's thread to one CPU and returns it. The thread
+// ends with the test: its affinity stays pinned.
+func pinOracleCPU(t *testing.T) int {
+	runtime.LockOSThread()
 	var set [16]uint64
 	if _, _, e := syscall.RawSyscall(syscall.SYS_SCHED_GETAFFINITY, 0, unsafe.Sizeof(set), uintptr(unsafe.Pointer(&set))); e != 0 {
 		t.Fatalf("sched_getaffinity: %v", e)
@@ -67,21 +69,38 @@ func TestKernelOracleUDP(t *testing.T) {
 	if _, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, 0, unsafe.Sizeof(one), uintptr(unsafe.Pointer(&one))); e != 0 {
 		t.Fatalf("sched_setaffinity: %v", e)
 	}
-	var st oracleStats
+	return cpu
+}
+
+// forOracleSeeds pins the test's thread to a CPU and runs scenario for each
+// seed.
+func forOracleSeeds(t *testing.T, scenario func(seed uint64, cpu int)) {
+	cpu := pinOracleCPU(t)
 	for seed := range *kernelSeeds {
-		runOracleUDP(t, uint64(seed), cpu, &st)
+		scenario(uint64(seed), cpu)
 	}
+}
+
+func TestKernelOracleUDP(t *testing.T) {
+	var st oracleStats
+	forOracleSeeds(t, func(seed uint64, cpu int) { runOracleUDP(t, seed, cpu, &st) })
 	t.Logf("UDP: binds %d/%d agree, connects %d/%d agree, probes %d (unique answer %d, reuseport tie %d, sockets closed after the stale-peer quirk %d)",
 		st.bindAgree, st.binds, st.connectAgree, st.connects, st.probes, st.unique, st.tied, st.skipped)
 }
 
 // oracleSock opens a UDP socket of the family of a, with SO_INCOMING_CPU.
 func oracleSock(t *testing.T, a netip.Addr, cpu int) int {
+	return oracleSocket(t, a, cpu, syscall.SOCK_DGRAM)
+}
+
+// oracleSocket opens a socket of type typ and of the family of a, with
+// SO_INCOMING_CPU.
+func oracleSocket(t *testing.T, a netip.Addr, cpu, typ int) int {
 	fam := syscall.AF_INET
 	if a.Is6() {
 		fam = syscall.AF_INET6
 	}
-	fd, err := syscall.Socket(fam, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+	fd, err := syscall.Socket(fam, typ|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,12 +127,13 @@ func addrPortOf(sa syscall.Sockaddr) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// freePorts returns n distinct ports the kernel had free on every address:
-// the sockets that found them stay bound until all are found.
-func freePorts(t *testing.T, cpu, n int) []uint16 {
+// freePorts returns n distinct ports the kernel had free on every address for
+// sockets of type typ: the sockets that found them stay bound until all are
+// found.
+func freePorts(t *testing.T, cpu, n, typ int) []uint16 {
 	var ports []uint16
 	for range n {
-		fd := oracleSock(t, netip.IPv6Loopback(), cpu)
+		fd := oracleSocket(t, netip.IPv6Loopback(), cpu, typ)
 		defer syscall.Close(fd)
 		if err := syscall.Bind(fd, &syscall.SockaddrInet6{}); err != nil {
 			t.Fatal(err)
@@ -129,7 +149,7 @@ func freePorts(t *testing.T, cpu, n int) []uint16 {
 
 func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 	rng := rand.New(rand.NewPCG(seed, 0x0a4c1e))
-	ports := freePorts(t, cpu, 3)
+	ports := freePorts(t, cpu, 3, syscall.SOCK_DGRAM)
 	port, peerPort, ctlPort := ports[0], ports[1], ports[2]
 	tbl := NewUDPTable[int]()
 	ref := &udpModel{}
@@ -184,43 +204,13 @@ func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 				ref.close(s)
 				continue
 			}
-			a := netip.MustParseAddr(oracleAddrs[rng.IntN(len(oracleAddrs))])
-			v6only := a.Is6() && !a.Is4In6() && rng.IntN(3) == 0
-			rp, ra := rng.IntN(2) == 0, rng.IntN(3) == 0
+			a, v6only, rp, ra := randomBind(rng)
 			fd := oracleSock(t, a, cpu)
-			if v6only || a.Is6() {
-				on := 0
-				if v6only {
-					on = 1
-				}
-				if err := syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, on); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if rp {
-				if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, soReusePort, 1); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if ra {
-				if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
-					t.Fatal(err)
-				}
-			}
+			opts := setBindOptions(t, fd, a, v6only, rp, ra)
 			local := netip.AddrPortFrom(a, port)
 			kerr := syscall.Bind(fd, sockaddrOf(local, a.Is6()))
 			if kerr != nil && !errors.Is(kerr, syscall.EADDRINUSE) {
 				t.Fatalf("seed %d: bind %v: %v", seed, local, kerr)
-			}
-			var opts []BindOption
-			if v6only {
-				opts = append(opts, WithIPv6Only())
-			}
-			if rp {
-				opts = append(opts, WithReusePort())
-			}
-			if ra {
-				opts = append(opts, WithReuseAddr())
 			}
 			name++
 			v := name
@@ -365,9 +355,9 @@ func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 			case len(got) > 1:
 				t.Fatalf("seed %d: %v delivered %d times", seed, pkt, len(got))
 			case (kern == nil) != (len(want) == 0) || (kern != nil && !slices.Contains(want, kern)):
-				t.Errorf("seed %d step %d: %v: kernel %v, model %v%s", seed, step, pkt, name4(kern), names4(want), describe())
+				t.Errorf("seed %d step %d: %v: kernel %v, model %v%s", seed, step, pkt, name4(kern), valNames(want, func(m *mSock) *int { return m.val }), describe())
 			case tok != (len(want) > 0) || (tok && !slices.ContainsFunc(want, func(m *mSock) bool { return m.val == tv })):
-				t.Errorf("seed %d step %d: %v: table %v, model %v%s", seed, step, pkt, tv, names4(want), describe())
+				t.Errorf("seed %d step %d: %v: table %v, model %v%s", seed, step, pkt, tv, valNames(want, func(m *mSock) *int { return m.val }), describe())
 			case len(want) > 1:
 				st.tied++
 			default:
@@ -377,6 +367,43 @@ func runOracleUDP(t *testing.T, seed uint64, cpu int, st *oracleStats) {
 	}
 }
 
+// randomBind draws the address and options of a bind.
+func randomBind(rng *rand.Rand) (a netip.Addr, v6only, rp, ra bool) {
+	a = netip.MustParseAddr(oracleAddrs[rng.IntN(len(oracleAddrs))])
+	v6only = a.Is6() && !a.Is4In6() && rng.IntN(3) == 0
+	return a, v6only, rng.IntN(2) == 0, rng.IntN(3) == 0
+}
+
+// setBindOptions sets IPV6_V6ONLY (on an IPv6 socket, on or off),
+// SO_REUSEPORT and SO_REUSEADDR on fd, and returns the same as BindOptions.
+func setBindOptions(t *testing.T, fd int, a netip.Addr, v6only, rp, ra bool) []BindOption {
+	var opts []BindOption
+	set := func(level, opt int, on bool) {
+		v := 0
+		if on {
+			v = 1
+		}
+		if err := syscall.SetsockoptInt(fd, level, opt, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.Is6() {
+		set(syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, v6only)
+	}
+	if v6only {
+		opts = append(opts, WithIPv6Only())
+	}
+	if rp {
+		set(syscall.SOL_SOCKET, soReusePort, true)
+		opts = append(opts, WithReusePort())
+	}
+	if ra {
+		set(syscall.SOL_SOCKET, syscall.SO_REUSEADDR, true)
+		opts = append(opts, WithReuseAddr())
+	}
+	return opts
+}
+
 func name4(m *mSock) string {
 	if m == nil {
 		return "none"
@@ -384,10 +411,11 @@ func name4(m *mSock) string {
 	return fmt.Sprint(*m.val)
 }
 
-func names4(ms []*mSock) []string {
+// valNames names sockets by their values.
+func valNames[S any](ss []S, val func(S) *int) []string {
 	var s []string
-	for _, m := range ms {
-		s = append(s, name4(m))
+	for _, x := range ss {
+		s = append(s, fmt.Sprint(*val(x)))
 	}
 	return s
 }

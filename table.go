@@ -84,6 +84,9 @@ type testHooks struct {
 	// relinked is called by migrate between linking a node into a chain
 	// of the new array and unlinking it from the old.
 	relinked func(index uint32)
+	// matched is called by TCPTable's listener walks on each node whose
+	// key matched, before they read its listen word and value.
+	matched func(index uint32)
 	// nodeLimit, when not 0, ends the node store's index space there
 	// rather than at slabMaxNodes; nodesSpent makes reserve set nodeLimit
 	// to the end of the nodes it carves, and carve them whatever the

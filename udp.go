@@ -1,9 +1,7 @@
 package hash4
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -57,37 +55,6 @@ import (
 // Lock order: UDPSocket.mu, a primary slot's mu, a hash2 slot's mu, a hash4
 // stripe's mu. Lookups take none of them.
 
-// ErrInvalidAddr is returned, wrapped, by [UDPTable.Bind],
-// [UDPSocket.Connect], [TCPTable.Listen], [PortAllocator.Bind] and
-// [PortAllocator.BindEphemeral] for an address they cannot use: an invalid or
-// (where a concrete one is needed) unspecified address, port 0, or an address
-// of the wrong family. ([Table.Insert] and [Table.Connect] report bad tuples
-// with [ErrInvalidTuple].)
-var ErrInvalidAddr = errors.New("hash4: invalid address")
-
-// BindOption configures one [UDPTable.Bind] or one [TCPTable.Listen].
-type BindOption func(*bindConfig)
-
-type bindConfig struct {
-	reusePort, reuseAddr, v6only bool
-}
-
-// WithReusePort sets SO_REUSEPORT: sockets that all asked for it may bind the
-// same address and port, and the packets that reach them are shared by flow
-// hash, so that a flow keeps reaching one socket while the group does not
-// change.
-func WithReusePort() BindOption { return func(c *bindConfig) { c.reusePort = true } }
-
-// WithReuseAddr sets SO_REUSEADDR: a UDP socket may bind an address and port
-// that overlap those of sockets which all set it too. It does not let a TCP
-// listener share a port with another listener.
-func WithReuseAddr() BindOption { return func(c *bindConfig) { c.reuseAddr = true } }
-
-// WithIPv6Only sets IPV6_V6ONLY on an IPv6 socket or listener: bound to ::,
-// it receives IPv6 packets only. It is an error on an IPv4 or IPv4-mapped
-// address.
-func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } }
-
 // UDPTable finds the UDP socket that owns a received packet, as the Linux UDP
 // tables do: the connected socket with the packet's exact 4-tuple, else the
 // best-scoring socket bound to the packet's destination address and port,
@@ -124,9 +91,7 @@ type UDPTable[T any] struct {
 	// hash4Off, set only by tests and benchmarks before the table is used,
 	// makes Lookup skip step 1 (hash4).
 	hash4Off bool
-	// visit, set only by tests before the table is used, is called by hash4
-	// walks on each node of a chain before they read its next link.
-	visit func(index uint32)
+	hooks    *testHooks // nil but in tests: visit is called by hash4 walks
 }
 
 // udpSlot is one hash2 slot.
@@ -148,16 +113,6 @@ type udpSlot[T any] struct {
 type udpPort[T any] struct {
 	mu    sync.Mutex
 	socks []*UDPSocket[T]
-}
-
-// udpReuse is a reuseport group, the kernel's sock_reuseport.
-type udpReuse[T any] struct {
-	// socks is the group's array; never changed once published, replaced
-	// under the group's primary slot lock.
-	socks atomic.Pointer[[]*udpBinding[T]]
-	// hasConns is set when a member connects and never cleared, as the
-	// kernel's reuse->has_conns.
-	hasConns atomic.Bool
 }
 
 // UDPSocket is a socket bound in a [UDPTable], made by [UDPTable.Bind]. Its
@@ -259,76 +214,6 @@ func (t *UDPTable[T]) udpEhash(lw *[2]uint64, is4 bool, lport uint16, rw *[2]uin
 	return udpEhashWords(lw, rw, is4, lport, rport, t.secret.Ehash, t.secret.Ehash6Addr)
 }
 
-// normAddr returns addr in the form the tables use: IPv4-mapped addresses
-// as IPv4, no zone.
-func normAddr(addr netip.Addr) netip.Addr { return addr.Unmap().WithZone("") }
-
-// sockAddr is a socket's local address as the kernel's bind conflict checks
-// read it (inet_rcv_saddr_equal).
-type sockAddr struct {
-	v6     bool       // an AF_INET6 socket
-	a6     netip.Addr // its IPv6 address (sk_v6_rcv_saddr), if v6
-	v4     uint32     // its IPv4 address (inet_rcv_saddr)
-	v6only bool
-}
-
-// newSockAddr returns the sockAddr of a socket of family v6 on addr: an
-// IPv6 socket's IPv4 address is that of an IPv4-mapped address, 0 for ::,
-// and the kernel's LOOPBACK4_IPV6 (127.0.0.6) for any other address.
-func newSockAddr(addr netip.Addr, v6, v6only bool) sockAddr {
-	a := sockAddr{v6: v6, v6only: v6only}
-	switch {
-	case !v6 || addr.Is4In6():
-		b := addr.Unmap().As4()
-		a.v4 = uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	case !addr.IsUnspecified():
-		a.v4 = 127<<24 | 6
-	}
-	if v6 {
-		a.a6 = netip.AddrFrom16(addr.As16())
-	}
-	return a
-}
-
-// addrEqual reports whether a socket on a conflicts with one on b, b
-// already bound, as the kernel's inet_rcv_saddr_equal (a is sk, b is sk2):
-// if wild, a wildcard address overlaps every address it receives for.
-func addrEqual(a, b sockAddr, wild bool) bool {
-	if !a.v6 {
-		// N.B. an IPv6 socket on a specific address is IPv6-only unless
-		// connect fixed its address (see newSockAddr).
-		if b.v6only {
-			return false
-		}
-		return a.v4 == b.v4 || (wild && (a.v4 == 0 || b.v4 == 0))
-	}
-	const any, mapped, other = 0, 1, 2
-	kind := func(x netip.Addr) int {
-		switch {
-		case x.Is4In6():
-			return mapped
-		case x.IsUnspecified():
-			return any
-		}
-		return other
-	}
-	k1, k2 := kind(a.a6), mapped
-	if b.v6 {
-		k2 = kind(b.a6)
-	}
-	switch {
-	case k1 == mapped && k2 == mapped:
-		return !b.v6only && (a.v4 == b.v4 || (wild && (a.v4 == 0 || b.v4 == 0)))
-	case k1 == any && k2 == any:
-		return true
-	case k2 == any && wild && !(b.v6only && k1 == mapped):
-		return true
-	case k1 == any && wild && !(a.v6only && k2 == mapped):
-		return true
-	}
-	return b.v6 && a.a6 == b.a6
-}
-
 // newBinding returns an unpublished binding of s on addr (the socket's form:
 // IPv4 for an AF_INET socket, IPv6 or IPv4-mapped for an AF_INET6 one).
 func (t *UDPTable[T]) newBinding(s *UDPSocket[T], addr netip.Addr) *udpBinding[T] {
@@ -402,68 +287,6 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	return s, nil
 }
 
-// inUse reports whether binding b conflicts with a socket of primary slot
-// ps, as the kernel's udp_lib_lport_inuse: a socket on b's port whose
-// address overlaps b's, unless both set SO_REUSEADDR or both SO_REUSEPORT.
-func (t *UDPTable[T]) inUse(ps *udpPort[T], b *udpBinding[T]) bool {
-	s := b.s
-	for i := len(ps.socks) - 1; i >= 0; i-- {
-		o := ps.socks[i]
-		if o.port != s.port || (o.reuseAd && s.reuseAd) || !addrEqual(b.addr, o.b.addr, true) {
-			continue
-		}
-		if !(o.reusePort && s.reusePort) {
-			return true
-		}
-	}
-	return false
-}
-
-// joinGroup puts b in the reuseport group of the newest socket on its port
-// of its family, IPv6-only if it is, with SO_REUSEPORT, on the same address,
-// as the kernel's udp_reuseport_add_sock; in a new group if there is none.
-// ps's lock is held.
-func (t *UDPTable[T]) joinGroup(ps *udpPort[T], b *udpBinding[T]) {
-	s := b.s
-	for i := len(ps.socks) - 1; i >= 0; i-- {
-		o := ps.socks[i]
-		if o == s || o.port != s.port || o.v6 != s.v6 || o.v6only != s.v6only || !o.reusePort || !addrEqual(b.addr, o.b.addr, false) {
-			continue
-		}
-		g := o.b.group.Load()
-		if g == nil {
-			// reuseport_alloc for the other socket first.
-			g = &udpReuse[T]{}
-			g.socks.Store(&[]*udpBinding[T]{o.b})
-			o.b.group.Store(g)
-		}
-		socks := append(slices.Clip(*g.socks.Load()), b)
-		g.socks.Store(&socks)
-		b.group.Store(g)
-		return
-	}
-	g := &udpReuse[T]{}
-	g.socks.Store(&[]*udpBinding[T]{b})
-	b.group.Store(g)
-}
-
-// leaveGroup takes b out of its reuseport group, the group's last socket
-// taking its place, as reuseport_detach_sock. The primary slot's lock is
-// held.
-func leaveGroup[T any](b *udpBinding[T]) {
-	g := b.group.Load()
-	if g == nil {
-		return
-	}
-	socks := slices.Clone(*g.socks.Load())
-	if i := slices.Index(socks, b); i >= 0 {
-		socks[i] = socks[len(socks)-1]
-		socks = socks[:len(socks)-1]
-	}
-	g.socks.Store(&socks)
-	b.group.Store(nil)
-}
-
 // link publishes b in its hash2 slot's chain, at the tail if tail, else at
 // the head.
 func (t *UDPTable[T]) link(b *udpBinding[T], tail bool) {
@@ -516,286 +339,6 @@ func (t *UDPTable[T]) putNode(h uint32, i uint32) {
 	defer st.mu.Unlock()
 	t.nodes.at(i).val.Store(nil)
 	t.nodes.put(&st.cache, i, t.nodes.cacheMax())
-}
-
-// LocalAddr returns the address and port the socket is bound to: after a
-// connect of a socket bound to a wildcard address, the source address it took
-// (as getsockname). An IPv6 socket's address stays IPv6, IPv4-mapped if it is
-// one. A nil socket (what a failed Bind returns) reports the zero AddrPort.
-func (s *UDPSocket[T]) LocalAddr() netip.AddrPort {
-	if s == nil || s.t == nil {
-		return netip.AddrPort{}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.local
-}
-
-// RemoteAddr returns the peer the socket is connected to, IPv4 peers in
-// their IPv4 form, and whether it is connected. A closed socket reports the
-// peer it had when it was closed; a nil one, none.
-func (s *UDPSocket[T]) RemoteAddr() (netip.AddrPort, bool) {
-	if s == nil || s.t == nil {
-		return netip.AddrPort{}, false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p := s.b.peer.Load(); p != nil {
-		return p.addr, true
-	}
-	return netip.AddrPort{}, false
-}
-
-// errClosed returns the error of a method called on a closed socket.
-func (s *UDPSocket[T]) errClosed(op string) error {
-	return fmt.Errorf("hash4: %s on UDP socket %v: %w", op, s.b.local, net.ErrClosed)
-}
-
-// Connect connects the socket to remote, replacing any peer it had, as
-// connect(): from then on it receives only packets from remote. A socket
-// bound to a wildcard address needs the source address the route chose: use
-// [UDPSocket.ConnectFrom]; Connect returns an error matching [ErrInvalidAddr]
-// for it, as for a remote the socket cannot reach (unspecified, port 0, or of
-// a family it does not receive). On error nothing changes; on a closed
-// socket the error matches [net.ErrClosed].
-func (s *UDPSocket[T]) Connect(remote netip.AddrPort) error {
-	return s.connect(netip.Addr{}, remote)
-}
-
-// ConnectFrom is [UDPSocket.Connect] with src, the source address the route
-// to remote chose. A socket bound to a wildcard address takes src as its
-// local address, as connect() fixes it in Linux, until
-// [UDPSocket.Disconnect]; src must then be a concrete address of remote's
-// family. On a socket with a concrete address, src must be that address.
-func (s *UDPSocket[T]) ConnectFrom(src netip.Addr, remote netip.AddrPort) error {
-	if !src.IsValid() {
-		return fmt.Errorf("%w: ConnectFrom an invalid source address", ErrInvalidAddr)
-	}
-	return s.connect(src, remote)
-}
-
-// connect is Connect (src invalid) and ConnectFrom.
-func (s *UDPSocket[T]) connect(src netip.Addr, remote netip.AddrPort) error {
-	if s == nil || s.t == nil {
-		return fmt.Errorf("hash4: Connect on a UDPSocket not made by Bind: %w", net.ErrClosed)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.errClosed("Connect")
-	}
-	b := s.b
-	addr, port := normAddr(remote.Addr()), remote.Port()
-	mapped := s.v6 && !b.wild && wordsAreIPv4(&b.lw)
-	mappedAny := s.v6 && b.wild && wordsAreIPv4(&b.lw)
-	switch {
-	case !addr.IsValid():
-		return fmt.Errorf("%w: Connect to an invalid address", ErrInvalidAddr)
-	case addr.IsUnspecified():
-		return fmt.Errorf("%w: Connect to %v: unspecified address", ErrInvalidAddr, remote)
-	case port == 0:
-		return fmt.Errorf("%w: Connect to %v: port 0", ErrInvalidAddr, remote)
-	case addr.Is4() && s.v6 && (s.v6only || !(b.wild || mapped)):
-		return fmt.Errorf("%w: Connect of IPv6 socket %v to IPv4 peer %v", ErrInvalidAddr, b.local, remote)
-	case !addr.Is4() && (!s.v6 || mapped || mappedAny):
-		return fmt.Errorf("%w: Connect of IPv4 socket %v to IPv6 peer %v", ErrInvalidAddr, b.local, remote)
-	}
-	peer := &udpPeer{w: addrWords(addr), port: port, addr: netip.AddrPortFrom(addr, port)}
-	if !b.wild {
-		if src.IsValid() && normAddr(src) != normAddr(b.local.Addr()) {
-			return fmt.Errorf("%w: ConnectFrom %v on a socket bound to %v", ErrInvalidAddr, src, b.local)
-		}
-		t := s.t
-		if g := b.group.Load(); g != nil {
-			g.hasConns.Store(true) // N.B. before the peer is set
-			if !b.hashed4 {
-				// udp_lib_hash4: the first connect leaves the group.
-				ps := &t.ports[uint32(s.port)&t.mask]
-				ps.mu.Lock()
-				leaveGroup(b)
-				ps.mu.Unlock()
-			}
-		}
-		b.peer.Store(peer)
-		t.hash4(b)
-		return nil
-	}
-	sa := normAddr(src)
-	switch {
-	case !src.IsValid():
-		return fmt.Errorf("%w: Connect of %v, bound to a wildcard address, needs the source address (ConnectFrom)", ErrInvalidAddr, b.local)
-	case sa.IsUnspecified() || sa.Is4() != addr.Is4():
-		return fmt.Errorf("%w: ConnectFrom %v to %v", ErrInvalidAddr, src, remote)
-	case s.v6:
-		sa = netip.AddrFrom16(sa.As16())
-	}
-	return s.t.move(s, sa, peer)
-}
-
-// move replaces the binding of s, on a wildcard address, by one on addr
-// connected to peer (or not, if peer is nil), as the kernel's udp_lib_rehash
-// when connect() fixes the local address or a disconnect resets it: the
-// socket leaves its reuseport group and goes to the head of its new hash2
-// chain. s.mu is held.
-func (t *UDPTable[T]) move(s *UDPSocket[T], addr netip.Addr, peer *udpPeer) error {
-	old := s.b
-	b := t.newBinding(s, addr)
-	b.moved = peer != nil
-	if b.hasNode {
-		i, ok := t.getNode(b.h2)
-		if !ok {
-			return ErrTableFull
-		}
-		b.node = i
-		t.nodes.at(i).val.Store(s.val)
-	}
-	b.peer.Store(peer)
-	ps := &t.ports[uint32(s.port)&t.mask]
-	ps.mu.Lock()
-	leaveGroup(old)
-	t.link(b, false)
-	t.unlink(old)
-	s.b = b
-	ps.mu.Unlock()
-	if old.hashed4 {
-		t.unhash4(old)
-	}
-	if old.hasNode {
-		t.putNode(old.h2, old.node)
-	}
-	if peer != nil {
-		t.hash4(b)
-	}
-	return nil
-}
-
-// Disconnect undoes Connect, as connect() with AF_UNSPEC: the socket leaves
-// hash4 and receives packets from every peer again. A socket that took its
-// address at connect goes back to the wildcard address of its family (:: for
-// an IPv6 socket). Disconnecting a socket that is not connected does nothing.
-// On a closed socket it returns an error matching [net.ErrClosed].
-func (s *UDPSocket[T]) Disconnect() error {
-	if s == nil || s.t == nil {
-		return fmt.Errorf("hash4: Disconnect on a UDPSocket not made by Bind: %w", net.ErrClosed)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.errClosed("Disconnect")
-	}
-	b := s.b
-	if b.peer.Load() == nil {
-		return nil
-	}
-	if b.moved {
-		wild := netip.IPv4Unspecified()
-		if s.v6 {
-			wild = netip.IPv6Unspecified()
-		}
-		return s.t.move(s, wild, nil)
-	}
-	// The node stays in its chain, matching nothing, as the kernel leaves
-	// a socket with a concrete address in hash4 (udp_lib_hash4).
-	if b.live4 {
-		e := s.t.nodes.at(b.node)
-		e.seq.Store(e.seq.Load() + 1)
-		b.live4 = false
-	}
-	b.peer.Store(nil)
-	return nil
-}
-
-// Close unbinds the socket: it leaves hash4, hash2 and its reuseport group,
-// and its hash4 node is recycled at once. A second Close returns an error
-// matching [net.ErrClosed]. A lookup racing with Close may still return the
-// socket's value.
-func (s *UDPSocket[T]) Close() error {
-	if s == nil || s.t == nil {
-		return fmt.Errorf("hash4: Close on a UDPSocket not made by Bind: %w", net.ErrClosed)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.errClosed("Close")
-	}
-	s.closed = true
-	t, b := s.t, s.b
-	if b.hashed4 {
-		t.unhash4(b)
-	}
-	// The peer stays as it was: a lookup still walking an old chain sees
-	// the binding as it was before Close.
-	ps := &t.ports[uint32(s.port)&t.mask]
-	ps.mu.Lock()
-	leaveGroup(b)
-	t.unlink(b)
-	ps.socks = slices.DeleteFunc(ps.socks, func(o *UDPSocket[T]) bool { return o == s })
-	ps.mu.Unlock()
-	if b.hasNode {
-		t.putNode(b.h2, b.node)
-	}
-	return nil
-}
-
-// hash4 makes b's node match (b.local, b's peer). The first time, as the
-// kernel's udp_lib_hash4, it links the node at the head of its chain; later
-// connects leave the kernel's socket in that chain, the chain of its first
-// peer, and only change the fields it matches on, so b's node is rekeyed in
-// place. b.s.mu is held.
-func (t *UDPTable[T]) hash4(b *udpBinding[T]) {
-	peer := b.peer.Load()
-	h := t.udpEhash(&b.lw, peer.addr.Addr().Is4(), b.port, &peer.w, peer.port)
-	k := key{meta: uint64(h)<<32 | uint64(b.port)<<16 | uint64(peer.port), remote: peer.w, local: b.lw}
-	e := t.nodes.at(b.node)
-	if b.hashed4 {
-		if b.live4 {
-			e.seq.Store(e.seq.Load() + 1) // N.B. even while the key is rewritten
-		}
-		e.key.store(&k)
-		e.seq.Store(e.seq.Load() + 1)
-		b.live4 = true
-		return
-	}
-	// N.B. the node's seq is even (it is in no chain, see unhash4): readers
-	// that still stand on it ignore its key while it is rewritten.
-	e.key.store(&k)
-	// N.B. counted before it can be found (see udpSlot.hash4Cnt).
-	t.slots[b.h2&t.mask].hash4Cnt.Add(1)
-	st := t.h4.stripe(h)
-	st.mu.Lock()
-	linkAt(t.h4.head(h), nodeLink(b.node), &e.next)
-	e.seq.Store(e.seq.Load() + 1) // live, with its new key: N.B. after linking (see entry)
-	st.count.Store(st.count.Load() + 1)
-	st.mu.Unlock()
-	b.h4, b.hashed4, b.live4 = h, true, true
-}
-
-// unhash4 unlinks b's node from its hash4 chain (the unhash half of the
-// kernel's udp_lib_rehash). b.s.mu is held.
-func (t *UDPTable[T]) unhash4(b *udpBinding[T]) {
-	st := t.h4.stripe(b.h4)
-	st.mu.Lock()
-	prev := t.h4.head(b.h4)
-	target := nodeLink(b.node)
-	for l := prev.load(); !l.isNulls(); l = prev.load() {
-		e := t.nodes.at(l.index())
-		if l == target {
-			// N.B. seq turns even before the node is unlinked (see
-			// entry) and before its key may be rewritten, so a reader
-			// standing on it stops trusting the key; e.next is left
-			// as it is, so such a reader walks on.
-			if b.live4 {
-				e.seq.Store(e.seq.Load() + 1)
-			}
-			unlink(prev, &e.next)
-			st.count.Store(st.count.Load() - 1)
-			break
-		}
-		prev = &e.next
-	}
-	st.mu.Unlock()
-	t.slots[b.h2&t.mask].hash4Cnt.Add(-1)
-	b.hashed4, b.live4 = false, false
 }
 
 // udpPacket is a received packet in the form the lookup reads.
@@ -875,17 +418,15 @@ begin:
 	l := head.load()
 	for !l.isNulls() {
 		e := t.nodes.at(l.index())
-		if seq := e.seq.Load(); seq&1 == 1 && e.key.matches(k) {
-			v := e.val.Load()
-			if e.seq.Load() != seq {
-				t.restarts.Add(1)
-				goto begin
-			}
+		v, ok, changed := e.read(k)
+		if ok {
 			return v
 		}
-		if t.visit != nil {
-			t.visit(l.index())
+		if changed {
+			t.restarts.Add(1)
+			goto begin
 		}
+		t.hooks.onVisit(l.index())
 		l = e.next.load()
 	}
 	if l.nullsValue() != t.h4.nullsBase+b {
@@ -929,27 +470,6 @@ func (t *UDPTable[T]) walk(slot *udpSlot[T], p *udpPacket, wild bool) *T {
 		}
 	}
 	return result
-}
-
-// pick returns the socket of g that a packet with flow hash h reaches, as the
-// kernel's reuseport_select_sock_by_hash: the first unconnected one from the
-// k-th on, cyclically, k = reciprocal_scale(h, n) for a group of n; nil if
-// every one is connected.
-func (g *udpReuse[T]) pick(h uint32) *udpBinding[T] {
-	socks := *g.socks.Load()
-	n := len(socks)
-	if n == 0 {
-		return nil
-	}
-	for i, j := 0, reciprocalScale(h, n); i < n; i++ {
-		if b := socks[j]; b.peer.Load() == nil {
-			return b
-		}
-		if j++; j == n {
-			j = 0
-		}
-	}
-	return nil
 }
 
 // score is the kernel's compute_score for b and packet p, in the exact step

@@ -761,11 +761,11 @@ func TestUDPHash4NullsRestart(t *testing.T) {
 			paused, resume := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			target := mover.b.node
-			tbl.visit = func(i uint32) {
+			tbl.hooks = &testHooks{visit: func(i uint32) {
 				if i == target {
 					once.Do(func() { close(paused); <-resume })
 				}
-			}
+			}}
 			done := make(chan *int)
 			k := key{
 				meta:   uint64(udpTestHash(Tuple{Local: local, Remote: sPeer}))<<32 | 5000<<16 | 9,
@@ -790,7 +790,7 @@ func TestUDPHash4NullsRestart(t *testing.T) {
 			close(resume)
 			require.Same(t, &sv, <-done)
 			require.EqualValues(t, 1, tbl.restarts.Load(), "one restart, on the foreign marker")
-			tbl.visit = nil
+			tbl.hooks = nil
 			v, ok := tbl.Lookup(Tuple{Local: local, Remote: sPeer})
 			require.True(t, ok)
 			require.Same(t, &sv, v)
