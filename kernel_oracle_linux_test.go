@@ -32,7 +32,7 @@ import (
 // reuseport CPU preference are the same for all.
 
 var (
-	kernelSeeds = flag.Int("kernel.seeds", 12, "random kernel-oracle scenarios to run")
+	kernelSeeds = flag.Int("kernel.seeds", 1000, "random kernel-oracle scenarios to run, UDP and TCP each")
 	kernelTrace = flag.Bool("kernel.trace", false, "log every operation of the kernel-oracle scenarios")
 )
 

@@ -71,8 +71,9 @@ var wordsAny4 = addrWords(netip.IPv4Unspecified())
 // [TCPTable.Listen] accepts and refuses listeners as Linux's bind() and
 // listen() do. A listener on an IPv4-mapped address (::ffff:a.b.c.d) is an
 // IPv6 socket: it takes IPv4 segments to a.b.c.d unless an IPv4 listener is
-// there. Lookup takes no lock and never allocates; all methods are safe for
-// concurrent use. Devices, network namespaces and CPUs are not modelled.
+// there. [TCPTable.Lookup] takes no lock and never allocates; all methods are
+// safe for concurrent use; make one with [NewTCPTable]. Devices, network
+// namespaces and CPUs are not modelled.
 type TCPTable[T any] struct {
 	est    *Table[T]
 	lb     buckets // listener chains (nulls base 2^29), keyed by the port+address hash

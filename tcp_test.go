@@ -783,3 +783,117 @@ func tcpTestHash(pkt Tuple) uint32 {
 	}
 	return Inet6Ehashfn(la, pkt.Local.Port(), ra, pkt.Remote.Port(), udpTestSecret.Ehash, udpTestSecret.Ehash6Addr)
 }
+
+// TestTCPListenReusePortFastPath: a port whose bind bucket remembers the
+// address of the last SO_REUSEPORT listener that did not match it
+// (FASTREUSEPORT_STRICT) lets a reuseport listener on a matching address
+// listen without a conflict check (sk_reuseport_match), even beside a
+// listener without port reuse that it overlaps; the same listener is
+// refused once that memory is gone. The bucket goes with the port's last
+// listener.
+func TestTCPListenReusePortFastPath(t *testing.T) {
+	for _, second := range []bool{true, false} {
+		tbl := NewTCPTable[int](WithSecret(udpTestSecret))
+		ref := &tcpModel{}
+		v := new(int)
+		listen := func(addr string, ok bool, opts ...BindOption) func() {
+			t.Helper()
+			rel, err := tbl.Listen(dmxAP(addr), v, opts...)
+			cfg := bindConfig{}
+			for _, o := range opts {
+				o(&cfg)
+			}
+			ml := ref.listen(dmxAP(addr), cfg.v6only, cfg.reusePort)
+			require.Equal(t, ok, err == nil, "%s: %v", addr, err)
+			require.Equal(t, ok, ml != nil, "model: %s", addr)
+			return func() {
+				rel()
+				ref.close(ml)
+			}
+		}
+		relA := listen("0.0.0.0:80", true, WithReusePort())
+		relB := listen("[::]:80", true, WithIPv6Only()) // the fast path is off
+		if second {
+			listen("0.0.0.0:80", true, WithReusePort()) // strict, on 0.0.0.0
+		}
+		listen("[::]:80", second, WithReusePort())
+		if second {
+			continue
+		}
+		relA()
+		relB()
+		// The port has no listener left: a new bucket.
+		listen("[::]:80", true, WithIPv6Only())
+		listen("[::]:81", true, WithReusePort())
+		listen("[::]:81", false)
+	}
+}
+
+// TestTCPSpecificIPv6AddressIsIPv6Only: bind() to a specific IPv6 address
+// makes a listener IPv6-only (__inet6_bind), so on ::1 the listeners that
+// asked for IPV6_V6ONLY and those that did not form one reuseport group.
+func TestTCPSpecificIPv6AddressIsIPv6Only(t *testing.T) {
+	tbl := NewTCPTable[string](WithSecret(udpTestSecret))
+	names := []string{"A", "B"}
+	_, err := tbl.Listen(dmxAP("[::1]:80"), &names[0], WithReusePort())
+	require.NoError(t, err)
+	_, err = tbl.Listen(dmxAP("[::1]:80"), &names[1], WithReusePort(), WithIPv6Only())
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for i := range 100 {
+		syn := Tuple{Local: dmxAP("[::1]:80"), Remote: netip.AddrPortFrom(netip.IPv6Loopback(), uint16(1000+i))}
+		v, ok := tbl.Lookup(syn)
+		require.True(t, ok)
+		require.Equal(t, names[reciprocalScale(tcpTestHash(syn), 2)], *v)
+		seen[*v] = true
+	}
+	require.Len(t, seen, 2)
+}
+
+// TestTCPIPv4MappedListener: a listener on ::ffff:a.b.c.d or ::ffff:0.0.0.0
+// is an IPv6 socket. It conflicts with an IPv4 listener on the same address
+// unless both set SO_REUSEPORT, and then the IPv4 listener, which the
+// kernel scores 2 against its 1 and meets first, takes every IPv4 segment.
+func TestTCPIPv4MappedListener(t *testing.T) {
+	for _, addrs := range [][2]string{{"127.0.0.2", "::ffff:127.0.0.2"}, {"0.0.0.0", "::ffff:0.0.0.0"}} {
+		for _, mappedFirst := range []bool{false, true} {
+			tbl := NewTCPTable[string](WithSecret(udpTestSecret))
+			v4, v6 := "IPv4", "mapped"
+			listen := func(addr string, v *string, opts ...BindOption) (func(), error) {
+				return tbl.Listen(netip.AddrPortFrom(netip.MustParseAddr(addr), 80), v, opts...)
+			}
+			first, second := addrs[0], addrs[1]
+			fv, sv := &v4, &v6
+			if mappedFirst {
+				first, second, fv, sv = second, first, sv, fv
+			}
+			rel1, err := listen(first, fv)
+			require.NoError(t, err)
+			_, err = listen(second, sv)
+			require.ErrorIs(t, err, ErrPortInUse, "%s beside %s", second, first)
+			rel1()
+			rel1, err = listen(first, fv, WithReusePort())
+			require.NoError(t, err)
+			rel2, err := listen(second, sv, WithReusePort())
+			require.NoError(t, err)
+			syn := dmxPkt("127.0.0.2:80", "127.0.0.9:5000")
+			require.Equal(t, "IPv4", tcpName(tbl, syn))
+			if mappedFirst {
+				rel2()
+			} else {
+				rel1()
+			}
+			require.Equal(t, "mapped", tcpName(tbl, syn), "the IPv6 listener alone")
+			_, ok := tbl.Lookup(dmxPkt("[::1]:80", "[::1]:5000"))
+			require.False(t, ok, "an IPv4-mapped listener takes no IPv6 segment")
+		}
+	}
+}
+
+// tcpName is the value Lookup returns for pkt, or "".
+func tcpName(tbl *TCPTable[string], pkt Tuple) string {
+	if v, ok := tbl.Lookup(pkt); ok {
+		return *v
+	}
+	return ""
+}

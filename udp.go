@@ -55,25 +55,20 @@ import (
 // Lock order: UDPSocket.mu, a primary slot's mu, a hash2 slot's mu, a hash4
 // stripe's mu. Lookups take none of them.
 
-// UDPTable finds the UDP socket that owns a received packet, as the Linux UDP
+// UDPTable finds the UDP socket that owns a received packet, as Linux's UDP
 // tables do: the connected socket with the packet's exact 4-tuple, else the
 // best-scoring socket bound to the packet's destination address and port,
-// else the best one bound to the wildcard address on that port. Sockets
-// sharing a port with [WithReusePort] split packets by flow hash.
+// else the best one on the wildcard address of that port. Sockets sharing a
+// port with [WithReusePort] split packets by flow hash.
 //
-// [UDPTable.Bind] accepts and refuses binds as Linux's bind() does, and a
-// socket bound to the wildcard address takes a concrete local address when
-// it connects ([UDPSocket.ConnectFrom]), as in Linux. A socket's first
-// connect takes it out of its reuseport group, and only that connect puts it
-// where an exact 4-tuple finds it first: a socket connected again to another
-// peer is found by score, as in Linux 6.13 and later.
-//
-// Sockets have the family of their address: an IPv4-mapped address
-// (::ffff:a.b.c.d) makes an IPv6 socket, which receives the IPv4 packets to
-// a.b.c.d but loses them to an IPv4 socket on a.b.c.d.
-//
-// Lookup takes no lock and never allocates; all methods are safe for
-// concurrent use. Devices, network namespaces and CPUs are not modelled.
+// [UDPTable.Bind] accepts and refuses binds as Linux's bind() does; a socket
+// on a wildcard address takes a concrete one when it connects
+// ([UDPSocket.ConnectFrom]); a socket's first connect takes it out of its
+// reuseport group, and a socket connected again to another peer is found by
+// score, as in Linux 6.13 and later. An IPv4-mapped address (::ffff:a.b.c.d)
+// makes an IPv6 socket, which an IPv4 socket on a.b.c.d outranks.
+// [UDPTable.Lookup] takes no lock and never allocates; all methods are safe
+// for concurrent use. Devices, network namespaces and CPUs are not modelled.
 type UDPTable[T any] struct {
 	slots []udpSlot[T] // hash2
 	ports []udpPort[T] // the primary table, by port

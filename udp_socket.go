@@ -166,8 +166,10 @@ func (t *UDPTable[T]) move(s *UDPSocket[T], addr netip.Addr, peer *udpPeer) erro
 	return nil
 }
 
-// Disconnect undoes Connect, as connect() with AF_UNSPEC: the socket leaves
-// hash4 and receives packets from every peer again. A socket that took its
+// Disconnect undoes Connect, as connect() with AF_UNSPEC: the socket
+// receives packets from every peer again. (Linux keeps an IPv6 socket's old
+// peer address, and the socket then takes only the IPv6 packets from that
+// address, and none if it was IPv4-mapped; Disconnect does not copy this.) A socket that took its
 // address at connect goes back to the wildcard address of its family (:: for
 // an IPv6 socket). Disconnecting a socket that is not connected does nothing.
 // On a closed socket it returns an error matching [net.ErrClosed].
