@@ -436,7 +436,8 @@ begin:
 // step: in chain order, the first socket to score above the best so far
 // becomes the answer; if it is unconnected and in a reuseport group, the
 // group's pick does, and ends the walk if no member of the group has ever
-// been connected.
+// been connected. (The pick, unconnected, on b's address and of b's family,
+// scores as b does: the kernel's rescore of it changes nothing.)
 func (t *UDPTable[T]) walk(slot *udpSlot[T], p *udpPacket, wild bool) *T {
 	cp := slot.chain.Load()
 	if cp == nil {
