@@ -90,6 +90,7 @@ func TestInlining(t *testing.T) {
 			"wordsAreIPv4",
 			"(*key).setPort",
 			"(*entry[int]).read",
+			"(*entry[int]).readListener",
 		} {
 			if !strings.Contains(string(out)+"\n", "can inline "+fn+"\n") {
 				t.Errorf("%s: %s no longer inlines", arch, fn)

@@ -76,6 +76,9 @@ type testHooks struct {
 	// checked is called by growBehind after each check of the table,
 	// with whether it grew the table.
 	checked func(grew bool)
+	// matched is called by TCPTable's listener walks on each node whose
+	// key matched, before they read its listen word and value.
+	matched func(index uint32)
 	// nodeLimit, when not 0, ends the node store's index space there
 	// rather than at slabMaxNodes; nodesSpent makes reserve set nodeLimit
 	// to the end of the nodes it carves, and carve them whatever the

@@ -14,99 +14,136 @@ import (
 // kernel's lhash2, looked up in the kernel's order (__inet_lookup: the
 // established table, then __inet_lookup_listener).
 //
-// Listener nodes are entries of the established Table's node store, so that
-// a node can be recycled from an established chain into a listener chain and
-// back while lock-free readers stand on it. Listener chains end in nulls
-// values offset by 2^29 (the kernel's LISTENING_NULLS_BASE), so a reader of
-// either kind that strays into a chain of the other kind ends on a value
-// that is not its own and restarts. No false match is possible on the way:
-// a listener entry holds remote port 0, which no established key has.
+// Invariants.
 //
-// A listener node's key holds no remote address: its first remote word holds
-// the listener's listen word (listenReuse, listenV6Only) instead, and
-// listener walks match a key on its hash, ports and local address alone
-// (entryKey.matchesLocal).
+//   - Listener nodes are entries of the established Table's node store, so a
+//     node can be recycled between an established chain and a listener
+//     chain while lock-free readers stand on it. Listener chains end in
+//     nulls values offset by 2^29 (LISTENING_NULLS_BASE), so a reader that
+//     strays into a chain of the other kind ends on a foreign marker and
+//     restarts. A listener key holds remote port 0, which no established
+//     key has, so no false match is possible on the way.
+//   - A listener key's first remote word is its listen word (listenReuse
+//     and the other bits below, and its listen sequence number); listener
+//     walks match a key on its hash, port and local address alone
+//     (entryKey.matchesLocal). IPv4 and IPv4-mapped listeners share their
+//     local words and chain, as in the kernel, and differ by listenV6.
+//   - Nodes go to the head of their chain: a node released and reused at
+//     the tail of the chain a reader stands on would lead the reader past
+//     the listeners behind its old place. The kernel's chain order, which
+//     decides between listeners of equal score, is computed from the
+//     listen words instead: it adds IPv6 reuseport listeners at the tail
+//     and the others at the head.
+//   - A reuseport group (sock_reuseport) is a tcpGroup, an immutable record
+//     of its listeners in the array's order, replaced whole under the
+//     stripe lock of its chain. Each stripe lists the groups of its
+//     chains. A record lists only live listeners.
+//   - Each port slot lists the listeners of its ports, for bind conflicts;
+//     Listen and release hold its mu around their chain work.
 //
-// Reuseport groups. A group's listeners are nodes of the chain like any
-// other, and the group itself, the kernel's sock_reuseport array, is a
-// tcpGroup: an immutable record of its listeners in the array's order,
-// which Listen and release replace whole (copy-on-write) under the stripe
-// lock of the group's chain, and which readers load with one atomic load.
-// Each stripe has the list of the groups whose chains it guards. A lookup
-// that meets a listener of a group in the chain picks from the group's
-// record, as the kernel's inet_lookup_reuseport picks from the array of the
-// first listener it meets, and so costs the same for a group of any size.
-// N.B. a record lists only live listeners: Listen publishes it after the
-// new listener's node is live, release before the node is freed.
+// Lock order: a port slot's mu, then a stripe's mu. Lookups take none.
 
 // listenerNullsBase is added to the bucket index of a listener chain to make
 // its nulls value, as the kernel's LISTENING_NULLS_BASE.
 const listenerNullsBase = 1 << 29
 
-// Bits of a listener's listen word (the first remote word of its key).
+// Bits of a listener's listen word (the first remote word of its key); its
+// listen sequence number is above listenSeqShift.
 const (
-	listenReuse  = 1 << 0 // SO_REUSEPORT
-	listenV6Only = 1 << 1 // IPV6_V6ONLY
+	listenReuse    = 1 << 0 // SO_REUSEPORT
+	listenV6Only   = 1 << 1 // IPV6_V6ONLY
+	listenV6       = 1 << 2 // an AF_INET6 socket
+	listenSeqShift = 8
 )
 
 // wordsAny4 is the 16-byte form of 0.0.0.0 (::ffff:0.0.0.0) as addrWords
 // gives it; that of :: is zero.
 var wordsAny4 = addrWords(netip.IPv4Unspecified())
 
-// TCPTable finds the TCP socket that owns a received segment, as the Linux
-// TCP tables do: an established connection with the segment's exact
-// 4-tuple, else the listener bound to the segment's destination address and
-// port, else the listener bound to the wildcard address on that port.
+// TCPTable finds the TCP socket that owns a received segment, as Linux's TCP
+// tables do: the established connection with the segment's 4-tuple, else the
+// best listener on the segment's destination address and port, else the best
+// one on the wildcard address of that port. Where listeners tie, the one
+// Linux meets first wins, and one with [WithReusePort] hands the segment to a
+// listener of its group by flow hash.
 //
-// The established connections are a Table (see Established): Insert,
-// Delete, Lookup and Connect (with a PortAllocator) work on it as on any
-// Table.
-// Listeners are added by Listen. Lookup takes no lock and never allocates.
-// All methods are safe for concurrent use. A TCPTable must be created with
-// NewTCPTable.
-//
-// Listeners. A listener bound to 0.0.0.0 takes IPv4 segments for its port,
-// one bound to :: takes IPv6 segments and, as a dual-stack socket
-// (IPV6_V6ONLY off, the Linux and Go default), IPv4 segments too, unless it
-// is IPv6-only (WithIPv6Only). 0.0.0.0 and :: on one port may both listen
-// (Linux would refuse the second unless the :: one were IPv6-only); an IPv4
-// segment then goes to 0.0.0.0, as the kernel's compute_score prefers an
-// IPv4 socket. Devices and network namespaces are left out. Addresses are
-// read as in Table: IPv4-mapped addresses are IPv4, zones are ignored.
-//
-// Reuseport groups. Several listeners may share an address and port if all
-// of them asked for it (WithReusePort), as with SO_REUSEPORT. Those of them
-// that are IPv6-only, or those that are not, form a group, kept in the
-// order of the kernel's reuseport array: listen order, but when a listener
-// is released, the group's last listener takes its place
-// (reuseport_detach_sock). A segment that reaches the group goes to its
-// k-th listener, k = reciprocal_scale(hash, n) for a group of n, the hash
-// being the segment's established hash (InetEhashfn or Inet6Ehashfn with
-// the default hasher), as the kernel's inet_lookup_reuseport; so a given
-// 4-tuple keeps reaching one listener while none joins or leaves the
-// group. Where both groups on :: take an IPv6 segment, the group of the
-// listener that listened first takes it, as in the kernel, whose lhash2
-// chains keep IPv6 reuseport listeners in listen order. While listeners
-// join or leave a group, a lookup may return any listener of the group
-// that was listening during the lookup.
+// Established connections are a [Table] ([TCPTable.Established]).
+// [TCPTable.Listen] accepts and refuses listeners as Linux's bind() and
+// listen() do. A listener on an IPv4-mapped address (::ffff:a.b.c.d) is an
+// IPv6 socket: it takes IPv4 segments to a.b.c.d unless an IPv4 listener is
+// there. [TCPTable.Lookup] takes no lock and never allocates; all methods are
+// safe for concurrent use; make one with [NewTCPTable]. Devices, network
+// namespaces and CPUs are not modelled.
 type TCPTable[T any] struct {
 	est    *Table[T]
 	lb     buckets // listener chains (nulls base 2^29), keyed by the port+address hash
-	mix    uint32  // net_hash_mix of the port+address hash
-	anyMix uint32  // jhash_1word(0, mix)
+	ports  []tcpPort[T]
+	mix    uint32 // net_hash_mix of the port+address hash
+	anyMix uint32 // jhash_1word(0, mix)
 
 	// groups holds, for each stripe of lb, the reuseport groups whose
 	// chains it guards; written under the stripe's lock.
 	groups []atomic.Pointer[[]*tcpGroup[T]]
 
 	restarts atomic.Uint64 // listener walks started again
-	listens  atomic.Uint64 // listen sequence numbers (tcpGroup.first)
+	listens  atomic.Uint64 // listen sequence numbers
 
-	// visit, set only by tests before the table is used, is called by
-	// listener walks on each node of a chain before they read its next
-	// link (the established walk has Table.visit); matched, on each node
-	// whose key matched, before they read its listen word and value.
-	visit, matched func(index uint32)
+	hooks *testHooks // nil but in tests: visit and matched
+}
+
+// tcpPort is a port slot: the listeners of its ports, for bind conflicts,
+// and the fast-reuseport state of each of those ports.
+type tcpPort[T any] struct {
+	mu   sync.Mutex
+	ls   []*tcpListener
+	fast map[uint16]tcpFast
+}
+
+// tcpListener is a listener as bind conflicts read it.
+type tcpListener struct {
+	addr  sockAddr
+	port  uint16
+	reuse bool
+}
+
+// tcpFast is the SO_REUSEPORT fast path of a port's bind bucket (the
+// kernel's tb->fastreuseport and fast_* fields), which lives as long as the
+// port has listeners: fastAny while every listener asked for port reuse,
+// fastStrict with the address of the last one that did not match it.
+type tcpFast struct {
+	mode int
+	addr sockAddr
+}
+
+const (
+	fastAny = 1 + iota
+	fastStrict
+)
+
+// match is sk_reuseport_match: whether l may take the port without a
+// conflict check.
+func (f tcpFast) match(l *tcpListener) bool {
+	switch {
+	case f.mode == 0 || !l.reuse:
+		return false
+	case f.mode == fastAny:
+		return true
+	}
+	return addrMatch(f.addr, l.addr, true, false)
+}
+
+// update is inet_csk_update_fastreuse after l took a port that had
+// listeners if had.
+func (f tcpFast) update(l *tcpListener, had bool) tcpFast {
+	switch {
+	case !l.reuse:
+		return tcpFast{}
+	case !had:
+		return tcpFast{mode: fastAny, addr: l.addr}
+	case !f.match(l):
+		return tcpFast{mode: fastStrict, addr: l.addr}
+	}
+	return f
 }
 
 // NewTCPTable returns an empty table. Its options are those of New and
@@ -126,6 +163,7 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 	t.lb.init(len(a.b.heads), len(a.b.stripes), listenerNullsBase)
 	t.est.listenerStripes = t.lb.stripes
 	t.groups = make([]atomic.Pointer[[]*tcpGroup[T]], len(t.lb.stripes))
+	t.ports = make([]tcpPort[T], len(t.lb.heads))
 	t.mix = portaddrMix(&t.est.secret)
 	t.anyMix = JHash1Word(0, t.mix)
 	return t
@@ -145,36 +183,37 @@ func (t *TCPTable[T]) Established() *Table[T] {
 	return t.est
 }
 
-// listenerKey returns the key of a listener on (addr, port), addr in the
-// form normAddr gives: hash and local port in meta, the listen word in the
-// first remote word.
+// listenerKey returns the key of a listener on (addr, port), addr in any
+// form (IPv4-mapped addresses hash and match as IPv4 ones).
 func (t *TCPTable[T]) listenerKey(addr netip.Addr, port uint16, word uint64) key {
 	w := addrWords(addr)
-	h := portaddrHashWords(&w, addr.Is4(), port, t.mix)
+	h := portaddrHashWords(&w, false, port, t.mix)
 	return key{meta: uint64(h)<<32 | uint64(port)<<16, local: w, remote: [2]uint64{word, 0}}
 }
 
-// tcpGroup is a reuseport group: the listeners on one address and port that
-// asked for port reuse and are all IPv6-only or all not, in the order of
-// the kernel's reuseport array. It is never changed once published.
+// tcpGroup is a reuseport group: the listeners of one family on one address
+// and port that asked for port reuse and are all IPv6-only or all not, in the
+// order of the kernel's reuseport array. It is never changed once published.
 type tcpGroup[T any] struct {
 	meta    uint64    // the listeners' key meta: port+address hash and port
 	local   [2]uint64 // the listeners' address words
-	v6only  bool
-	first   uint64 // the smallest listen sequence number among its listeners
+	kind    uint64    // their listen words' listenV6 and listenV6Only bits
 	members []tcpMember[T]
 }
 
 // tcpMember is a listener of a tcpGroup.
 type tcpMember[T any] struct {
-	val    *T
-	node   uint32
-	listen uint64 // its listen sequence number
+	val  *T
+	node uint32
 }
 
-// matches reports whether g is the group of listeners with key k.
-func (g *tcpGroup[T]) matches(k *key) bool {
-	return g.meta == k.meta && g.local == k.local && g.v6only == (k.remote[0]&listenV6Only != 0)
+// groupKind is the part of a listen word that tells its listener's group.
+func groupKind(word uint64) uint64 { return word & (listenV6 | listenV6Only) }
+
+// matches reports whether g is the group of the listeners with key k and
+// listen word word.
+func (g *tcpGroup[T]) matches(k *key, word uint64) bool {
+	return g.meta == k.meta && g.local == k.local && g.kind == groupKind(word)
 }
 
 // changeGroup publishes the groups of stripe si with the group of key k
@@ -188,34 +227,32 @@ func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMe
 		old = *p
 	}
 	groups := make([]*tcpGroup[T], 0, len(old)+1)
-	g := &tcpGroup[T]{meta: k.meta, local: k.local, v6only: k.remote[0]&listenV6Only != 0}
+	g := &tcpGroup[T]{meta: k.meta, local: k.local, kind: groupKind(k.remote[0])}
 	for _, x := range old {
-		if x.matches(k) {
+		if x.matches(k, k.remote[0]) {
 			g.members = x.members
 		} else {
 			groups = append(groups, x)
 		}
 	}
 	if g.members = change(g.members); len(g.members) != 0 {
-		g.first = g.members[0].listen
-		for _, m := range g.members[1:] {
-			g.first = min(g.first, m.listen)
-		}
 		groups = append(groups, g)
 		slices.SortFunc(groups, func(a, b *tcpGroup[T]) int { return cmp.Compare(a.meta, b.meta) })
 	}
 	t.groups[si].Store(&groups)
 }
 
-// Listen adds a listener with value v on local, which may be the wildcard
-// address of its family (0.0.0.0 or ::), and returns the function that
+// Listen adds a listener with value v on local and returns the function that
 // removes it; release may be called more than once, and only its first call
-// does anything. Its options are WithReusePort and WithIPv6Only (see
-// TCPTable). Listen returns an error matching ErrPortInUse (and
-// syscall.EADDRINUSE) if a listener is on the same address and port and
-// not both asked for port reuse, ErrInvalidAddr for an invalid address,
-// port 0, or WithIPv6Only on an IPv4 address, ErrNilValue for a nil v and
-// ErrTableFull if the node store is exhausted; on error nothing changes.
+// does anything. local may be a wildcard address (0.0.0.0, ::, or
+// ::ffff:0.0.0.0 for IPv4 segments only). Its options are [WithReusePort],
+// [WithIPv6Only] and [WithReuseAddr], which lets no listener share a port.
+// Listen returns an error matching [ErrPortInUse] (and syscall.EADDRINUSE)
+// where Linux's bind() and listen() refuse (inet_csk_bind_conflict: a
+// listener on an overlapping address of the port, unless both asked for port
+// reuse), [ErrInvalidAddr] for an invalid address, port 0, or [WithIPv6Only]
+// on an IPv4 or IPv4-mapped address, [ErrNilValue] for a nil v and
+// [ErrTableFull] if the node store is exhausted; on error nothing changes.
 func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (release func(), err error) {
 	if t.est == nil {
 		panic(zeroTCPTable)
@@ -226,45 +263,49 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 			o(&cfg)
 		}
 	}
-	addr, port := normAddr(local.Addr()), local.Port()
+	addr, port := local.Addr().WithZone(""), local.Port()
 	switch {
 	case !addr.IsValid():
 		return nil, fmt.Errorf("%w: Listen on an invalid address", ErrInvalidAddr)
 	case port == 0:
 		return nil, fmt.Errorf("%w: Listen on %v: port 0", ErrInvalidAddr, local)
-	case cfg.v6only && addr.Is4():
+	case cfg.v6only && (addr.Is4() || addr.Is4In6()):
 		return nil, fmt.Errorf("%w: Listen on %v: IPv6-only option on an IPv4 address", ErrInvalidAddr, local)
 	case v == nil:
 		return nil, fmt.Errorf("%w for Listen on %v", ErrNilValue, local)
 	}
-	var word uint64
+	v6 := addr.Is6()
+	// __inet6_bind makes a socket on a specific IPv6 address IPv6-only.
+	v6only := cfg.v6only || (v6 && !addr.Is4In6() && !addr.IsUnspecified())
+	l := &tcpListener{addr: newSockAddr(addr, v6, v6only), port: port, reuse: cfg.reusePort}
+	ps := &t.ports[uint32(port)&t.lb.mask]
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	fast, had := ps.fast[port]
+	if !fast.match(l) {
+		for _, o := range ps.ls {
+			if o.port == port && addrEqual(l.addr, o.addr, true) && !(l.reuse && o.reuse) {
+				return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, local)
+			}
+		}
+	}
+	word := t.listens.Add(1) << listenSeqShift
 	if cfg.reusePort {
 		word |= listenReuse
 	}
-	if cfg.v6only {
+	if v6only {
 		word |= listenV6Only
+	}
+	if v6 {
+		word |= listenV6
 	}
 	k := t.listenerKey(addr, port, word)
 	h := uint32(k.meta >> 32)
 	st := t.lb.stripe(h)
 	st.mu.Lock()
-	defer st.mu.Unlock()
-	// N.B. the node goes to the head of the chain, as
-	// hlist_nulls_add_head_rcu: nodes are reused at once, and one released
-	// and reused at the tail of the chain a reader stands on would lead the
-	// reader to the chain's own marker past the listeners behind the node's
-	// old place; at the head it leads the reader over the whole chain
-	// again. Listen order, which Linux keeps in the chain for IPv6
-	// reuseport listeners, is in the groups' records instead (tcpGroup).
-	for l := t.lb.head(h).load(); !l.isNulls(); {
-		e := t.est.nodes.at(l.index())
-		if e.key.matchesLocal(&k) && e.key.remote[0].Load()&word&listenReuse == 0 {
-			return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, netip.AddrPortFrom(addr, port))
-		}
-		l = e.next.load()
-	}
 	i, ok := t.est.nodes.get(&st.cache)
 	if !ok {
+		st.mu.Unlock()
 		return nil, ErrTableFull
 	}
 	e := t.est.nodes.at(i)
@@ -277,14 +318,30 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	linkAt(t.lb.head(h), nodeLink(i), &e.next)
 	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
 	st.count.Store(st.count.Load() + 1)
-	if cfg.reusePort {
-		m := tcpMember[T]{val: v, node: i, listen: t.listens.Add(1)}
+	if cfg.reusePort { // inet_reuseport_add_sock
+		m := tcpMember[T]{val: v, node: i}
 		t.changeGroup(h&t.lb.stripeMask, &k, func(members []tcpMember[T]) []tcpMember[T] {
 			return append(slices.Clip(members), m) // a new array: readers may hold the old one
 		})
 	}
+	st.mu.Unlock()
+	ps.ls = append(ps.ls, l)
+	if ps.fast == nil {
+		ps.fast = map[uint16]tcpFast{}
+	}
+	ps.fast[port] = fast.update(l, had)
 	var once sync.Once
-	return func() { once.Do(func() { t.unlisten(h, i) }) }, nil
+	return func() {
+		once.Do(func() {
+			ps.mu.Lock()
+			defer ps.mu.Unlock()
+			ps.ls = slices.DeleteFunc(ps.ls, func(o *tcpListener) bool { return o == l })
+			if !slices.ContainsFunc(ps.ls, func(o *tcpListener) bool { return o.port == port }) {
+				delete(ps.fast, port) // the bind bucket goes with its last owner
+			}
+			t.unlisten(h, i)
+		})
+	}, nil
 }
 
 // unlisten removes the listener in node i from the chain of hash h, as the
@@ -325,12 +382,10 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 }
 
 // Lookup returns the value of the socket that owns pkt, a segment from
-// pkt.Remote to pkt.Local: the established flow pkt if there is one, else
-// the listener on pkt.Local, else the wildcard listener on pkt.Local's port:
-// for an IPv4 segment 0.0.0.0, else :: (dual-stack); for an IPv6 one ::. It
-// takes no lock and does not allocate. A segment whose addresses are
-// invalid, whose destination is unspecified or port 0, or whose addresses
-// are of different families reaches no listener.
+// pkt.Remote to pkt.Local: the established flow pkt if there is one, else a
+// listener (see [TCPTable]). It takes no lock and does not allocate. A
+// segment whose addresses are invalid, whose destination is unspecified or
+// port 0, or whose addresses are of different families reaches no listener.
 func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// Table.Lookup's body, so that the established path costs what a
 	// plain Table lookup does: no second copy of pkt.
@@ -375,10 +430,7 @@ func (t *TCPTable[T]) LookupKind(pkt Tuple) (*T, Kind, bool) {
 }
 
 // lookupListener is __inet_lookup_listener: the exact lhash2 chain, then
-// the wildcard one; in each, the first listener on the segment's address
-// and port, and if it is in a reuseport group, the group's listener that
-// the segment's established hash picks (see pickListener for hash and
-// hashed).
+// the wildcard one (see pickListener for hash and hashed).
 func (t *TCPTable[T]) lookupListener(pkt *Tuple, hash uint32, hashed bool) (*T, bool) {
 	la, ra := pkt.Local.Addr().Unmap(), pkt.Remote.Addr().Unmap()
 	lp := pkt.Local.Port()
@@ -390,106 +442,138 @@ func (t *TCPTable[T]) lookupListener(pkt *Tuple, hash uint32, hashed bool) (*T, 
 	is4 := la.Is4()
 	setWords(&k.local, la)
 	k.meta = uint64(portaddrHashWords(&k.local, is4, lp, t.mix))<<32 | uint64(lp)<<16
-	if v, word, on := t.walkListeners(&k, nil); v != nil {
-		return t.pickListener(on, v, word, false, pkt, hash, hashed), true
+	on := &k
+	x := t.walkListeners(&k, nil, is4)
+	if x.v == nil {
+		any6.meta = uint64(t.anyMix^uint32(lp))<<32 | uint64(lp)<<16 // :: and 0.0.0.0 hash alike
+		if is4 {
+			any4.meta = any6.meta
+			any4.local[1] = wordsAny4[1]
+			on = &any4
+			x = t.walkListeners(&any4, &any6, true)
+		} else {
+			on = &any6
+			x = t.walkListeners(&any6, nil, false)
+		}
+		if x.v == nil {
+			return nil, false
+		}
+		if x.second {
+			on = &any6
+		}
 	}
-	any6.meta = uint64(t.anyMix^uint32(lp))<<32 | uint64(lp)<<16 // :: and 0.0.0.0 hash alike
-	var v *T
-	var word uint64
-	var on *key
-	if is4 {
-		any4.meta = any6.meta
-		any4.local[1] = wordsAny4[1]
-		v, word, on = t.walkListeners(&any4, &any6)
-	} else {
-		v, word, on = t.walkListeners(&any6, nil)
+	if x.word&listenReuse == 0 {
+		return x.v, true
 	}
-	if v == nil {
-		return nil, false
-	}
-	// An IPv4 segment that reached :: reaches only listeners that are not
-	// IPv6-only.
-	return t.pickListener(on, v, word, is4 && on == &any6, pkt, hash, hashed), true
+	return t.pickListener(on, x.v, x.word, pkt, hash, hashed), true
 }
 
-// walkListeners walks the listener chain of k1 without locks and returns the
-// value and listen word of the first live listener on k1's address and port,
-// else of the first on k2's (if k2 is not nil and hashes like k1) that is not
-// IPv6-only, else nil; and the key it matched, k1 or k2. A match is trusted
-// only if the node's seq was odd and unchanged across the read (see entry); a
-// miss only if the walk ended on this chain's own nulls marker: a node
-// recycled into another listener chain, or into an established chain, while
-// the walk stood on it leads to another marker, and the walk restarts.
-func (t *TCPTable[T]) walkListeners(k1, k2 *key) (*T, uint64, *key) {
+// listenerHit is a listener that a walk found: its value, listen word and
+// whether it matched the walk's second key.
+type listenerHit[T any] struct {
+	v      *T
+	word   uint64
+	second bool
+}
+
+// before reports whether a listener with listen word a comes before one with
+// word b in the kernel's chain order: IPv6 reuseport listeners at the tail in
+// listen order, the others at the head, newest first.
+func before(a, b uint64) bool {
+	const tail = listenV6 | listenReuse
+	at, bt := a&tail == tail, b&tail == tail
+	if at != bt {
+		return bt
+	}
+	return at == (a < b) // N.B. the sequence numbers are the words' top bits
+}
+
+// walkListeners walks the listener chain of k1 without locks for the
+// listeners on k1's address and port, and if k2 is not nil (it hashes like
+// k1), on k2's, and returns the first of them in the kernel's chain order;
+// for an IPv4 segment (is4) IPv6-only listeners take no part. That one wins,
+// as in inet_lhash2_lookup: listeners a segment reaches in one chain share
+// its address, and bind conflicts let two of them share it only if both set
+// SO_REUSEPORT, so the first one's group takes the segment. A miss is
+// trusted only if the walk ended on this chain's own marker: a node recycled
+// into another chain while the walk stood on it leads to another marker, and
+// the walk restarts.
+func (t *TCPTable[T]) walkListeners(k1, k2 *key, is4 bool) listenerHit[T] {
 	b := t.lb.bucket(uint32(k1.meta >> 32))
 	head := &t.lb.heads[b]
 begin:
-	var second *T
-	var secondWord uint64
+	var first listenerHit[T]
 	l := head.load()
 	for !l.isNulls() {
-		e := t.est.nodes.at(l.index())
-		if seq := e.seq.Load(); seq&1 == 1 {
-			m1 := e.key.matchesLocal(k1)
-			if m1 || (k2 != nil && second == nil && e.key.matchesLocal(k2)) {
-				if t.matched != nil {
-					t.matched(l.index())
-				}
-				word := e.key.remote[0].Load()
-				v := e.val.Load()
-				if e.seq.Load() != seq {
-					t.restarts.Add(1)
-					goto begin
-				}
-				if m1 {
-					return v, word, k1
-				}
-				if word&listenV6Only == 0 {
-					second, secondWord = v, word
-				}
+		i := l.index()
+		e := t.est.nodes.at(i)
+		var hit listenerHit[T]
+		hit.v, hit.word = e.readListener(k1, t.hooks, i)
+		if hit.word == 0 && k2 != nil {
+			hit.second = true
+			hit.v, hit.word = e.readListener(k2, t.hooks, i)
+		}
+		if hit.word == wordChanged {
+			t.restarts.Add(1)
+			goto begin
+		}
+		if hit.v != nil && !(is4 && hit.word&listenV6Only != 0) {
+			if first.v == nil || before(hit.word, first.word) {
+				first = hit
+			}
+			// The chain holds the listeners the kernel adds at the
+			// head in its order, newest first, and those come first.
+			if first.word&(listenV6|listenReuse) != listenV6|listenReuse {
+				return first
 			}
 		}
-		if t.visit != nil {
-			t.visit(l.index())
-		}
+		t.hooks.onVisit(i)
 		l = e.next.load()
 	}
-	if !t.endedHome(l, b) {
+	if l.nullsValue() != t.lb.nullsBase+b {
+		t.restarts.Add(1)
 		goto begin
 	}
-	if second == nil {
-		return nil, 0, nil
-	}
-	return second, secondWord, k2
+	return first
 }
 
-// endedHome reports whether a listener walk of bucket b, ended on nulls
-// marker l, ended on b's own; if not, the walk strayed into another chain
-// and must start again, and endedHome counts the restart.
-func (t *TCPTable[T]) endedHome(l link, b uint32) bool {
-	if l.nullsValue() == t.lb.nullsBase+b {
-		return true
+// readListener is entry.read for a listener walk: it returns e's value and
+// listen word if e is live and holds k's hash, port and local address
+// (entryKey.matchesLocal), unchanged across the read; nil and 0 if e does
+// not hold k, and nil and wordChanged if the second load of seq contradicts
+// a match. h's matched hook runs between the match and the reads.
+func (e *entry[T]) readListener(k *key, h *testHooks, i uint32) (v *T, word uint64) {
+	seq := e.seq.Load()
+	if seq&1 == 0 || !e.key.matchesLocal(k) {
+		return nil, 0
 	}
-	t.restarts.Add(1)
-	return false
+	h.onMatched(i)
+	word, v = e.key.remote[0].Load(), e.val.Load()
+	if e.seq.Load() != seq {
+		return nil, wordChanged
+	}
+	return v, word
 }
 
-// pickListener returns the listener that segment pkt reaches, given the
-// value v and listen word of a listener on its address and port k that
-// walkListeners found: v itself if it is alone there, else a listener of
-// the reuseport group on k, the one at place reciprocal_scale(hash, n) of
-// a group of n, as the kernel's inet_lookup_reuseport and
-// reuseport_select_sock_by_hash. Of two groups on k, IPv6-only and not,
-// the one with the listener that listened first takes the segment, or if
-// dualOnly, the one that is not IPv6-only. hash is pkt's established hash
-// if hashed, else pickListener computes it. N.B. the group's record may be
-// newer than the listener the walk met: the answer is a listener of the
-// record, each live when the record was loaded, or v if the group has
-// left meanwhile.
-func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, dualOnly bool, pkt *Tuple, hash uint32, hashed bool) *T {
-	if word&listenReuse == 0 {
-		return v
+// wordChanged is what readListener returns for a match that the entry's
+// seq contradicts: no listen word is all ones.
+const wordChanged = ^uint64(0)
+
+// onMatched calls h's matched hook, if h has one.
+func (h *testHooks) onMatched(i uint32) {
+	if h != nil && h.matched != nil {
+		h.matched(i)
 	}
+}
+
+// pickListener returns the listener of the reuseport group of listener v,
+// with key k and listen word word, that segment pkt reaches, the one at place reciprocal_scale(hash, n) of a
+// group of n, as inet_lookup_reuseport and reuseport_select_sock_by_hash.
+// hash is pkt's established hash if hashed, else pickListener computes it.
+// N.B. the group's record may be newer than the listener the walk met: the
+// answer is a listener of the record, each live when the record was
+// loaded, or v itself if the group has left meanwhile.
+func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, pkt *Tuple, hash uint32, hashed bool) *T {
 	var g *tcpGroup[T]
 	if p := t.groups[uint32(k.meta>>32)&t.lb.stripeMask].Load(); p != nil {
 		groups := *p
@@ -501,12 +585,13 @@ func (t *TCPTable[T]) pickListener(k *key, v *T, word uint64, dualOnly bool, pkt
 				hi = m
 			}
 		}
-		for _, x := range groups[lo:] {
-			if x.meta != k.meta {
+		for _, y := range groups[lo:] {
+			if y.meta != k.meta {
 				break
 			}
-			if x.local == k.local && !(dualOnly && x.v6only) && (g == nil || x.first < g.first) {
-				g = x
+			if y.matches(k, word) {
+				g = y
+				break
 			}
 		}
 	}

@@ -35,12 +35,19 @@ func TestTCPListenErrors(t *testing.T) {
 	}
 	rel, err := tbl.Listen(dmxAP("10.0.0.1:80"), v)
 	require.NoError(t, err)
-	for _, dup := range []string{"10.0.0.1:80", "[::ffff:10.0.0.1]:80"} {
-		_, err = tbl.Listen(dmxAP(dup), v)
-		require.ErrorIs(t, err, ErrPortInUse, dup)
-		require.ErrorIs(t, err, syscall.EADDRINUSE, dup)
+	// Overlapping addresses on the port, with or without SO_REUSEADDR.
+	for _, dup := range []string{"10.0.0.1:80", "[::ffff:10.0.0.1]:80", "0.0.0.0:80", "[::]:80", "[::ffff:0.0.0.0]:80"} {
+		for _, opts := range [][]BindOption{nil, {WithReuseAddr()}, {WithReusePort()}} {
+			_, err = tbl.Listen(dmxAP(dup), v, opts...)
+			require.ErrorIs(t, err, ErrPortInUse, dup)
+			require.ErrorIs(t, err, syscall.EADDRINUSE, dup)
+		}
 	}
-	for _, other := range []string{"10.0.0.2:80", "0.0.0.0:80", "[::]:80", "10.0.0.1:81"} {
+	_, err = tbl.Listen(dmxAP("[::]:80"), v, WithIPv6Only())
+	require.NoError(t, err, "an IPv6-only :: overlaps no IPv4 address")
+	_, err = tbl.Listen(dmxAP("[2001:db8::1]:80"), v)
+	require.ErrorIs(t, err, ErrPortInUse, ":: overlaps every IPv6 address")
+	for _, other := range []string{"10.0.0.2:80", "[2001:db8::1]:81", "10.0.0.1:81"} {
 		_, err = tbl.Listen(dmxAP(other), v)
 		require.NoError(t, err, other)
 	}
@@ -59,17 +66,17 @@ func TestTCPListenErrors(t *testing.T) {
 	require.True(t, ok)
 	require.Same(t, v2, got)
 	rel2()
-	got, ok = tbl.Lookup(syn)
-	require.True(t, ok)
-	require.NotSame(t, v2, got, "now the wildcard listener")
+	_, ok = tbl.Lookup(syn)
+	require.False(t, ok, "the IPv6-only :: takes no IPv4 segment")
 }
 
 // TestTCPReusePortGroups: listeners that asked for port reuse share an
 // address and port; a segment goes to the listener of the group's array
 // that its established hash picks, and after a release the group's last
-// listener takes the released one's place, as in the kernel. On ::,
-// IPv6-only listeners form a group of their own that IPv4 segments never
-// reach; IPv6 segments go to the group that listened first.
+// listener takes the released one's place, as in the kernel. IPv4-mapped
+// listeners form a group of their own, which the IPv4 group outranks. On
+// ::, IPv6-only listeners form a group of their own that IPv4 segments
+// never reach; IPv6 segments go to the group that listened first.
 func TestTCPReusePortGroups(t *testing.T) {
 	tbl := NewTCPTable[string](WithSecret(udpTestSecret))
 	names := []string{"A", "B", "C", "D"}
@@ -108,8 +115,11 @@ func TestTCPReusePortGroups(t *testing.T) {
 	spread([]string{"C", "D"})
 	v := "E"
 	_, err = tbl.Listen(dmxAP("[::ffff:10.0.0.1]:80"), &v, WithReusePort())
-	require.NoError(t, err, "the IPv4-mapped form joins the group")
-	spread([]string{"C", "D", "E"})
+	require.NoError(t, err, "the IPv4-mapped form, an IPv6 listener, has a group of its own")
+	spread([]string{"C", "D"})
+	rels[2]()
+	rels[3]()
+	spread([]string{"E"})
 
 	// A larger group, some of whose listeners leave.
 	big := make([]string, 40)
@@ -226,8 +236,9 @@ func TestTCPManyGroups(t *testing.T) {
 // listener, and the families of wildcard listeners.
 func TestTCPLookupOrder(t *testing.T) {
 	tbl := NewTCPTable[string](WithSecret(udpTestSecret), WithFixedBuckets(), WithCapacity(16))
+	// Port reuse lets the exact and wildcard listeners of a port coexist.
 	listen := func(addr, name string) func() {
-		rel, err := tbl.Listen(dmxAP(addr), &name)
+		rel, err := tbl.Listen(dmxAP(addr), &name, WithReusePort())
 		require.NoError(t, err)
 		return rel
 	}
@@ -445,13 +456,13 @@ func TestTCPRecycleAfterMatch(t *testing.T) {
 	stoppedOn := uint32(0)
 	paused, resume := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	tbl.matched = func(i uint32) {
+	tbl.hooks = &testHooks{matched: func(i uint32) {
 		once.Do(func() {
 			stoppedOn = i
 			close(paused)
 			<-resume
 		})
-	}
+	}}
 	done := make(chan *string)
 	go func() {
 		v, _ := tbl.Lookup(Tuple{Local: group, Remote: dmxAP("192.0.2.200:4444")})
@@ -492,7 +503,7 @@ func (s *tcpStray) pauseBehind(t *testing.T, b uint32) strayPause {
 	require.NoError(t, err)
 	i2 := tbl.lb.heads[b].load().index()
 	hook, paused, resume := pauseAt(i2)
-	tbl.visit = hook
+	tbl.hooks = &testHooks{visit: hook}
 	done := make(chan *string)
 	go func() {
 		v, _ := tbl.Lookup(Tuple{Local: l1, Remote: dmxAP("192.0.2.200:4444")})
@@ -528,65 +539,6 @@ func TestTCPLookupNoAllocs(t *testing.T) {
 	}
 }
 
-// tcpRef is the reference model of a TCPTable: a map of established flows,
-// the listeners in listen order and each reuseport group's array
-// (refSockets), and the lookup order.
-type tcpRef struct {
-	refSockets[*tcpRefListener]
-	est    map[Tuple]*int
-	secret Secret
-}
-
-// tcpRefListener is a listener of the reference model.
-type tcpRefListener struct {
-	refBinding
-	val     *int
-	release func()
-}
-
-// first returns the listener on local that listened first, skipping
-// IPv6-only ones if skipV6Only, or nil.
-func (r *tcpRef) first(local netip.AddrPort, skipV6Only bool) *tcpRefListener {
-	for _, l := range r.bound {
-		if l.local == local && !(skipV6Only && l.v6only) {
-			return l
-		}
-	}
-	return nil
-}
-
-func (r *tcpRef) lookup(pkt Tuple) *int {
-	l, rem := refNorm(pkt.Local), refNorm(pkt.Remote)
-	if v, ok := r.est[Tuple{l, rem}]; ok {
-		return v
-	}
-	la, ra := l.Addr(), rem.Addr()
-	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || l.Port() == 0 {
-		return nil
-	}
-	found := r.first(l, false)
-	if found == nil && la.Is4() {
-		found = r.first(netip.AddrPortFrom(netip.IPv4Unspecified(), l.Port()), false)
-	}
-	if found == nil {
-		found = r.first(netip.AddrPortFrom(netip.IPv6Unspecified(), l.Port()), la.Is4())
-	}
-	if found == nil {
-		return nil
-	}
-	if !found.reuse {
-		return found.val
-	}
-	var h uint32
-	if la.Is4() {
-		h = InetEhashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash)
-	} else {
-		h = Inet6Ehashfn(la, l.Port(), ra, rem.Port(), r.secret.Ehash, r.secret.Ehash6Addr)
-	}
-	g := r.groups[found.group()]
-	return g[int(uint64(h)*uint64(len(g))>>32)].val
-}
-
 // TestTCPLookupMatchesReference applies random Listen, release, Insert and
 // Delete to a table and the reference and compares lookups.
 func TestTCPLookupMatchesReference(t *testing.T) {
@@ -613,7 +565,7 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 	ports := []uint16{80, 81}
 	remotes := []string{"192.0.2.1:1000", "192.0.2.2:1000", "[2001:db8::9]:1000", "[::ffff:192.0.2.1]:1000", "0.0.0.0:7", "192.0.2.3:0"}
 	tbl := NewTCPTable[int](WithSecret(udpTestSecret), WithFixedBuckets(), WithCapacity(16), WithLockStripes(2))
-	ref := &tcpRef{est: map[Tuple]*int{}, secret: udpTestSecret}
+	ref := &tcpModel{est: map[Tuple]*int{}}
 	// Flows in the order they came, so that a scenario is the same on
 	// every run.
 	var flows []Tuple
@@ -628,16 +580,16 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 			l := randLocal()
 			v6only, reuse, opts := refBindOptions(src.next())
 			rel, err := tbl.Listen(l, v, opts...)
-			ok := ref.bindOK(l, v6only, reuse)
-			require.Equal(t, ok, err == nil, "Listen(%v, v6only %v, reuse %v): %v", l, v6only, reuse, err)
+			ml := ref.listen(l, v6only, reuse)
+			require.Equal(t, ml != nil, err == nil, "Listen(%v, v6only %v, reuse %v): %v", l, v6only, reuse, err)
 			if err == nil {
-				ref.add(&tcpRefListener{refBinding: refBinding{refNorm(l), v6only, reuse}, val: v, release: rel})
+				ml.val, ml.release = v, rel
 			}
 		case 1:
-			if len(ref.bound) > 0 {
-				i := src.pick(len(ref.bound))
-				ref.bound[i].release()
-				ref.remove(i)
+			if len(ref.ls) > 0 {
+				l := ref.ls[src.pick(len(ref.ls))]
+				l.release()
+				ref.close(l)
 			}
 		case 2:
 			tup := Tuple{randLocal(), dmxAP(pick(remotes))}
@@ -663,8 +615,12 @@ func runTCPScenario(t testing.TB, src *opSource, steps int) {
 		}
 		for range 8 {
 			pkt := Tuple{randLocal(), dmxAP(pick(remotes))}
-			got, _ := tbl.Lookup(pkt)
-			require.Equal(t, ref.lookup(pkt), got, "step %d: Lookup(%v)", step, pkt)
+			got, ok := tbl.Lookup(pkt)
+			want := ref.lookupAll(pkt, func() uint32 { return tcpTestHash(pkt) })
+			require.Equal(t, len(want) == 1, ok, "step %d: Lookup(%v)", step, pkt)
+			if ok {
+				require.Same(t, want[0], got, "step %d: Lookup(%v)", step, pkt)
+			}
 		}
 	}
 }
@@ -689,12 +645,12 @@ func TestTCPLookupRace(t *testing.T) {
 	for i := range 24 {
 		v := valPtr(100 + i)
 		a := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 2, byte(i + 1)}), 80)
-		_, err := tbl.Listen(a, v)
+		_, err := tbl.Listen(a, v, WithReusePort())
 		require.NoError(t, err)
 		probes = append(probes, probe{Tuple{Local: a, Remote: dmxAP("192.0.2.250:999")}, v})
 	}
 	vw := valPtr(-1)
-	_, err := tbl.Listen(dmxAP("0.0.0.0:80"), vw)
+	_, err := tbl.Listen(dmxAP("0.0.0.0:80"), vw, WithReusePort())
 	require.NoError(t, err)
 	probes = append(probes, probe{dmxPkt("10.0.0.3:80", "192.0.2.250:999"), vw})
 
@@ -708,7 +664,7 @@ func TestTCPLookupRace(t *testing.T) {
 		for round := 0; !stop.Load(); round++ {
 			for i := range 300 {
 				a := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 80)
-				rel, err := tbl.Listen(a, v)
+				rel, err := tbl.Listen(a, v, WithReusePort())
 				if err != nil {
 					t.Error(err)
 					return
@@ -801,72 +757,6 @@ func TestTCPReusePortRace(t *testing.T) {
 	}
 }
 
-// refBinding is what a socket of a reference model is bound to.
-type refBinding struct {
-	local         netip.AddrPort // normalized
-	v6only, reuse bool
-}
-
-func (b *refBinding) binding() *refBinding { return b }
-
-// refGroup names a reuseport group: its sockets' address and port, and
-// whether they are IPv6-only.
-type refGroup struct {
-	local  netip.AddrPort
-	v6only bool
-}
-
-func (b *refBinding) group() refGroup { return refGroup{b.local, b.v6only} }
-
-// refSockets holds the sockets of a reference model (UDP sockets or TCP
-// listeners) in bind order, and each reuseport group as the kernel keeps
-// its array: reuseport_add_sock appends, reuseport_detach_sock moves the
-// last socket into the gap.
-type refSockets[S interface {
-	comparable
-	binding() *refBinding
-}] struct {
-	bound  []S
-	groups map[refGroup][]S
-}
-
-// bindOK reports whether a socket may bind local: a valid address and
-// port, IPv6-only only on an IPv6 address, and port reuse asked for by
-// every socket on local if it is taken.
-func (r *refSockets[S]) bindOK(local netip.AddrPort, v6only, reuse bool) bool {
-	l := refNorm(local)
-	if !l.Addr().IsValid() || l.Port() == 0 || (v6only && l.Addr().Is4()) {
-		return false
-	}
-	for _, s := range r.bound {
-		if b := s.binding(); b.local == l && !(b.reuse && reuse) {
-			return false
-		}
-	}
-	return true
-}
-
-// add adds s, bound.
-func (r *refSockets[S]) add(s S) {
-	r.bound = append(r.bound, s)
-	if r.groups == nil {
-		r.groups = map[refGroup][]S{}
-	}
-	g := s.binding().group()
-	r.groups[g] = append(r.groups[g], s)
-}
-
-// remove removes the i-th socket in bind order.
-func (r *refSockets[S]) remove(i int) {
-	s := r.bound[i]
-	r.bound = slices.Delete(r.bound, i, i+1)
-	g := s.binding().group()
-	a := r.groups[g]
-	j := slices.Index(a, s)
-	a[j] = a[len(a)-1]
-	r.groups[g] = a[:len(a)-1]
-}
-
 // refBindOptions decodes a scenario's byte into the options of a Bind or
 // Listen: IPv6-only one time in two, port reuse three times in four.
 func refBindOptions(f byte) (v6only, reuse bool, opts []BindOption) {
@@ -882,4 +772,128 @@ func refBindOptions(f byte) (v6only, reuse bool, opts []BindOption) {
 
 func refNorm(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
+}
+
+// tcpTestHash is the reuseport hash of segment pkt in a table made with
+// udpTestSecret: its established hash.
+func tcpTestHash(pkt Tuple) uint32 {
+	la, ra := pkt.Local.Addr().Unmap(), pkt.Remote.Addr().Unmap()
+	if la.Is4() {
+		return InetEhashfn(la, pkt.Local.Port(), ra, pkt.Remote.Port(), udpTestSecret.Ehash)
+	}
+	return Inet6Ehashfn(la, pkt.Local.Port(), ra, pkt.Remote.Port(), udpTestSecret.Ehash, udpTestSecret.Ehash6Addr)
+}
+
+// TestTCPListenReusePortFastPath: a port whose bind bucket remembers the
+// address of the last SO_REUSEPORT listener that did not match it
+// (FASTREUSEPORT_STRICT) lets a reuseport listener on a matching address
+// listen without a conflict check (sk_reuseport_match), even beside a
+// listener without port reuse that it overlaps; the same listener is
+// refused once that memory is gone. The bucket goes with the port's last
+// listener.
+func TestTCPListenReusePortFastPath(t *testing.T) {
+	for _, second := range []bool{true, false} {
+		tbl := NewTCPTable[int](WithSecret(udpTestSecret))
+		ref := &tcpModel{}
+		v := new(int)
+		listen := func(addr string, ok bool, opts ...BindOption) func() {
+			t.Helper()
+			rel, err := tbl.Listen(dmxAP(addr), v, opts...)
+			cfg := bindConfig{}
+			for _, o := range opts {
+				o(&cfg)
+			}
+			ml := ref.listen(dmxAP(addr), cfg.v6only, cfg.reusePort)
+			require.Equal(t, ok, err == nil, "%s: %v", addr, err)
+			require.Equal(t, ok, ml != nil, "model: %s", addr)
+			return func() {
+				rel()
+				ref.close(ml)
+			}
+		}
+		relA := listen("0.0.0.0:80", true, WithReusePort())
+		relB := listen("[::]:80", true, WithIPv6Only()) // the fast path is off
+		if second {
+			listen("0.0.0.0:80", true, WithReusePort()) // strict, on 0.0.0.0
+		}
+		listen("[::]:80", second, WithReusePort())
+		if second {
+			continue
+		}
+		relA()
+		relB()
+		// The port has no listener left: a new bucket.
+		listen("[::]:80", true, WithIPv6Only())
+		listen("[::]:81", true, WithReusePort())
+		listen("[::]:81", false)
+	}
+}
+
+// TestTCPSpecificIPv6AddressIsIPv6Only: bind() to a specific IPv6 address
+// makes a listener IPv6-only (__inet6_bind), so on ::1 the listeners that
+// asked for IPV6_V6ONLY and those that did not form one reuseport group.
+func TestTCPSpecificIPv6AddressIsIPv6Only(t *testing.T) {
+	tbl := NewTCPTable[string](WithSecret(udpTestSecret))
+	names := []string{"A", "B"}
+	_, err := tbl.Listen(dmxAP("[::1]:80"), &names[0], WithReusePort())
+	require.NoError(t, err)
+	_, err = tbl.Listen(dmxAP("[::1]:80"), &names[1], WithReusePort(), WithIPv6Only())
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for i := range 100 {
+		syn := Tuple{Local: dmxAP("[::1]:80"), Remote: netip.AddrPortFrom(netip.IPv6Loopback(), uint16(1000+i))}
+		v, ok := tbl.Lookup(syn)
+		require.True(t, ok)
+		require.Equal(t, names[reciprocalScale(tcpTestHash(syn), 2)], *v)
+		seen[*v] = true
+	}
+	require.Len(t, seen, 2)
+}
+
+// TestTCPIPv4MappedListener: a listener on ::ffff:a.b.c.d or ::ffff:0.0.0.0
+// is an IPv6 socket. It conflicts with an IPv4 listener on the same address
+// unless both set SO_REUSEPORT, and then the IPv4 listener, which the
+// kernel scores 2 against its 1 and meets first, takes every IPv4 segment.
+func TestTCPIPv4MappedListener(t *testing.T) {
+	for _, addrs := range [][2]string{{"127.0.0.2", "::ffff:127.0.0.2"}, {"0.0.0.0", "::ffff:0.0.0.0"}} {
+		for _, mappedFirst := range []bool{false, true} {
+			tbl := NewTCPTable[string](WithSecret(udpTestSecret))
+			v4, v6 := "IPv4", "mapped"
+			listen := func(addr string, v *string, opts ...BindOption) (func(), error) {
+				return tbl.Listen(netip.AddrPortFrom(netip.MustParseAddr(addr), 80), v, opts...)
+			}
+			first, second := addrs[0], addrs[1]
+			fv, sv := &v4, &v6
+			if mappedFirst {
+				first, second, fv, sv = second, first, sv, fv
+			}
+			rel1, err := listen(first, fv)
+			require.NoError(t, err)
+			_, err = listen(second, sv)
+			require.ErrorIs(t, err, ErrPortInUse, "%s beside %s", second, first)
+			rel1()
+			rel1, err = listen(first, fv, WithReusePort())
+			require.NoError(t, err)
+			rel2, err := listen(second, sv, WithReusePort())
+			require.NoError(t, err)
+			syn := dmxPkt("127.0.0.2:80", "127.0.0.9:5000")
+			require.Equal(t, "IPv4", tcpName(tbl, syn))
+			if mappedFirst {
+				rel2()
+			} else {
+				rel1()
+			}
+			require.Equal(t, "mapped", tcpName(tbl, syn), "the IPv6 listener alone")
+			_, ok := tbl.Lookup(dmxPkt("[::1]:80", "[::1]:5000"))
+			require.False(t, ok, "an IPv4-mapped listener takes no IPv6 segment")
+		}
+	}
+}
+
+// tcpName is the value Lookup returns for pkt, or "".
+func tcpName(tbl *TCPTable[string], pkt Tuple) string {
+	if v, ok := tbl.Lookup(pkt); ok {
+		return *v
+	}
+	return ""
 }

@@ -2,7 +2,6 @@ package hash4
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -43,56 +42,33 @@ import (
 //   - hash4 is a bucket array (bucket.go) of hlist_nulls chains (nulls.go)
 //     keyed by UDPEhashfn / UDP6Ehashfn. Its nodes are entries (table.go)
 //     in a node store (slab.go): each binding with a concrete local
-//     address owns one, linked while it is connected, at the head of its
-//     chain, so that of two sockets connected to one peer the one
-//     connected last is met first. Readers standing on a node that moves
-//     or is recycled validate with the entry's sequence counter and
-//     restart on a foreign nulls marker.
+//     address owns one. Its first connect links it at the head of its
+//     chain (udp_lib_hash4), where it stays until the binding ends: later
+//     connects only rekey it in place and a disconnect makes it match
+//     nothing, as the kernel leaves the socket in the chain of its first
+//     peer. Readers standing on a node that is rekeyed or recycled
+//     validate with the entry's sequence counter and restart on a foreign
+//     nulls marker.
 //   - Each hash2 slot counts its bindings linked in hash4 (hash4_cnt);
 //     Lookup reads hash4 only when that count is not zero.
 //
 // Lock order: UDPSocket.mu, a primary slot's mu, a hash2 slot's mu, a hash4
 // stripe's mu. Lookups take none of them.
 
-// BindOption configures one [UDPTable.Bind] or one [TCPTable.Listen].
-type BindOption func(*bindConfig)
-
-type bindConfig struct {
-	reusePort, reuseAddr, v6only bool
-}
-
-// WithReusePort sets SO_REUSEPORT: sockets that all asked for it may bind the
-// same address and port, and the packets that reach them are shared by flow
-// hash, so that a flow keeps reaching one socket while the group does not
-// change.
-func WithReusePort() BindOption { return func(c *bindConfig) { c.reusePort = true } }
-
-// WithReuseAddr sets SO_REUSEADDR: a UDP socket may bind an address and port
-// that overlap those of sockets which all set it too. It does not let a TCP
-// listener share a port with another listener.
-func WithReuseAddr() BindOption { return func(c *bindConfig) { c.reuseAddr = true } }
-
-// WithIPv6Only sets IPV6_V6ONLY on an IPv6 socket or listener: bound to ::,
-// it receives IPv6 packets only. It is an error on an IPv4 or IPv4-mapped
-// address.
-func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } }
-
-// UDPTable finds the UDP socket that owns a received packet, as the Linux UDP
+// UDPTable finds the UDP socket that owns a received packet, as Linux's UDP
 // tables do: the connected socket with the packet's exact 4-tuple, else the
 // best-scoring socket bound to the packet's destination address and port,
-// else the best one bound to the wildcard address on that port. Sockets
-// sharing a port with [WithReusePort] split packets by flow hash.
+// else the best one on the wildcard address of that port. Sockets sharing a
+// port with [WithReusePort] split packets by flow hash.
 //
-// [UDPTable.Bind] accepts and refuses binds as Linux's bind() does, and a
-// socket bound to the wildcard address takes a concrete local address when
-// it connects ([UDPSocket.ConnectFrom]), as in Linux.
-//
-// Sockets have the family of their address: an IPv4-mapped address
-// (::ffff:a.b.c.d) makes an IPv6 socket, which receives the IPv4 packets to
-// a.b.c.d but loses them to an IPv4 socket on a.b.c.d.
-//
-// Lookup takes no lock and never allocates; all methods are safe for
-// concurrent use. Devices, network namespaces and CPUs are not modelled.
+// [UDPTable.Bind] accepts and refuses binds as Linux's bind() does; a socket
+// on a wildcard address takes a concrete one when it connects
+// ([UDPSocket.ConnectFrom]); a socket's first connect takes it out of its
+// reuseport group, and a socket connected again to another peer is found by
+// score, as in Linux 6.13 and later. An IPv4-mapped address (::ffff:a.b.c.d)
+// makes an IPv6 socket, which an IPv4 socket on a.b.c.d outranks.
+// [UDPTable.Lookup] takes no lock and never allocates; all methods are safe
+// for concurrent use. Devices, network namespaces and CPUs are not modelled.
 type UDPTable[T any] struct {
 	slots []udpSlot[T] // hash2
 	ports []udpPort[T] // the primary table, by port
@@ -110,9 +86,7 @@ type UDPTable[T any] struct {
 	// hash4Off, set only by tests and benchmarks before the table is used,
 	// makes Lookup skip step 1 (hash4).
 	hash4Off bool
-	// visit, set only by tests before the table is used, is called by hash4
-	// walks on each node of a chain before they read its next link.
-	visit func(index uint32)
+	hooks    *testHooks // nil but in tests: visit is called by hash4 walks
 }
 
 // udpSlot is one hash2 slot.
@@ -134,16 +108,6 @@ type udpSlot[T any] struct {
 type udpPort[T any] struct {
 	mu    sync.Mutex
 	socks []*UDPSocket[T]
-}
-
-// udpReuse is a reuseport group, the kernel's sock_reuseport.
-type udpReuse[T any] struct {
-	// socks is the group's array; never changed once published, replaced
-	// under the group's primary slot lock.
-	socks atomic.Pointer[[]*udpBinding[T]]
-	// hasConns is set when a member connects and never cleared, as the
-	// kernel's reuse->has_conns.
-	hasConns atomic.Bool
 }
 
 // UDPSocket is a socket bound in a [UDPTable], made by [UDPTable.Bind]. Its
@@ -189,7 +153,8 @@ type udpBinding[T any] struct {
 	group atomic.Pointer[udpReuse[T]]
 
 	hashed4 bool   // its node is linked in hash4; under s.mu
-	h4      uint32 // hash4 hash of its node's key while hashed4
+	live4   bool   // its node's seq is odd: it matches its key; under s.mu
+	h4      uint32 // hash4 hash of the chain its node is linked in
 }
 
 // udpPeer is the remote end of a connected socket, immutable once published.
@@ -246,73 +211,6 @@ func (t *UDPTable[T]) udpEhash(lw *[2]uint64, is4 bool, lport uint16, rw *[2]uin
 	return udpEhashWords(lw, rw, is4, lport, rport, t.secret.Ehash, t.secret.Ehash6Addr)
 }
 
-// normAddr returns addr in the form the tables use: IPv4-mapped addresses
-// as IPv4, no zone.
-func normAddr(addr netip.Addr) netip.Addr { return addr.Unmap().WithZone("") }
-
-// sockAddr is a socket's local address as the kernel's bind conflict checks
-// read it (inet_rcv_saddr_equal).
-type sockAddr struct {
-	v6     bool       // an AF_INET6 socket
-	a6     netip.Addr // its IPv6 address (sk_v6_rcv_saddr), if v6
-	v4     uint32     // its IPv4 address (inet_rcv_saddr)
-	v6only bool
-}
-
-// newSockAddr returns the sockAddr of a socket of family v6 on addr: an
-// IPv6 socket's IPv4 address is that of an IPv4-mapped address, else 0.
-func newSockAddr(addr netip.Addr, v6, v6only bool) sockAddr {
-	a := sockAddr{v6: v6, v6only: v6only}
-	switch {
-	case !v6 || addr.Is4In6():
-		b := addr.Unmap().As4()
-		a.v4 = uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	}
-	if v6 {
-		a.a6 = netip.AddrFrom16(addr.As16())
-	}
-	return a
-}
-
-// addrEqual reports whether a socket on a conflicts with one on b, b
-// already bound, as the kernel's inet_rcv_saddr_equal (a is sk, b is sk2):
-// if wild, a wildcard address overlaps every address it receives for.
-func addrEqual(a, b sockAddr, wild bool) bool {
-	if !a.v6 {
-		if b.v6only || (b.v6 && !b.a6.Is4In6() && !b.a6.IsUnspecified()) {
-			// An IPv6 address other than :: and the IPv4-mapped ones
-			// overlaps no IPv4 address.
-			return false
-		}
-		return a.v4 == b.v4 || (wild && (a.v4 == 0 || b.v4 == 0))
-	}
-	const any, mapped, other = 0, 1, 2
-	kind := func(x netip.Addr) int {
-		switch {
-		case x.Is4In6():
-			return mapped
-		case x.IsUnspecified():
-			return any
-		}
-		return other
-	}
-	k1, k2 := kind(a.a6), mapped
-	if b.v6 {
-		k2 = kind(b.a6)
-	}
-	switch {
-	case k1 == mapped && k2 == mapped:
-		return !b.v6only && (a.v4 == b.v4 || (wild && (a.v4 == 0 || b.v4 == 0)))
-	case k1 == any && k2 == any:
-		return true
-	case k2 == any && wild && !(b.v6only && k1 == mapped):
-		return true
-	case k1 == any && wild && !(a.v6only && k2 == mapped):
-		return true
-	}
-	return b.v6 && a.a6 == b.a6
-}
-
 // newBinding returns an unpublished binding of s on addr (the socket's form:
 // IPv4 for an AF_INET socket, IPv6 or IPv4-mapped for an AF_INET6 one).
 func (t *UDPTable[T]) newBinding(s *UDPSocket[T], addr netip.Addr) *udpBinding[T] {
@@ -358,7 +256,9 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	}
 	s := &UDPSocket[T]{
 		t: t, val: v, port: port, v6: addr.Is6(),
-		v6only: cfg.v6only, reusePort: cfg.reusePort, reuseAd: cfg.reuseAddr,
+		// __inet6_bind makes a socket on a specific IPv6 address IPv6-only.
+		v6only:    cfg.v6only || (addr.Is6() && !addr.Is4In6() && !addr.IsUnspecified()),
+		reusePort: cfg.reusePort, reuseAd: cfg.reuseAddr,
 	}
 	b := t.newBinding(s, addr)
 	ps := &t.ports[uint32(port)&t.mask]
@@ -385,68 +285,6 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	ps.socks = append(ps.socks, s)
 	t.link(b, s.v6 && s.reusePort)
 	return s, nil
-}
-
-// inUse reports whether binding b conflicts with a socket of primary slot
-// ps, as the kernel's udp_lib_lport_inuse: a socket on b's port whose
-// address overlaps b's, unless both set SO_REUSEADDR or both SO_REUSEPORT.
-func (t *UDPTable[T]) inUse(ps *udpPort[T], b *udpBinding[T]) bool {
-	s := b.s
-	for i := len(ps.socks) - 1; i >= 0; i-- {
-		o := ps.socks[i]
-		if o.port != s.port || (o.reuseAd && s.reuseAd) || !addrEqual(b.addr, o.b.addr, true) {
-			continue
-		}
-		if !(o.reusePort && s.reusePort) {
-			return true
-		}
-	}
-	return false
-}
-
-// joinGroup puts b in the reuseport group of the newest socket on its port
-// of its family, IPv6-only if it is, with SO_REUSEPORT, on the same address,
-// as the kernel's udp_reuseport_add_sock; in a new group if there is none.
-// ps's lock is held.
-func (t *UDPTable[T]) joinGroup(ps *udpPort[T], b *udpBinding[T]) {
-	s := b.s
-	for i := len(ps.socks) - 1; i >= 0; i-- {
-		o := ps.socks[i]
-		if o == s || o.port != s.port || o.v6 != s.v6 || o.v6only != s.v6only || !o.reusePort || !addrEqual(b.addr, o.b.addr, false) {
-			continue
-		}
-		g := o.b.group.Load()
-		if g == nil {
-			// reuseport_alloc for the other socket first.
-			g = &udpReuse[T]{}
-			g.socks.Store(&[]*udpBinding[T]{o.b})
-			o.b.group.Store(g)
-		}
-		socks := append(slices.Clip(*g.socks.Load()), b)
-		g.socks.Store(&socks)
-		b.group.Store(g)
-		return
-	}
-	g := &udpReuse[T]{}
-	g.socks.Store(&[]*udpBinding[T]{b})
-	b.group.Store(g)
-}
-
-// leaveGroup takes b out of its reuseport group, the group's last socket
-// taking its place, as reuseport_detach_sock. The primary slot's lock is
-// held.
-func leaveGroup[T any](b *udpBinding[T]) {
-	g := b.group.Load()
-	if g == nil {
-		return
-	}
-	socks := slices.Clone(*g.socks.Load())
-	if i := slices.Index(socks, b); i >= 0 {
-		socks[i] = socks[len(socks)-1]
-		socks = socks[:len(socks)-1]
-	}
-	g.socks.Store(&socks)
-	b.group.Store(nil)
 }
 
 // link publishes b in its hash2 slot's chain, at the tail if tail, else at
@@ -501,273 +339,6 @@ func (t *UDPTable[T]) putNode(h uint32, i uint32) {
 	defer st.mu.Unlock()
 	t.nodes.at(i).val.Store(nil)
 	t.nodes.put(&st.cache, i, t.nodes.cacheMax())
-}
-
-// LocalAddr returns the address and port the socket is bound to: after a
-// connect of a socket bound to a wildcard address, the source address it took
-// (as getsockname). An IPv6 socket's address stays IPv6, IPv4-mapped if it is
-// one. A nil socket (what a failed Bind returns) reports the zero AddrPort.
-func (s *UDPSocket[T]) LocalAddr() netip.AddrPort {
-	if s == nil || s.t == nil {
-		return netip.AddrPort{}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.local
-}
-
-// Value returns the value the socket was bound with; nil for a nil socket.
-func (s *UDPSocket[T]) Value() *T {
-	if s == nil {
-		return nil
-	}
-	return s.val
-}
-
-// RemoteAddr returns the peer the socket is connected to, IPv4 peers in
-// their IPv4 form, and whether it is connected. A closed socket reports the
-// peer it had when it was closed; a nil one, none.
-func (s *UDPSocket[T]) RemoteAddr() (netip.AddrPort, bool) {
-	if s == nil || s.t == nil {
-		return netip.AddrPort{}, false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p := s.b.peer.Load(); p != nil {
-		return p.addr, true
-	}
-	return netip.AddrPort{}, false
-}
-
-// errClosed returns the error of a method called on a closed socket.
-func (s *UDPSocket[T]) errClosed(op string) error {
-	return fmt.Errorf("hash4: %s on UDP socket %v: %w", op, s.b.local, net.ErrClosed)
-}
-
-// Connect connects the socket to remote, replacing any peer it had, as
-// connect(): from then on it receives only packets from remote. A socket
-// bound to a wildcard address needs the source address the route chose: use
-// [UDPSocket.ConnectFrom]; Connect returns an error matching [ErrInvalidAddr]
-// for it, as for a remote the socket cannot reach (unspecified, port 0, or of
-// a family it does not receive). On error nothing changes; on a closed
-// socket the error matches [net.ErrClosed].
-func (s *UDPSocket[T]) Connect(remote netip.AddrPort) error {
-	return s.connect(netip.Addr{}, remote)
-}
-
-// ConnectFrom is [UDPSocket.Connect] with src, the source address the route
-// to remote chose. A socket bound to a wildcard address takes src as its
-// local address, as connect() fixes it in Linux, until
-// [UDPSocket.Disconnect]; src must then be a concrete address of remote's
-// family. On a socket with a concrete address, src must be that address.
-func (s *UDPSocket[T]) ConnectFrom(src netip.Addr, remote netip.AddrPort) error {
-	if !src.IsValid() {
-		return fmt.Errorf("%w: ConnectFrom an invalid source address", ErrInvalidAddr)
-	}
-	return s.connect(src, remote)
-}
-
-// connect is Connect (src invalid) and ConnectFrom.
-func (s *UDPSocket[T]) connect(src netip.Addr, remote netip.AddrPort) error {
-	if s == nil || s.t == nil {
-		return fmt.Errorf("hash4: Connect on a UDPSocket not made by Bind: %w", net.ErrClosed)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.errClosed("Connect")
-	}
-	b := s.b
-	addr, port := normAddr(remote.Addr()), remote.Port()
-	mapped := s.v6 && !b.wild && wordsAreIPv4(&b.lw)
-	mappedAny := s.v6 && b.wild && wordsAreIPv4(&b.lw)
-	switch {
-	case !addr.IsValid():
-		return fmt.Errorf("%w: Connect to an invalid address", ErrInvalidAddr)
-	case addr.IsUnspecified():
-		return fmt.Errorf("%w: Connect to %v: unspecified address", ErrInvalidAddr, remote)
-	case port == 0:
-		return fmt.Errorf("%w: Connect to %v: port 0", ErrInvalidAddr, remote)
-	case addr.Is4() && s.v6 && (s.v6only || !(b.wild || mapped)):
-		return fmt.Errorf("%w: Connect of IPv6 socket %v to IPv4 peer %v", ErrInvalidAddr, b.local, remote)
-	case !addr.Is4() && (!s.v6 || mapped || mappedAny):
-		return fmt.Errorf("%w: Connect of IPv4 socket %v to IPv6 peer %v", ErrInvalidAddr, b.local, remote)
-	}
-	peer := &udpPeer{w: addrWords(addr), port: port, addr: netip.AddrPortFrom(addr, port)}
-	if !b.wild {
-		if src.IsValid() && normAddr(src) != normAddr(b.local.Addr()) {
-			return fmt.Errorf("%w: ConnectFrom %v on a socket bound to %v", ErrInvalidAddr, src, b.local)
-		}
-		t := s.t
-		if b.hashed4 {
-			t.unhash4(b)
-		}
-		if g := b.group.Load(); g != nil {
-			g.hasConns.Store(true) // N.B. before the peer is set
-		}
-		b.peer.Store(peer)
-		t.hash4(b)
-		return nil
-	}
-	sa := normAddr(src)
-	switch {
-	case !src.IsValid():
-		return fmt.Errorf("%w: Connect of %v, bound to a wildcard address, needs the source address (ConnectFrom)", ErrInvalidAddr, b.local)
-	case sa.IsUnspecified() || sa.Is4() != addr.Is4():
-		return fmt.Errorf("%w: ConnectFrom %v to %v", ErrInvalidAddr, src, remote)
-	case s.v6:
-		sa = netip.AddrFrom16(sa.As16())
-	}
-	return s.t.move(s, sa, peer)
-}
-
-// move replaces the binding of s, on a wildcard address, by one on addr
-// connected to peer (or not, if peer is nil), as the kernel's udp_lib_rehash
-// when connect() fixes the local address or a disconnect resets it: the
-// socket leaves its reuseport group and goes to the head of its new hash2
-// chain. s.mu is held.
-func (t *UDPTable[T]) move(s *UDPSocket[T], addr netip.Addr, peer *udpPeer) error {
-	old := s.b
-	b := t.newBinding(s, addr)
-	b.moved = peer != nil
-	if b.hasNode {
-		i, ok := t.getNode(b.h2)
-		if !ok {
-			return ErrTableFull
-		}
-		b.node = i
-		t.nodes.at(i).val.Store(s.val)
-	}
-	b.peer.Store(peer)
-	ps := &t.ports[uint32(s.port)&t.mask]
-	ps.mu.Lock()
-	leaveGroup(old)
-	t.link(b, false)
-	t.unlink(old)
-	s.b = b
-	ps.mu.Unlock()
-	if old.hashed4 {
-		t.unhash4(old)
-	}
-	if old.hasNode {
-		t.putNode(old.h2, old.node)
-	}
-	if peer != nil {
-		t.hash4(b)
-	}
-	return nil
-}
-
-// Disconnect undoes Connect, as connect() with AF_UNSPEC: the socket leaves
-// hash4 and receives packets from every peer again. A socket that took its
-// address at connect goes back to the wildcard address of its family (:: for
-// an IPv6 socket). Disconnecting a socket that is not connected does nothing.
-// On a closed socket it returns an error matching [net.ErrClosed].
-func (s *UDPSocket[T]) Disconnect() error {
-	if s == nil || s.t == nil {
-		return fmt.Errorf("hash4: Disconnect on a UDPSocket not made by Bind: %w", net.ErrClosed)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.errClosed("Disconnect")
-	}
-	b := s.b
-	if b.peer.Load() == nil {
-		return nil
-	}
-	if b.moved {
-		wild := netip.IPv4Unspecified()
-		if s.v6 {
-			wild = netip.IPv6Unspecified()
-		}
-		return s.t.move(s, wild, nil)
-	}
-	if b.hashed4 {
-		s.t.unhash4(b)
-	}
-	b.peer.Store(nil)
-	return nil
-}
-
-// Close unbinds the socket: it leaves hash4, hash2 and its reuseport group,
-// and its hash4 node is recycled at once. A second Close returns an error
-// matching [net.ErrClosed]. A lookup racing with Close may still return the
-// socket's value.
-func (s *UDPSocket[T]) Close() error {
-	if s == nil || s.t == nil {
-		return fmt.Errorf("hash4: Close on a UDPSocket not made by Bind: %w", net.ErrClosed)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.errClosed("Close")
-	}
-	s.closed = true
-	t, b := s.t, s.b
-	if b.hashed4 {
-		t.unhash4(b)
-	}
-	// The peer stays as it was: a lookup still walking an old chain sees
-	// the binding as it was before Close.
-	ps := &t.ports[uint32(s.port)&t.mask]
-	ps.mu.Lock()
-	leaveGroup(b)
-	t.unlink(b)
-	ps.socks = slices.DeleteFunc(ps.socks, func(o *UDPSocket[T]) bool { return o == s })
-	ps.mu.Unlock()
-	if b.hasNode {
-		t.putNode(b.h2, b.node)
-	}
-	return nil
-}
-
-// hash4 links b's node into hash4 under the key (b.local, b's peer), at the
-// head of its chain, as the kernel's udp_lib_hash4. b.s.mu is held and the
-// node is in no chain.
-func (t *UDPTable[T]) hash4(b *udpBinding[T]) {
-	peer := b.peer.Load()
-	h := t.udpEhash(&b.lw, peer.addr.Addr().Is4(), b.port, &peer.w, peer.port)
-	k := key{meta: uint64(h)<<32 | uint64(b.port)<<16 | uint64(peer.port), remote: peer.w, local: b.lw}
-	e := t.nodes.at(b.node)
-	// N.B. the node's seq is even (it is in no chain, see unhash4): readers
-	// that still stand on it ignore its key while it is rewritten.
-	e.key.store(&k)
-	// N.B. counted before it can be found (see udpSlot.hash4Cnt).
-	t.slots[b.h2&t.mask].hash4Cnt.Add(1)
-	st := t.h4.stripe(h)
-	st.mu.Lock()
-	linkAt(t.h4.head(h), nodeLink(b.node), &e.next)
-	e.seq.Store(e.seq.Load() + 1) // live, with its new key: N.B. after linking (see entry)
-	st.count.Store(st.count.Load() + 1)
-	st.mu.Unlock()
-	b.h4, b.hashed4 = h, true
-}
-
-// unhash4 unlinks b's node from its hash4 chain (the unhash half of the
-// kernel's udp_lib_rehash). b.s.mu is held.
-func (t *UDPTable[T]) unhash4(b *udpBinding[T]) {
-	st := t.h4.stripe(b.h4)
-	st.mu.Lock()
-	prev := t.h4.head(b.h4)
-	target := nodeLink(b.node)
-	for l := prev.load(); !l.isNulls(); l = prev.load() {
-		e := t.nodes.at(l.index())
-		if l == target {
-			// N.B. seq turns even before the node is unlinked (see
-			// entry) and before its key may be rewritten, so a reader
-			// standing on it stops trusting the key; e.next is left
-			// as it is, so such a reader walks on.
-			e.seq.Store(e.seq.Load() + 1)
-			unlink(prev, &e.next)
-			st.count.Store(st.count.Load() - 1)
-			break
-		}
-		prev = &e.next
-	}
-	st.mu.Unlock()
-	t.slots[b.h2&t.mask].hash4Cnt.Add(-1)
-	b.hashed4 = false
 }
 
 // udpPacket is a received packet in the form the lookup reads.
@@ -850,17 +421,15 @@ begin:
 	l := head.load()
 	for !l.isNulls() {
 		e := t.nodes.at(l.index())
-		if seq := e.seq.Load(); seq&1 == 1 && e.key.matches(k) {
-			v := e.val.Load()
-			if e.seq.Load() != seq {
-				t.restarts.Add(1)
-				goto begin
-			}
+		v, ok, changed := e.read(k)
+		if ok {
 			return v
 		}
-		if t.visit != nil {
-			t.visit(l.index())
+		if changed {
+			t.restarts.Add(1)
+			goto begin
 		}
+		t.hooks.onVisit(l.index())
 		l = e.next.load()
 	}
 	if l.nullsValue() != t.h4.nullsBase+b {
@@ -875,7 +444,8 @@ begin:
 // step: in chain order, the first socket to score above the best so far
 // becomes the answer; if it is unconnected and in a reuseport group, the
 // group's pick does, and ends the walk if no member of the group has ever
-// been connected.
+// been connected. (The pick, unconnected, on b's address and of b's family,
+// scores as b does: the kernel's rescore of it changes nothing.)
 func (t *UDPTable[T]) walk(slot *udpSlot[T], p *udpPacket, wild bool) *T {
 	cp := slot.chain.Load()
 	if cp == nil {
@@ -904,27 +474,6 @@ func (t *UDPTable[T]) walk(slot *udpSlot[T], p *udpPacket, wild bool) *T {
 		}
 	}
 	return result
-}
-
-// pick returns the socket of g that a packet with flow hash h reaches, as the
-// kernel's reuseport_select_sock_by_hash: the first unconnected one from the
-// k-th on, cyclically, k = reciprocal_scale(h, n) for a group of n; nil if
-// every one is connected.
-func (g *udpReuse[T]) pick(h uint32) *udpBinding[T] {
-	socks := *g.socks.Load()
-	n := len(socks)
-	if n == 0 {
-		return nil
-	}
-	for i, j := 0, reciprocalScale(h, n); i < n; i++ {
-		if b := socks[j]; b.peer.Load() == nil {
-			return b
-		}
-		if j++; j == n {
-			j = 0
-		}
-	}
-	return nil
 }
 
 // score is the kernel's compute_score for b and packet p, in the exact step

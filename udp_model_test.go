@@ -23,10 +23,15 @@ type mSock struct {
 	moved                            bool
 	conn                             bool
 	peer                             netip.AddrPort // unmapped
-	pos, h4                          int64
-	group                            *mGroup
-	val                              *int
-	s                                *UDPSocket[int]
+	pos                              int64
+	// hashed4: in hash4 since its first connect, under h4peer, at
+	// insertion h4; a later connect leaves it there (udp_lib_hash4).
+	hashed4 bool
+	h4peer  netip.AddrPort
+	h4      int64
+	group   *mGroup
+	val     *int
+	s       *UDPSocket[int]
 }
 
 type mGroup struct {
@@ -44,6 +49,8 @@ func (u *udpModel) bind(local netip.AddrPort, v6only, reusePort, reuseAddr bool)
 	if !a.IsValid() || local.Port() == 0 || (v6only && (a.Is4() || a.Is4In6())) {
 		return nil
 	}
+	// __inet6_bind: a specific IPv6 address makes the socket IPv6-only.
+	v6only = v6only || (a.Is6() && !a.Is4In6() && !a.IsUnspecified())
 	s := &mSock{v6: a.Is6(), v6only: v6only, reusePort: reusePort, reuseAddr: reuseAddr, addr: a, port: local.Port()}
 	for i := len(u.socks) - 1; i >= 0; i-- { // udp_lib_lport_inuse
 		o := u.socks[i]
@@ -120,8 +127,11 @@ func (u *udpModel) connect(s *mSock, src netip.Addr, remote netip.AddrPort) bool
 		s.group.hasConns = true
 	}
 	s.conn, s.peer = true, netip.AddrPortFrom(a, remote.Port())
-	u.h4++
-	s.h4 = u.h4
+	if !s.hashed4 { // udp_lib_hash4: the first connect leaves the group
+		u.leave(s)
+		u.h4++
+		s.hashed4, s.h4peer, s.h4 = true, s.peer, u.h4
+	}
 	return true
 }
 
@@ -132,6 +142,7 @@ func (u *udpModel) disconnect(s *mSock) {
 	s.conn = false
 	if s.moved {
 		u.leave(s)
+		s.hashed4 = false
 		s.addr, s.moved = netip.IPv4Unspecified(), false
 		if s.v6 {
 			s.addr = netip.IPv6Unspecified()
@@ -187,10 +198,11 @@ func (u *udpModel) lookup(pkt Tuple, hash func() uint32) []*mSock {
 	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || lp == 0 {
 		return nil
 	}
-	// hash4: the connected socket on the 4-tuple hashed last.
+	// hash4: the connected socket on the 4-tuple hashed last, among those
+	// hashed under it.
 	var h4 *mSock
 	for _, s := range u.socks {
-		if s.conn && !s.wild() && s.addr.Unmap() == la && s.port == lp && s.peer == rem && (h4 == nil || s.h4 > h4.h4) {
+		if s.conn && s.hashed4 && s.h4peer == rem && !s.wild() && s.addr.Unmap() == la && s.port == lp && s.peer == rem && (h4 == nil || s.h4 > h4.h4) {
 			h4 = s
 		}
 	}

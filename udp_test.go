@@ -406,56 +406,45 @@ func TestUDPReusePortCloseOrder(t *testing.T) {
 	}
 }
 
-// TestUDPReusePortConnectMovesOnlyItsFlows: when one socket of a reuseport
-// group connects to an unrelated peer, only the flows it took move, each to
-// the next unconnected socket of the group in bind order, as the kernel's
-// reuseport_select_sock_by_hash skips connected sockets; when it
-// disconnects, they come back. (A socket of a group on a wildcard address
-// leaves its group when it connects: see TestUDPWildcardConnectMoves.)
-func TestUDPReusePortConnectMovesOnlyItsFlows(t *testing.T) {
-	for _, addr := range []string{"10.0.0.1"} {
-		tbl := NewUDPTable[int](WithSecret(udpTestSecret))
-		const n = 4
-		vals := make([]int, n)
-		socks := make([]*UDPSocket[int], n)
-		for i := range vals {
-			vals[i] = i
-			var err error
-			socks[i], err = tbl.Bind(netip.AddrPortFrom(netip.MustParseAddr(addr), 53), &vals[i], WithReusePort(), WithReuseAddr())
-			require.NoError(t, err)
-		}
-		owners := func() []int {
-			var got []int
-			for i := range 400 {
-				remote := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))
-				v, ok := tbl.Lookup(Tuple{Local: dmxAP("10.0.0.1:53"), Remote: remote})
-				require.True(t, ok, addr)
-				got = append(got, *v)
-			}
-			return got
-		}
-		before := owners()
-		peer := dmxAP("203.0.113.1:9") // sends none of the flows
-		require.NoError(t, socks[1].Connect(peer))
-		require.NoError(t, socks[3].Connect(peer))
-		moved := 0
-		for i, o := range owners() {
-			switch before[i] {
-			case 1:
-				require.Equal(t, 2, o, "%s: flow %d of socket 1", addr, i)
-				moved++
-			case 3: // wraps past the end to socket 0
-				require.Equal(t, 0, o, "%s: flow %d of socket 3", addr, i)
-				moved++
-			default:
-				require.Equal(t, before[i], o, "%s: flow %d stays", addr, i)
-			}
-		}
-		require.Positive(t, moved, addr)
-		require.NoError(t, socks[1].Disconnect())
-		require.NoError(t, socks[3].Disconnect())
-		require.Equal(t, before, owners(), addr)
+// TestUDPReusePortConnectLeavesGroup: a socket's first connect takes it out
+// of its reuseport group (udp_lib_hash4), the group's last socket taking its
+// place; a socket that binds later may put a connected socket in a new group,
+// where the pick passes over it (reuseport_select_sock_by_hash skips
+// connected sockets) and, the group never having had a connect, answers at
+// once.
+func TestUDPReusePortConnectLeavesGroup(t *testing.T) {
+	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+	vals := []int{0, 1, 2, 3, 4}
+	var socks []*UDPSocket[int]
+	bind := func(i int) {
+		s, err := tbl.Bind(dmxAP("10.0.0.1:53"), &vals[i], WithReusePort())
+		require.NoError(t, err)
+		socks = append(socks, s)
 	}
+	for i := range 4 {
+		bind(i)
+	}
+	// check asserts that the flows go to group by flow hash.
+	check := func(msg string, group ...int) {
+		t.Helper()
+		for i := range 200 {
+			pkt := Tuple{Local: dmxAP("10.0.0.1:53"), Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), uint16(1000+i))}
+			v, ok := tbl.Lookup(pkt)
+			require.True(t, ok, msg)
+			require.Equal(t, group[reciprocalScale(udpTestHash(pkt), len(group))], *v, "%s: flow %d", msg, i)
+		}
+	}
+	check("bound", 0, 1, 2, 3)
+	peer := dmxAP("203.0.113.1:9") // sends none of the flows
+	require.NoError(t, socks[1].Connect(peer))
+	check("1 connected", 0, 3, 2)
+	require.NoError(t, socks[3].Connect(peer))
+	check("1 and 3 connected", 0, 2)
+	bind(4)
+	check("4 joins 3, which is connected", 4)
+	require.NoError(t, socks[1].Disconnect())
+	require.NoError(t, socks[3].Disconnect())
+	check("disconnected", 3, 4)
 }
 
 // TestUDPReusePortIPv6OnlyGroups: on ::, IPv6-only sockets and the others
@@ -670,8 +659,8 @@ func testUDPReusePortRace(t *testing.T, neighbour bool) {
 // reconnect, Disconnect and Close.
 func TestUDPHash4Count(t *testing.T) {
 	tbl := NewUDPTable[int](WithSecret(udpTestSecret))
-	v := new(int)
-	a, err := tbl.Bind(dmxAP("10.0.0.1:53"), v, WithReusePort(), WithReuseAddr())
+	v, va := new(int), new(int)
+	a, err := tbl.Bind(dmxAP("10.0.0.1:53"), va, WithReusePort(), WithReuseAddr())
 	require.NoError(t, err)
 	b, err := tbl.Bind(dmxAP("10.0.0.1:53"), v, WithReusePort(), WithReuseAddr())
 	require.NoError(t, err)
@@ -694,8 +683,14 @@ func TestUDPHash4Count(t *testing.T) {
 	check(0, 0)
 	require.NoError(t, a.Connect(dmxAP("192.0.2.1:9")))
 	check(1, 1)
-	require.NoError(t, a.Connect(dmxAP("192.0.2.2:9")), "reconnect moves")
+	require.NoError(t, a.Connect(dmxAP("192.0.2.2:9")), "a reconnect stays in the chain of its first peer")
 	check(1, 1)
+	pkt := dmxPkt("10.0.0.1:53", "192.0.2.2:9")
+	k := key{meta: uint64(udpTestHash(pkt))<<32 | 53<<16 | 9, remote: addrWords(pkt.Remote.Addr()), local: addrWords(pkt.Local.Addr())}
+	require.Nil(t, tbl.lookup4(&k), "hash4 does not find it under its new peer")
+	got, ok := tbl.Lookup(pkt)
+	require.True(t, ok)
+	require.Same(t, va, got, "scoring does")
 	require.NoError(t, b.Connect(dmxAP("192.0.2.2:9")))
 	check(2, 2)
 	require.ErrorIs(t, w.Connect(dmxAP("192.0.2.2:9")), ErrInvalidAddr, "a wildcard socket needs its source address")
@@ -710,11 +705,11 @@ func TestUDPHash4Count(t *testing.T) {
 		require.Zero(t, wslot.hash4Cnt.Load())
 	}
 	require.NoError(t, a.Disconnect())
-	check(1, 1)
+	check(2, 2)
 	require.NoError(t, a.Disconnect())
-	check(1, 1)
+	check(2, 2)
 	require.NoError(t, b.Close())
-	check(0, 0)
+	check(1, 1)
 	require.NoError(t, a.Connect(dmxAP("192.0.2.3:9")))
 	check(1, 1)
 	require.NoError(t, a.Close())
@@ -728,13 +723,13 @@ func TestUDPHash4Count(t *testing.T) {
 }
 
 // TestUDPHash4NullsRestart makes a hash4 reader stand on a node while the
-// node moves to another chain (a reconnect), or is recycled into another
-// socket that connects elsewhere; the reader must end on the other chain's
-// marker, restart, and find the socket it looks for. Without the marker
-// check it would report no match.
+// node is recycled into another socket that connects elsewhere, after a
+// Close or after the Disconnect of a socket whose address connect fixed;
+// the reader must end on the other chain's marker, restart, and find the
+// socket it looks for. Without the marker check it would report no match.
 func TestUDPHash4NullsRestart(t *testing.T) {
-	for _, recycle := range []bool{false, true} {
-		t.Run(fmt.Sprintf("recycle=%v", recycle), func(t *testing.T) {
+	for _, byClose := range []bool{false, true} {
+		t.Run(fmt.Sprintf("close=%v", byClose), func(t *testing.T) {
 			tbl := NewUDPTable[int](WithSecret(udpTestSecret), WithCapacity(16))
 			local := dmxAP("10.0.0.1:5000")
 			chain := func(peer netip.AddrPort) uint32 {
@@ -756,9 +751,9 @@ func TestUDPHash4NullsRestart(t *testing.T) {
 			sPeer := dmxAP("192.0.2.1:9")
 			require.NoError(t, stable.Connect(sPeer))
 			c := chain(sPeer)
-			mover, err := tbl.Bind(local, &mv, WithReusePort(), WithReuseAddr())
+			mover, err := tbl.Bind(dmxAP("0.0.0.0:5000"), &mv, WithReuseAddr())
 			require.NoError(t, err)
-			require.NoError(t, mover.Connect(peerIn(func(b uint32) bool { return b == c })))
+			require.NoError(t, mover.ConnectFrom(local.Addr(), peerIn(func(b uint32) bool { return b == c })))
 			// Chain c is now mover -> stable.
 			require.Equal(t, nodeLink(mover.b.node), tbl.h4.heads[c].load())
 			other := peerIn(func(b uint32) bool { return b != c })
@@ -766,11 +761,11 @@ func TestUDPHash4NullsRestart(t *testing.T) {
 			paused, resume := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			target := mover.b.node
-			tbl.visit = func(i uint32) {
+			tbl.hooks = &testHooks{visit: func(i uint32) {
 				if i == target {
 					once.Do(func() { close(paused); <-resume })
 				}
-			}
+			}}
 			done := make(chan *int)
 			k := key{
 				meta:   uint64(udpTestHash(Tuple{Local: local, Remote: sPeer}))<<32 | 5000<<16 | 9,
@@ -781,21 +776,21 @@ func TestUDPHash4NullsRestart(t *testing.T) {
 				done <- tbl.lookup4(&k)
 			}()
 			<-paused
-			if recycle {
+			if byClose {
 				require.NoError(t, mover.Close())
-				nv := 3
-				n, err := tbl.Bind(local, &nv, WithReusePort(), WithReuseAddr())
-				require.NoError(t, err)
-				require.Equal(t, target, n.b.node, "the node is recycled at once")
-				require.NoError(t, n.Connect(other))
 			} else {
-				require.NoError(t, mover.Connect(other))
+				require.NoError(t, mover.Disconnect())
 			}
+			nv := 3
+			n, err := tbl.Bind(local, &nv, WithReusePort(), WithReuseAddr())
+			require.NoError(t, err)
+			require.Equal(t, target, n.b.node, "the node is recycled at once")
+			require.NoError(t, n.Connect(other))
 			require.Equal(t, nodeLink(target), tbl.h4.heads[chain(other)].load())
 			close(resume)
 			require.Same(t, &sv, <-done)
 			require.EqualValues(t, 1, tbl.restarts.Load(), "one restart, on the foreign marker")
-			tbl.visit = nil
+			tbl.hooks = nil
 			v, ok := tbl.Lookup(Tuple{Local: local, Remote: sPeer})
 			require.True(t, ok)
 			require.Same(t, &sv, v)
@@ -982,12 +977,12 @@ func runUDPScenario(t testing.TB, src *opSource, steps, capacity int) {
 			})
 		}
 	}
-	// hash4_cnt of every slot counts its connected sockets with a concrete
-	// local address, and hash4 holds just those.
+	// hash4_cnt of every slot counts its sockets in hash4, and hash4 holds
+	// just those.
 	cnt := make([]int32, len(tbl.slots))
 	hashed := 0
 	for _, rs := range ref.socks {
-		if rs.conn && !rs.wild() {
+		if rs.hashed4 {
 			cnt[rs.s.b.h2&tbl.mask]++
 			hashed++
 		}
@@ -1256,8 +1251,8 @@ func TestUDPMappedIsIPv6(t *testing.T) {
 }
 
 // TestUDPHash4LastConnectedWins: of reuseport sockets connected to the same
-// peer, the one connected last takes the flow, as the head of Linux's hash4
-// chain.
+// peer, the one whose first connect came last takes the flow, as the head of
+// Linux's hash4 chain.
 func TestUDPHash4LastConnectedWins(t *testing.T) {
 	tbl := NewUDPTable[string](WithSecret(udpTestSecret))
 	names := []string{"A", "B", "C"}
@@ -1267,11 +1262,12 @@ func TestUDPHash4LastConnectedWins(t *testing.T) {
 		require.NoError(t, err)
 		socks = append(socks, s)
 	}
+	// Reconnects leave the sockets where their first connect put them.
 	for _, order := range [][]int{{0, 1, 2}, {2, 0, 1}, {1, 2, 0}} {
 		for _, i := range order {
 			require.NoError(t, socks[i].Connect(dmxAP("127.0.0.8:6000")))
 		}
-		require.Equal(t, names[order[2]], udpName(tbl, "127.0.0.1:5000", "127.0.0.8:6000"))
+		require.Equal(t, "C", udpName(tbl, "127.0.0.1:5000", "127.0.0.8:6000"))
 	}
 }
 
@@ -1324,5 +1320,64 @@ func TestUDPBindConflicts(t *testing.T) {
 			}
 			require.Equal(t, b.ok, ref.bind(local, b.v6only, b.rp, b.ra) != nil, "model: case %d, bind %d", i, j)
 		}
+	}
+}
+
+// TestUDPSpecificIPv6AddressIsIPv6Only: bind() to a specific IPv6 address
+// makes a socket IPv6-only (__inet6_bind), so on ::1 the sockets that asked
+// for IPV6_V6ONLY and those that did not form one reuseport group, while on
+// :: they form two.
+func TestUDPSpecificIPv6AddressIsIPv6Only(t *testing.T) {
+	for _, addr := range []string{"::1", "::"} {
+		tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+		vals := []int{0, 1}
+		for i := range vals {
+			opts := []BindOption{WithReusePort()}
+			if i == 1 {
+				opts = append(opts, WithIPv6Only())
+			}
+			_, err := tbl.Bind(netip.AddrPortFrom(netip.MustParseAddr(addr), 53), &vals[i], opts...)
+			require.NoError(t, err)
+		}
+		seen := map[int]int{}
+		for i := range 100 {
+			pkt := Tuple{Local: dmxAP("[::1]:53"), Remote: netip.AddrPortFrom(netip.IPv6Loopback(), uint16(1000+i))}
+			v, ok := tbl.Lookup(pkt)
+			require.True(t, ok)
+			seen[*v]++
+			if addr == "::1" {
+				require.Equal(t, vals[reciprocalScale(udpTestHash(pkt), 2)], *v)
+			}
+		}
+		if addr == "::" {
+			require.Equal(t, map[int]int{0: 100}, seen, "::: two groups, the first bound takes all")
+		}
+	}
+}
+
+// TestUDPConnectFixedIPv6AddressBlocksIPv4Wildcard: a dual-stack socket on
+// :: whose address connect fixes to ::1 is not IPv6-only and holds the IPv4
+// address the kernel gives IPv6 addresses (LOOPBACK4_IPV6, 127.0.0.6), so
+// 0.0.0.0 on its port is refused until it disconnects; a socket bound to
+// ::1 does not block it.
+func TestUDPConnectFixedIPv6AddressBlocksIPv4Wildcard(t *testing.T) {
+	for _, bound := range []string{"[::]:53", "[::1]:53"} {
+		tbl := NewUDPTable[int](WithSecret(udpTestSecret))
+		s, err := tbl.Bind(dmxAP(bound), new(int), WithReuseAddr())
+		require.NoError(t, err)
+		if bound == "[::]:53" {
+			require.NoError(t, s.ConnectFrom(netip.IPv6Loopback(), dmxAP("[::1]:9")))
+			_, err = tbl.Bind(dmxAP("0.0.0.0:53"), new(int))
+			require.ErrorIs(t, err, syscall.EADDRINUSE)
+			_, err = tbl.Bind(dmxAP("127.0.0.1:53"), new(int))
+			require.NoError(t, err, "127.0.0.1 is not 127.0.0.6")
+			require.NoError(t, s.Disconnect())
+			_, err = tbl.Bind(dmxAP("0.0.0.0:53"), new(int))
+			require.ErrorIs(t, err, syscall.EADDRINUSE, "back on ::, dual-stack")
+			continue
+		}
+		require.NoError(t, s.Connect(dmxAP("[::1]:9")))
+		_, err = tbl.Bind(dmxAP("0.0.0.0:53"), new(int))
+		require.NoError(t, err)
 	}
 }
