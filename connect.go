@@ -43,7 +43,8 @@ const (
 // invalid, unspecified or mixed-family addresses, remote port 0) returns an
 // error matching ErrInvalidTuple or ErrNilValue, and a nil PortAllocator or
 // one that NewPortAllocator did not make an error matching ErrNilAllocator;
-// none changes anything. If the table cannot index another entry it returns
+// none changes anything. A table made [WithPortAllocator] takes its own for
+// a nil a and refuses another, with ErrNilAllocator. If the table cannot index another entry it returns
 // ErrTableFull.
 func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, opts ...ConnectOption) (Tuple, error) {
 	if v == nil {
@@ -83,7 +84,8 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 	if why != "" {
 		return Tuple{}, nil, fmt.Errorf("%w: flow from %v to %v: %s", ErrInvalidTuple, local, remote, why)
 	}
-	if err := a.check(); err != nil {
+	a, err := t.connectAllocator(a)
+	if err != nil {
 		return Tuple{}, nil, err
 	}
 	t.array() // a zero Table panics here, before the scan
@@ -125,6 +127,9 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 			}
 			switch res {
 			case inserted:
+				if t.alloc != nil && t.boundMeanwhile(a, &k, v, local, port) {
+					continue
+				}
 				tup := Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}
 				if f != nil {
 					var err error
@@ -168,6 +173,9 @@ func (t *Table[T]) reserve(k *key) insertResult {
 	r := *k
 	r.meta &^= lportMask
 	t.fill(i, &r, nil, &a.b.heads[b])
+	if t.alloc != nil {
+		t.alloc.use(&k.local, uint16(k.meta>>16))
+	}
 	return inserted
 }
 
@@ -219,6 +227,9 @@ func (t *Table[T]) unreserve(k *key) {
 	prev, l := t.findLocked(a, k)
 	if l.isNulls() {
 		panic("hash4: ConnectFunc's reservation lost")
+	}
+	if t.alloc != nil {
+		t.alloc.unuse(&k.local, uint16(k.meta>>16))
 	}
 	t.unlinkLocked(prev, l)
 	t.free(a, st, l.index())

@@ -30,7 +30,8 @@ var (
 	ErrTooLarge = errors.New("hash4: size beyond the table's bucket limit")
 	// ErrNilAllocator: a nil *PortAllocator, or one that NewPortAllocator
 	// did not make (its zero value), was given to Connect, ConnectFunc,
-	// Bind or BindEphemeral.
+	// Bind or BindEphemeral; or Connect was given another allocator than
+	// that of a table made WithPortAllocator.
 	ErrNilAllocator = errors.New("hash4: PortAllocator not made by NewPortAllocator")
 	// ErrPortRefused is for the function of a ConnectFunc to return,
 	// wrapped, when the flow cannot have the port it was offered (the

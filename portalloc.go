@@ -21,7 +21,9 @@ import (
 // the kernel's __inet_hash_connect (RFC 6056 algorithm 4, "double hash", with
 // the odd/even policy and the random perturb increment), the scan of bind(0),
 // reserved ports, and ports held by Bind. The table's Connect drives
-// a portScan; the allocator itself does not know which 4-tuples are in use.
+// a portScan; the allocator itself does not know which 4-tuples are in use,
+// only, for the tables made WithPortAllocator, which local addresses and
+// ports their flows use (portuse.go).
 //
 // Addresses. As everywhere in hash4, an address is read through its 16-byte
 // form: an IPv4 address and its IPv4-mapped IPv6 form are the same address,
@@ -280,7 +282,9 @@ const perturbSize = 1 << 16
 
 // A PortAllocator chooses local ports for outgoing flows and holds ports for
 // explicit binds, like the kernel's port tables for one network namespace.
-// Create it with NewPortAllocator. Its methods are safe for concurrent use.
+// Tables made [WithPortAllocator] share its bind table: Bind sees the ports
+// of their flows. Create it with NewPortAllocator. Its methods are safe for
+// concurrent use.
 type PortAllocator struct {
 	rng         PortRange
 	policy      Policy
@@ -297,6 +301,8 @@ type PortAllocator struct {
 	held   map[heldKey]struct{}
 	byPort map[familyPort]int // holds per family and port, wildcard included
 	rand   *mrand.Rand        // ChaCha8; for BindEphemeral
+
+	used portUse // the flows of the tables made WithPortAllocator(a)
 }
 
 // heldKey identifies a port held for one local address (16-byte form).
@@ -693,16 +699,39 @@ func (a *PortAllocator) holdLocked(local netip.Addr, port uint16) func() {
 		once.Do(func() {
 			a.mu.Lock()
 			defer a.mu.Unlock()
-			delete(a.held, k)
-			a.nheld.Add(-1)
-			if a.byPort[fp]--; a.byPort[fp] == 0 {
-				delete(a.byPort, fp)
-				if a.byPort[familyPort{!fp.v6, port}] == 0 {
-					a.heldPorts[port/64].And(^uint64(1 << (port % 64)))
-				}
-			}
+			a.unholdLocked(k, fp)
 		})
 	}
+}
+
+// unholdLocked undoes holdLocked's hold of k (of family and port fp),
+// with a.mu held.
+func (a *PortAllocator) unholdLocked(k heldKey, fp familyPort) {
+	port := fp.port
+	delete(a.held, k)
+	a.nheld.Add(-1)
+	if a.byPort[fp]--; a.byPort[fp] == 0 {
+		delete(a.byPort, fp)
+		if a.byPort[familyPort{!fp.v6, port}] == 0 {
+			a.heldPorts[port/64].And(^uint64(1 << (port % 64)))
+		}
+	}
+}
+
+// holdUnusedLocked holds port for local, with a.mu held, unless a flow of
+// a table sharing a uses it (usedConflicts); it returns the function that
+// releases the hold, or nil: usedBy is the address whose flows count, local
+// or its family's wildcard for all of them. N.B. it holds the port before it reads the
+// counts, and undoes the hold if they show a flow: a Connect counts its
+// flow before it reads the held bit (see Table.boundMeanwhile), so of the
+// two one sees the other.
+func (a *PortAllocator) holdUnusedLocked(local, usedBy netip.Addr, port uint16) func() {
+	release := a.holdLocked(local, port)
+	if a.usedConflicts(usedBy, port) {
+		a.unholdLocked(heldKey{local.As16(), port}, familyPort{!isIPv4(local), port})
+		return nil
+	}
+	return release
 }
 
 // check returns an error matching ErrNilAllocator if a is nil or was not
@@ -724,11 +753,12 @@ func (a *PortAllocator) check() error {
 // every address of its family; IPv4 and IPv4-mapped addresses are one
 // family, and :: does not cover it. Bind returns ErrPortInUse if the port is
 // held for the same address, for its family's wildcard, or, when local is
-// the wildcard, for any address of its family. release may be called more
-// than once. Unlike bind(), Bind does not see the ports of connected flows
-// (Table.Connect): it holds a port that such a flow uses, and Connect skips
-// it from then on. A Connect that runs while Bind does may or may not see
-// the hold; those that start after Bind returns do.
+// the wildcard, for any address of its family; and, as bind() refuses the
+// port of a connected socket, if a flow of a table made
+// [WithPortAllocator](a) uses the port from that address (from any of its
+// family, for the wildcard). release may be called more than once. Of a
+// Bind and a racing Connect of such a table, one gets the port; a Connect
+// of another table may or may not see a hold made while it runs.
 //
 // An invalid address or port 0 gives an error matching ErrInvalidAddr, and
 // a nil allocator or one that NewPortAllocator did not make one matching
@@ -749,15 +779,19 @@ func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 	if a.conflictsLocked(addr, port) {
 		return nil, fmt.Errorf("%w: %v", ErrPortInUse, local)
 	}
-	return a.holdLocked(addr, port), nil
+	if release = a.holdUnusedLocked(addr, addr, port); release == nil {
+		return nil, fmt.Errorf("%w: %v, by a connected flow", ErrPortInUse, local)
+	}
+	return release, nil
 }
 
 // BindEphemeral chooses a free port of the range for local and holds it as
 // Bind does, like bind() with port 0 (the kernel's inet_csk_find_open_port).
 // It starts at a random port of the other parity than the one Connect tries
 // first and tries that parity, then the rest. It skips reserved ports and
-// those that Bind(local:port) would refuse, and returns ErrNoPorts if none
-// is left. It does not see the ports of connected flows. An invalid address,
+// those that Bind(local:port) would refuse, and, as bind() of port 0 does,
+// those that a flow of a table made [WithPortAllocator](a) uses from any
+// address of local's family; it returns ErrNoPorts if none is left. An invalid address,
 // or a nil allocator or one that NewPortAllocator did not make, gives an
 // error as Bind's do.
 func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release func(), err error) {
@@ -773,14 +807,21 @@ func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release fu
 	// Offsets from low of the other parity, then of low's parity; each pass
 	// starts at the same random position and wraps within its parity.
 	start := a.rand.IntN(n)
+	// N.B. a port that a flow uses is skipped whatever the flow's address
+	// in local's family, as the kernel's bind() of port 0 skips the port of
+	// a connected socket on another address, which bind() of that port
+	// would get.
+	anyAddr := netip.AddrFrom16(wildcardOf(local))
 	for _, first := range [2]int{1, 0} {
 		count := (n - first + 1) / 2
 		for k := range count {
 			p := uint16(low + first + 2*((start/2+k)%count))
-			if a.isReserved(p) || a.conflictsLocked(local, p) {
+			if a.isReserved(p) || a.conflictsLocked(local, p) || a.usedConflicts(anyAddr, p) {
 				continue
 			}
-			return p, a.holdLocked(local, p), nil
+			if release := a.holdUnusedLocked(local, anyAddr, p); release != nil {
+				return p, release, nil
+			}
 		}
 	}
 	return 0, nil, ErrNoPorts

@@ -27,11 +27,15 @@ type Table[T any] struct {
 	// N.B. the pads keep the fields that every lookup reads off the cache
 	// lines of the objects the heap puts before and after the table (see
 	// slabDir).
-	_        [cacheLineSize]byte
-	arr      atomic.Pointer[tableArray[T]] // the bucket array (see tableArray)
-	nodes    slab[entry[T]]
-	moves    []moveCount     // per stripe (see move)
-	metrics  []stripeMetrics // per stripe (see Metrics)
+	_       [cacheLineSize]byte
+	arr     atomic.Pointer[tableArray[T]] // the bucket array (see tableArray)
+	nodes   slab[entry[T]]
+	moves   []moveCount     // per stripe (see move)
+	metrics []stripeMetrics // per stripe (see Metrics)
+	// alloc is the allocator whose bind table counts the table's flows
+	// (WithPortAllocator), or nil: writers test it, the one cost to
+	// tables without one.
+	alloc    *PortAllocator
 	secret   Secret
 	hasher   Hasher
 	fold     [4]uint64 // the fold hasher's keys, drawn from secret
@@ -223,10 +227,11 @@ type tableConfig struct {
 	// from the bucket count, or by tests through withHomeGroups.
 	homeGroups    bool
 	homeGroupsSet bool
-	fixed         bool // by WithFixedBuckets
-	hugePages     bool // by WithHugePages
-	capacitySet   bool // by WithCapacity
-	maxBuckets    int  // by WithMaxBuckets; 0 for none
+	fixed         bool           // by WithFixedBuckets
+	hugePages     bool           // by WithHugePages
+	capacitySet   bool           // by WithCapacity
+	maxBuckets    int            // by WithMaxBuckets; 0 for none
+	alloc         *PortAllocator // by WithPortAllocator
 }
 
 // only panics for the options of New that a constructor of another table,
@@ -376,6 +381,7 @@ func New[T any](opts ...Option) *Table[T] {
 	t.moves = make([]moveCount, len(a.b.stripes))
 	t.metrics = make([]stripeMetrics, len(a.b.stripes))
 	t.fixed = cfg.fixed
+	t.alloc = cfg.alloc
 	t.initGrowth(a)
 	t.arr.Store(a)
 	return t

@@ -1,0 +1,221 @@
+package hash4
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+func newSharedAlloc(t *testing.T, opts ...PortOption) (*PortAllocator, *Table[int]) {
+	t.Helper()
+	a, err := NewPortAllocator(append([]PortOption{WithPerturbSeed(1)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, New[int](WithPortAllocator(a))
+}
+
+func wantInUse(t *testing.T, a *PortAllocator, ap string) {
+	t.Helper()
+	rel, err := a.Bind(netip.MustParseAddrPort(ap))
+	if !errors.Is(err, ErrPortInUse) || !errors.Is(err, syscall.EADDRINUSE) {
+		if rel != nil {
+			rel()
+		}
+		t.Fatalf("Bind(%s) = %v, want ErrPortInUse", ap, err)
+	}
+}
+
+func wantFree(t *testing.T, a *PortAllocator, ap string) {
+	t.Helper()
+	rel, err := a.Bind(netip.MustParseAddrPort(ap))
+	if err != nil {
+		t.Fatalf("Bind(%s) = %v, want success", ap, err)
+	}
+	rel()
+}
+
+func TestBindSeesConnectedFlows(t *testing.T) {
+	a, tab := newSharedAlloc(t)
+	remote := netip.MustParseAddrPort("10.0.0.9:443")
+	tup, err := tab.Connect(nil, netip.MustParseAddr("127.0.0.1"), remote, valPtr(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tup.Local.Port()
+	at := func(addr string) string { return netip.AddrPortFrom(netip.MustParseAddr(addr), p).String() }
+	wantInUse(t, a, at("127.0.0.1"))
+	wantInUse(t, a, at("::ffff:127.0.0.1"))
+	wantInUse(t, a, at("0.0.0.0"))
+	wantFree(t, a, at("127.0.0.2"))
+	wantFree(t, a, at("::")) // :: does not cover IPv4 (see Bind)
+	wantFree(t, a, at("::1"))
+	if _, ok := tab.Delete(tup); !ok {
+		t.Fatal("Delete failed")
+	}
+	wantFree(t, a, at("127.0.0.1"))
+	wantFree(t, a, at("0.0.0.0"))
+}
+
+func TestBindSeesEveryWrite(t *testing.T) {
+	a, tab := newSharedAlloc(t)
+	tup := Tuple{Local: netip.MustParseAddrPort("[::1]:8080"), Remote: netip.MustParseAddrPort("[::1]:9")}
+	tup2 := Tuple{Local: tup.Local, Remote: netip.MustParseAddrPort("[::1]:10")}
+	v := valPtr(1)
+	steps := []struct {
+		name string
+		do   func()
+		used bool
+	}{
+		{"Insert", func() { _ = tab.Insert(tup, v) }, true},
+		{"Insert2", func() { _ = tab.Insert(tup2, v) }, true},
+		{"Delete", func() { tab.Delete(tup) }, true},
+		{"CompareAndDelete", func() { tab.CompareAndDelete(tup2, v) }, false},
+		{"Store", func() { _ = tab.Store(tup, v) }, true},
+		{"Swap", func() { _, _, _ = tab.Swap(tup, valPtr(2)) }, true},
+		{"ComputeDelete", func() {
+			_, _, _ = tab.Compute(tup, func(*int, bool) (*int, ComputeOp) { return nil, DeleteOp })
+		}, false},
+		{"ComputeUpdate", func() {
+			_, _, _ = tab.Compute(tup, func(*int, bool) (*int, ComputeOp) { return v, UpdateOp })
+		}, true},
+		{"Clear", tab.Clear, false},
+		{"LookupOrInsert", func() { _, _, _ = tab.LookupOrInsert(tup, v) }, true},
+		{"DeleteFunc", func() { tab.DeleteFunc(func(Tuple, *int) bool { return true }) }, false},
+	}
+	for _, s := range steps {
+		s.do()
+		if s.used {
+			wantInUse(t, a, "[::1]:8080")
+			wantInUse(t, a, "[::]:8080")
+		} else {
+			wantFree(t, a, "[::1]:8080")
+			wantFree(t, a, "[::]:8080")
+		}
+		wantFree(t, a, "[::2]:8080")
+		wantFree(t, a, "127.0.0.1:8080")
+	}
+}
+
+func TestBindEphemeralSkipsConnectedPorts(t *testing.T) {
+	a, tab := newSharedAlloc(t, WithPortRange(PortRange{40000, 40003}))
+	local := netip.MustParseAddr("127.0.0.1")
+	for i := range 4 {
+		if _, err := tab.Connect(nil, local, netip.MustParseAddrPort("10.0.0.1:80"), valPtr(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := a.BindEphemeral(local); !errors.Is(err, ErrNoPorts) {
+		t.Fatalf("BindEphemeral(%v) = %v, want ErrNoPorts", local, err)
+	}
+	if _, _, err := a.BindEphemeral(netip.IPv4Unspecified()); !errors.Is(err, ErrNoPorts) {
+		t.Fatalf("BindEphemeral(0.0.0.0) = %v, want ErrNoPorts", err)
+	}
+	// As the kernel's bind() of port 0, it skips the ports of flows from
+	// other addresses of the family too.
+	if _, _, err := a.BindEphemeral(netip.MustParseAddr("127.0.0.2")); !errors.Is(err, ErrNoPorts) {
+		t.Fatalf("BindEphemeral(127.0.0.2) = %v, want ErrNoPorts", err)
+	}
+	if _, rel, err := a.BindEphemeral(netip.MustParseAddr("::1")); err != nil {
+		t.Fatalf("BindEphemeral(::1) = %v", err)
+	} else {
+		rel()
+	}
+	tab.Clear()
+	if _, rel, err := a.BindEphemeral(local); err != nil {
+		t.Fatalf("BindEphemeral after Clear = %v", err)
+	} else {
+		rel()
+	}
+}
+
+func TestConnectTableAllocator(t *testing.T) {
+	a, tab := newSharedAlloc(t)
+	if tab.PortAllocator() != a {
+		t.Fatal("PortAllocator() is not the table's allocator")
+	}
+	other, _ := NewPortAllocator()
+	local, remote := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddrPort("127.0.0.1:80")
+	if _, err := tab.Connect(other, local, remote, valPtr(1)); !errors.Is(err, ErrNilAllocator) {
+		t.Fatalf("Connect with another allocator = %v, want ErrNilAllocator", err)
+	}
+	if _, err := tab.Connect(a, local, remote, valPtr(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New[int]().Connect(nil, local, remote, valPtr(1)); !errors.Is(err, ErrNilAllocator) {
+		t.Fatalf("Connect(nil) without an allocator = %v, want ErrNilAllocator", err)
+	}
+	for _, bad := range []*PortAllocator{nil, {}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("WithPortAllocator(%p) did not panic", bad)
+				}
+			}()
+			New[int](WithPortAllocator(bad))
+		}()
+	}
+}
+
+func TestConnectFuncHoldsPortWhileRunning(t *testing.T) {
+	a, tab := newSharedAlloc(t)
+	local, remote := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddrPort("127.0.0.1:80")
+	fail := errors.New("no")
+	var port uint16
+	_, _, err := tab.ConnectFunc(nil, local, remote, func(tup Tuple) (*int, error) {
+		port = tup.Local.Port()
+		wantInUse(t, a, tup.Local.String())
+		return nil, fail
+	})
+	if !errors.Is(err, fail) {
+		t.Fatalf("ConnectFunc = %v, want its function's error", err)
+	}
+	wantFree(t, a, netip.AddrPortFrom(local, port).String())
+}
+
+// TestBindConnectRace binds and connects the ports of a small range at
+// once: while Connect's flow is in the table, no Bind holds its port for
+// its address, whichever of the two came first.
+func TestBindConnectRace(t *testing.T) {
+	a, tab := newSharedAlloc(t, WithPortRange(PortRange{41000, 41015}))
+	local := netip.MustParseAddr("127.0.0.1")
+	const rounds = 300
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var bad []Tuple
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				if g%2 == 0 {
+					remote := netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), uint16(1+i%3))
+					tup, err := tab.Connect(nil, local, remote, valPtr(i))
+					if err != nil {
+						continue
+					}
+					if a.heldFor(local, tup.Local.Port()) {
+						mu.Lock()
+						bad = append(bad, tup)
+						mu.Unlock()
+					}
+					tab.Delete(tup)
+					continue
+				}
+				p := uint16(41000 + (i*7+g)%16)
+				if rel, err := a.Bind(netip.AddrPortFrom(local, p)); err == nil {
+					rel()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, tup := range bad {
+		t.Errorf("flow %v connected while its port was bound", tup)
+	}
+	if tab.Len() != 0 || a.used.n.Load() != 0 {
+		t.Errorf("after the race: %d flows, %d counted", tab.Len(), a.used.n.Load())
+	}
+}
