@@ -1,6 +1,9 @@
 package hash4
 
-import "errors"
+import (
+	"errors"
+	"syscall"
+)
 
 // Errors for bad input and for a table's state. Match them with errors.Is:
 // the errors returned wrap them with the offending tuple, address or size,
@@ -60,3 +63,40 @@ const (
 	zeroUDPTable = "hash4: UDPTable used without NewUDPTable"
 	zeroTCPTable = "hash4: TCPTable used without NewTCPTable"
 )
+
+// ErrInvalidPortRange is returned, wrapped, for a port range whose Low is 0 or
+// above its High.
+var ErrInvalidPortRange = errors.New("hash4: invalid port range")
+
+// ErrInvalidReservedPorts is returned, wrapped, for a reserved-port list that
+// does not parse or names port 0 or a port above 65535.
+var ErrInvalidReservedPorts = errors.New("hash4: invalid reserved ports")
+
+// ErrNoPorts is returned when no local port is free: every port of the
+// range is reserved, held, or in use. It matches syscall.EADDRNOTAVAIL under
+// errors.Is, the error connect() returns in that case. (Linux's bind() to
+// port 0 reports EADDRINUSE instead; BindEphemeral returns ErrNoPorts too.)
+var ErrNoPorts error = errnoError{"hash4: no free local port (EADDRNOTAVAIL)", syscall.EADDRNOTAVAIL}
+
+// ErrInvalidPolicy is returned, wrapped, by NewPortAllocator for a Policy
+// other than OddEven and Flat.
+var ErrInvalidPolicy = errors.New("hash4: invalid port policy")
+
+// ErrPortInUse is returned, wrapped, for a local port already taken: by
+// PortAllocator.Bind (see there), UDPTable.Bind and TCPTable.Listen. It
+// matches syscall.EADDRINUSE under errors.Is.
+var ErrPortInUse error = errnoError{"hash4: local port in use (EADDRINUSE)", syscall.EADDRINUSE}
+
+// errnoError is a sentinel error that also matches one system error number.
+type errnoError struct {
+	msg   string
+	errno syscall.Errno
+}
+
+func (e errnoError) Error() string { return e.msg }
+
+// Is reports whether target is the error number e stands for.
+func (e errnoError) Is(target error) bool {
+	t, ok := target.(syscall.Errno)
+	return ok && t == e.errno
+}
