@@ -591,22 +591,16 @@ func (a *PortAllocator) check() error {
 }
 
 // Bind holds local's port for local's address until release is called, as
-// bind() does: Connect from that address skips the port. The port need not
-// lie in the range and may be reserved; port 0 is an error (see
-// BindEphemeral). A wildcard address (0.0.0.0, or ::) holds the port for
-// every address of its family; IPv4 and IPv4-mapped addresses are one
-// family, and :: does not cover it. Bind returns ErrPortInUse if the port is
-// held for the same address, for its family's wildcard, or, when local is
-// the wildcard, for any address of its family; and, as bind() refuses the
-// port of a connected socket, if a flow of a table made
-// [WithPortAllocator](a) uses the port from that address (from any of its
-// family, for the wildcard). release may be called more than once. Of a
-// Bind and a racing Connect of such a table, one gets the port; a Connect
-// of another table may or may not see a hold made while it runs.
-//
-// An invalid address or port 0 gives an error matching ErrInvalidAddr, and
-// a nil allocator or one that NewPortAllocator did not make one matching
-// ErrNilAllocator; neither holds anything.
+// bind() does: Connect from that address skips the port. A wildcard address
+// (0.0.0.0, ::) holds it for every address of its family (:: does not cover
+// IPv4). It returns an error matching [ErrPortInUse] where bind() would
+// refuse: the port is held for the same address, for its family's wildcard,
+// or (binding the wildcard) for any address of the family, or a flow of a
+// table made [WithPortAllocator](a) uses it from a conflicting address. Of
+// a Bind and a racing Connect of such a table, one gets the port. Port 0,
+// an invalid address or a nil allocator give errors matching
+// [ErrInvalidAddr] or [ErrNilAllocator]; release may be called more than
+// once.
 func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 	if err := a.check(); err != nil {
 		return nil, err
@@ -630,14 +624,11 @@ func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 }
 
 // BindEphemeral chooses a free port of the range for local and holds it as
-// Bind does, like bind() with port 0 (the kernel's inet_csk_find_open_port).
-// It starts at a random port of the other parity than the one Connect tries
-// first and tries that parity, then the rest. It skips reserved ports and
-// those that Bind(local:port) would refuse, and, as bind() of port 0 does,
-// those that a flow of a table made [WithPortAllocator](a) uses from any
-// address of local's family; it returns ErrNoPorts if none is left. An invalid address,
-// or a nil allocator or one that NewPortAllocator did not make, gives an
-// error as Bind's do.
+// Bind does, as bind() with port 0 does (inet_csk_find_open_port): it
+// starts at a random port of the parity Connect tries last, skips reserved
+// ports, ports Bind would refuse and, for a table made
+// [WithPortAllocator](a), ports any of its flows of local's family uses. It
+// returns [ErrNoPorts] if none is left, and Bind's errors for bad input.
 func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release func(), err error) {
 	if err := a.check(); err != nil {
 		return 0, nil, err

@@ -7,11 +7,10 @@ import (
 	"sync/atomic"
 )
 
-// Table is a concurrent hash table from 4-tuples to *T, built as the Linux
-// established-socket table (inet_ehash): hlist_nulls chains that lookups
-// walk without locks, writers under striped locks, entries recycled without
-// allocation. Make one with [New] (a zero Table panics); all methods are
-// safe for concurrent use.
+// Table is a concurrent hash table from 4-tuples to *T, built as Linux's
+// established-socket table (inet_ehash): lookups walk hlist_nulls chains
+// without locks, writers take striped locks, entries are recycled without
+// allocation. Make one with [New]; all methods are safe for concurrent use.
 //
 // Cost: [Table.Lookup] takes no lock and never allocates; writes lock one
 // stripe and allocate only when the table needs more nodes: about 60 bytes
@@ -307,15 +306,10 @@ func WithHugePages() Option { return func(c *tableConfig) { c.hugePages = true }
 // WithLockStripes sets the number of writer locks, rounded up to a power of
 // two and limited to the bucket count. 0 means the default: 16 per
 // GOMAXPROCS, at least 64, and at least one per 1024 buckets, but at most
-// one per 16 buckets. New panics for a negative n.
-//
-// Fewer stripes make a small table smaller: an entry may take the free
-// home slot of any bucket under its own stripe only, so many stripes of few
-// buckets each need nodes beyond the home slots. At one entry per bucket,
-// one stripe keeps a table of 2^10 entries at 61 bytes per entry instead of
-// 83, and two stripes one of 2^12 at 63 instead of 69; writers then meet on
-// fewer locks (README, Memory). More stripes than a quarter of the buckets
-// turn home groups off (see Table, Placement).
+// one per 16 buckets. New panics for a negative n. Fewer stripes make a
+// small table smaller (an entry may take a free home slot of its own
+// stripe only) and its writers meet more often; more stripes than a quarter
+// of the buckets give up reading the home slots of four buckets at once.
 func WithLockStripes(n int) Option {
 	return func(c *tableConfig) {
 		if n < 0 {
