@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -25,29 +26,61 @@ const (
 	linLookupOrInsert
 	linCompareAndDelete
 	linCompareAndSwap
+	linStore
+	linSwap
+	linCompute
+	linLookupOrCompute
+	linClear
+	linDeleteFuncSaw
+	linDeleteFuncDel
 )
 
 func (o linOp) String() string {
-	return [...]string{"insert", "lookup", "delete", "lookupOrInsert", "compareAndDelete", "compareAndSwap"}[o]
+	return [...]string{"insert", "lookup", "delete", "lookupOrInsert", "compareAndDelete", "compareAndSwap",
+		"store", "swap", "compute", "lookupOrCompute", "clear", "deleteFunc.saw", "deleteFunc.del"}[o]
 }
 
-// linInput is one call: val is the value's id for an insert or
-// lookupOrInsert, and the id of the value compared for compareAndDelete and
-// compareAndSwap; swap is the id of the value compareAndSwap offers.
+// linInput is one call: val is the value's id for an insert,
+// lookupOrInsert, store, swap, lookupOrCompute and a compute with UpdateOp,
+// and the id of the value compared for compareAndDelete and compareAndSwap;
+// swap is the id of the value compareAndSwap offers. cop is the op a
+// compute's function returns; fail makes a lookupOrCompute's function
+// return an error.
+//
+// A Clear is recorded as one clear per key, each spanning the whole call:
+// Clear empties each bucket once, under its lock, so each key is absent at
+// some moment of the call, though one inserted after its bucket was emptied
+// stays. A DeleteFunc is one deleteFunc.saw per key, spanning the call,
+// with the value its function saw for the key, or 0 if it never saw the key
+// (one present for the whole call it must see, so the key was absent at
+// some moment of the call); and, if the function approved the deletion of
+// the key, a deleteFunc.del of it with the value the function saw (val):
+// DeleteFunc deletes the entry only if its value is still that one, as a
+// compareAndDelete does.
 type linInput struct {
 	op   linOp
 	key  int
 	val  int
 	swap int
+	cop  hash4.ComputeOp
+	fail bool
 }
 
-// linOutput is one answer: for an insert, ok reports success (false:
-// ErrExists); for lookup and delete, ok and val (0 when absent) as returned;
-// for lookupOrInsert, found and the value returned; for compareAndDelete,
-// deleted; for compareAndSwap, swapped.
+// linOutput is one answer: for an insert and a store, ok reports success
+// (false: ErrExists); for lookup, delete and deleteFunc.saw, ok and val (0
+// when absent) as returned or seen; for lookupOrInsert, found and the value
+// returned; for compareAndDelete and deleteFunc.del, deleted; for
+// compareAndSwap, swapped; for swap, loaded and the old value. For compute,
+// saw and sawOK are what its function was given, val and ok what Compute
+// returned; for lookupOrCompute, val and ok (loaded) as returned, called
+// whether its function ran and err whether an error was returned.
 type linOutput struct {
-	ok  bool
-	val int
+	ok     bool
+	val    int
+	saw    int
+	sawOK  bool
+	called bool
+	err    bool
 }
 
 // linModel is a map from key to value id, partitioned by key: a partition's
@@ -74,7 +107,7 @@ var linModel = porcupine.Model{
 				return out.ok, in.val
 			}
 			return !out.ok, s
-		case linLookup:
+		case linLookup, linDeleteFuncSaw:
 			return out.ok == (s != 0) && out.val == s, s
 		case linDelete:
 			return out.ok == (s != 0) && out.val == s, 0
@@ -83,7 +116,7 @@ var linModel = porcupine.Model{
 				return !out.ok && out.val == in.val, in.val
 			}
 			return out.ok && out.val == s, s
-		case linCompareAndDelete:
+		case linCompareAndDelete, linDeleteFuncDel:
 			if s != 0 && s == in.val {
 				return out.ok, 0
 			}
@@ -93,17 +126,52 @@ var linModel = porcupine.Model{
 				return out.ok, in.swap
 			}
 			return !out.ok, s
+		case linStore:
+			return out.ok, in.val
+		case linSwap:
+			return out.ok == (s != 0) && out.val == s, in.val
+		case linCompute:
+			if out.sawOK != (s != 0) || out.saw != s {
+				return false, s
+			}
+			switch in.cop {
+			case hash4.UpdateOp:
+				return out.ok && out.val == in.val, in.val
+			case hash4.DeleteOp:
+				return !out.ok && out.val == 0, 0
+			}
+			return out.ok == (s != 0) && out.val == s, s
+		case linLookupOrCompute:
+			switch {
+			case s != 0:
+				return out.ok && out.val == s && !out.called && !out.err, s
+			case in.fail:
+				return !out.ok && out.val == 0 && out.called && out.err, 0
+			}
+			return !out.ok && out.val == in.val && out.called && !out.err, in.val
+		case linClear:
+			return true, 0
 		}
 		return false, s
 	},
 	DescribeOperation: func(input, output any) string {
 		in, out := input.(linInput), output.(linOutput)
-		if in.op == linCompareAndSwap {
+		switch in.op {
+		case linCompareAndSwap:
 			return fmt.Sprintf("%v(k%d, %d, %d) -> %v", in.op, in.key, in.val, in.swap, out.ok)
+		case linCompute:
+			return fmt.Sprintf("%v(k%d, op %d, %d) -> saw %d %v, %d %v", in.op, in.key, in.cop, in.val, out.saw, out.sawOK, out.val, out.ok)
+		case linLookupOrCompute:
+			return fmt.Sprintf("%v(k%d, %d, fail %v) -> %d %v, called %v, err %v", in.op, in.key, in.val, in.fail, out.val, out.ok, out.called, out.err)
+		case linClear:
+			return fmt.Sprintf("%v(k%d)", in.op, in.key)
 		}
 		return fmt.Sprintf("%v(k%d, %d) -> %v %d", in.op, in.key, in.val, out.ok, out.val)
 	},
 }
+
+// errLinCompute is the error of the lookupOrCompute functions that fail.
+var errLinCompute = errors.New("compute failed")
 
 // linSecret fixes the table's hash, so that keys can be chosen by bucket.
 var linSecret = hash4.Secret{Ehash: 0x01234567, Ehash6Addr: 0x89abcdef, Seed: 0x0f1e2d3c4b5a6978}
@@ -198,6 +266,11 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 	require.Equal(t, buckets, tab.Stats().Buckets)
 	// The keys, each spelled two ways (linAs16).
 	keys := linKeys(t, seed, buckets, nKeys)
+	// The index of each key in the form the table gives it (DeleteFunc).
+	keyIndex := make(map[Tuple]int, nKeys)
+	for i, k := range keys {
+		keyIndex[k] = i
+	}
 	// Preallocated values: id c*opsPerClient+i+1 is client c's i-th insert.
 	vals := make([]*int, nClients*opsPerClient+1)
 	for i := 1; i < len(vals); i++ {
@@ -227,6 +300,26 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 			r := rand.New(rand.NewPCG(seed, uint64(c)))
 			ops := make([]porcupine.Operation, 0, opsPerClient)
 			seen := make([]int, nKeys) // the last value id seen per key
+			// id returns the id of a value the table gave, 0 for nil.
+			id := func(what string, v *int) int {
+				if v == nil {
+					return 0
+				}
+				if *v <= 0 || *v >= len(vals) || vals[*v] != v {
+					bad.Store(fmt.Sprintf("%v gave a pointer that is no inserted value", what))
+					return 0
+				}
+				return *v
+			}
+			// A Clear or DeleteFunc walks every bucket: on a large
+			// table (grouped), too slow under the race detector to make
+			// at random, client 0 makes one, a DeleteFunc or a Clear as
+			// the seed is odd or even, at an op of the middle half of
+			// its run.
+			scanAt := -1
+			if grouped && c == 0 {
+				scanAt = opsPerClient/4 + r.IntN(opsPerClient/2)
+			}
 			start.Wait()
 			for i := range opsPerClient {
 				ki := r.IntN(nKeys)
@@ -234,29 +327,69 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 				if r.IntN(2) == 0 {
 					k = linAs16(k)
 				}
+				fresh := c*opsPerClient + i + 1 // this op's own value id
 				in := linInput{key: ki}
 				var out linOutput
 				var got *int
-				switch p := r.IntN(15); {
-				case p < 4:
-					in.op, in.val = linInsert, c*opsPerClient+i+1
-				case p < 7:
+				expect := 0 // the value a DeleteFunc approves, 0 for any
+				switch p := r.IntN(100); {
+				case p < 17:
+					in.op, in.val = linInsert, fresh
+				case p < 30:
 					in.op = linDelete
-				case p < 9:
+				case p < 38:
 					in.op = linLookup
-				case p < 11:
-					in.op, in.val = linLookupOrInsert, c*opsPerClient+i+1
-				default:
+				case p < 46:
+					in.op, in.val = linLookupOrInsert, fresh
+				case p < 62:
 					// Mostly the value this client last saw, which may
 					// still be current; else any value.
 					in.op, in.val = linCompareAndDelete, 1+r.IntN(len(vals)-1)
-					if p >= 13 {
-						in.op, in.swap = linCompareAndSwap, c*opsPerClient+i+1
+					if p >= 54 {
+						in.op, in.swap = linCompareAndSwap, fresh
 					}
 					if seen[ki] != 0 && r.IntN(4) != 0 {
 						in.val = seen[ki]
 					}
+				case p < 68:
+					in.op, in.val = linStore, fresh
+				case p < 74:
+					in.op, in.val = linSwap, fresh
+				case p < 83:
+					in.op, in.cop = linCompute, hash4.ComputeOp(r.IntN(3))
+					if in.cop == hash4.UpdateOp {
+						in.val = fresh
+					}
+				case p < 91:
+					in.op, in.val, in.fail = linLookupOrCompute, fresh, r.IntN(4) == 0
+				case grouped:
+					// Too slow to make at random here (below).
+					in.op = linLookup
+				case p < 96:
+					in.op = linDeleteFuncDel
+				default:
+					in.op = linClear
 				}
+				if i == scanAt {
+					in.op = [...]linOp{linClear, linDeleteFuncDel}[seed%2]
+				}
+				if in.op == linDeleteFuncDel && r.IntN(2) == 0 {
+					// The function approves key ki only, and half the
+					// time only with the value this client last saw.
+					expect = seen[ki]
+				}
+				if in.op == linClear && grow == linGrowItself {
+					// A Clear before the table began to grow would take
+					// away the fill that makes it grow: wait for the
+					// filler's inserts to start the growth.
+					for deadline := time.Now().Add(30 * time.Second); tab.Metrics().Buckets == buckets; runtime.Gosched() {
+						if time.Now().After(deadline) {
+							bad.Store("the table did not begin to grow")
+							break
+						}
+					}
+				}
+				var sights [][2]int // a DeleteFunc's: key, value id seen
 				call := clock.Add(1)
 				if r.IntN(8) == 0 {
 					runtime.Gosched()
@@ -269,36 +402,113 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 					got, out.ok = tab.Lookup(k)
 				case linDelete:
 					got, out.ok = tab.Delete(k)
-				case linLookupOrInsert:
+				case linLookupOrInsert, linSwap:
 					var err error
-					got, out.ok, err = tab.LookupOrInsert(k, vals[in.val])
+					if in.op == linSwap {
+						got, out.ok, err = tab.Swap(k, vals[in.val])
+					} else {
+						got, out.ok, err = tab.LookupOrInsert(k, vals[in.val])
+					}
 					if err != nil {
-						bad.Store(fmt.Sprintf("lookupOrInsert %v: %v", k, err))
+						bad.Store(fmt.Sprintf("%v %v: %v", in.op, k, err))
 					}
 				case linCompareAndDelete:
 					out.ok = tab.CompareAndDelete(k, vals[in.val])
 				case linCompareAndSwap:
 					out.ok = tab.CompareAndSwap(k, vals[in.val], vals[in.swap])
+				case linStore:
+					err := tab.Store(k, vals[in.val])
+					out.ok = err == nil
+				case linCompute:
+					calls := 0
+					var err error
+					got, out.ok, err = tab.Compute(k, func(old *int, loaded bool) (*int, hash4.ComputeOp) {
+						calls++
+						out.saw, out.sawOK = id("compute", old), loaded
+						if in.cop == hash4.UpdateOp {
+							return vals[in.val], in.cop
+						}
+						return old, in.cop
+					})
+					if err != nil || calls != 1 {
+						bad.Store(fmt.Sprintf("compute %v: %d calls, %v", k, calls, err))
+					}
+				case linLookupOrCompute:
+					calls := 0
+					var err error
+					got, out.ok, err = tab.LookupOrCompute(k, func() (*int, error) {
+						calls++
+						if in.fail {
+							return nil, errLinCompute
+						}
+						return vals[in.val], nil
+					})
+					out.called, out.err = calls > 0, err != nil
+					if calls > 1 || (err != nil && !errors.Is(err, errLinCompute)) {
+						bad.Store(fmt.Sprintf("lookupOrCompute %v: %d calls, %v", k, calls, err))
+					}
+				case linDeleteFuncDel:
+					approved := false
+					n := tab.DeleteFunc(func(tup Tuple, v *int) bool {
+						j, ok := keyIndex[tup]
+						if !ok {
+							return false // a key no client uses
+						}
+						vid := id("deleteFunc", v)
+						sights = append(sights, [2]int{j, vid})
+						if j == ki && !approved && (expect == 0 || vid == expect) {
+							approved, in.val = true, vid
+							return true
+						}
+						return false
+					})
+					out.ok = n == 1
+					if n > 1 || n == 1 && !approved {
+						bad.Store(fmt.Sprintf("deleteFunc deleted %d, approved %v", n, approved))
+					}
+					if !approved {
+						in.op = linDeleteFuncSaw // no deletion to record
+					}
+				case linClear:
+					tab.Clear()
 				}
 				if r.IntN(8) == 0 {
 					runtime.Gosched()
 				}
 				ret := clock.Add(1)
 				switch {
-				case in.op == linInsert && out.ok:
+				case in.op == linInsert && out.ok, in.op == linStore, in.op == linSwap:
 					seen[ki] = in.val
 				case in.op == linCompareAndSwap && out.ok:
 					seen[ki] = in.swap
 				case got != nil:
 					seen[ki] = *got
 				}
-				if got != nil {
-					out.val = *got
-					if out.val <= 0 || out.val >= len(vals) || vals[out.val] != got {
-						bad.Store(fmt.Sprintf("%v %v returned a pointer that is no inserted value", in.op, k))
+				out.val = id(in.op.String(), got)
+				switch in.op {
+				case linClear:
+					for j := range nKeys {
+						ops = append(ops, porcupine.Operation{ClientId: c, Input: linInput{op: linClear, key: j}, Call: call, Output: linOutput{}, Return: ret})
 					}
+				case linDeleteFuncDel, linDeleteFuncSaw:
+					saw := make([]bool, nKeys)
+					for _, s := range sights {
+						saw[s[0]], seen[s[0]] = true, s[1]
+						ops = append(ops, porcupine.Operation{ClientId: c, Input: linInput{op: linDeleteFuncSaw, key: s[0]},
+							Call: call, Output: linOutput{ok: true, val: s[1]}, Return: ret})
+					}
+					for j := range nKeys {
+						if !saw[j] {
+							ops = append(ops, porcupine.Operation{ClientId: c, Input: linInput{op: linDeleteFuncSaw, key: j},
+								Call: call, Output: linOutput{}, Return: ret})
+						}
+					}
+					if in.op == linDeleteFuncDel {
+						ops = append(ops, porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret})
+					}
+				default:
+					ops = append(ops, porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret})
 				}
-				ops = append(ops, porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret})
 				if r.IntN(4) == 0 {
 					runtime.Gosched()
 				}
@@ -399,29 +609,60 @@ func TestLinearizability(t *testing.T) {
 	if testing.Short() {
 		runs = 8
 	}
-	overlapping, swapped := 0, 0
+	overlapping := 0
+	outcomes := map[string]int{}
 	// On a loaded machine the clients may happen to run one at a time; keep
 	// going (bounded) until some history is really concurrent.
 	for run := 0; run < runs || (overlapping == 0 && run < 10*runs); run++ {
 		stripes, grouped, grow := 1+run%2, run%4 >= 2, linGrowth(run%12/4)
 		hist := linRun(t, uint64(run+1), stripes, grouped, grow, 4, ops, 4)
-		require.Len(t, hist, 4*ops)
-		overlapping += linOverlapping(hist)
+		// A Clear or DeleteFunc is recorded as several operations of one
+		// interval; each call has a call time of its own.
+		calls := map[int64]bool{}
 		for _, op := range hist {
-			if op.Input.(linInput).op == linCompareAndSwap && op.Output.(linOutput).ok {
-				swapped++
-			}
+			calls[op.Call] = true
+			outcomes[linOutcome(op)]++
 		}
+		require.Len(t, calls, 4*ops)
+		overlapping += linOverlapping(hist)
 		res := porcupine.CheckOperationsTimeout(linModel, hist, 30*time.Second)
 		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v, growth %v): history not linearizable", run, stripes, grouped, grow)
 		if run%5 == 0 {
 			require.Equal(t, porcupine.Ok, porcupine.CheckEventsTimeout(linModel, linEvents(hist), 30*time.Second), "run %d as events", run)
 		}
 	}
-	// The histories are concurrent, not a sequence of isolated calls.
-	t.Logf("%d operations overlap another client's; %d swaps succeeded", overlapping, swapped)
+	// The histories are concurrent, not a sequence of isolated calls, and
+	// hold each op with each of its outcomes that change or find a value.
+	t.Logf("%d operations overlap another client's; outcomes %v", overlapping, outcomes)
 	require.Positive(t, overlapping)
-	require.Positive(t, swapped, "the histories hold successful swaps")
+	for _, o := range []string{
+		"compareAndSwap true", "store", "swap true", "swap false",
+		"compute update true", "compute delete true", "compute cancel true", "compute cancel false",
+		"lookupOrCompute true", "lookupOrCompute called", "lookupOrCompute failed",
+		"deleteFunc.del true", "deleteFunc.saw true", "deleteFunc.saw false", "clear",
+	} {
+		require.Positive(t, outcomes[o], "the histories hold %s", o)
+	}
+}
+
+// linOutcome names an operation's op and outcome: for a compute, what its
+// function returned and whether it saw a value.
+func linOutcome(op porcupine.Operation) string {
+	in, out := op.Input.(linInput), op.Output.(linOutput)
+	switch in.op {
+	case linStore, linClear:
+		return in.op.String()
+	case linCompute:
+		return fmt.Sprintf("%v %v %v", in.op, [...]string{"cancel", "update", "delete"}[in.cop], out.sawOK)
+	case linLookupOrCompute:
+		switch {
+		case out.err:
+			return "lookupOrCompute failed"
+		case out.called:
+			return "lookupOrCompute called"
+		}
+	}
+	return fmt.Sprintf("%v %v", in.op, out.ok)
 }
 
 // linOverlapping counts operations whose interval overlaps that of an
@@ -526,6 +767,85 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 	} {
 		ops := append([]porcupine.Operation{linOpAt(0, ins, linOutput{ok: true}, 0, 1)}, c.ops...)
 		require.Equal(t, c.want, porcupine.CheckOperationsTimeout(linModel, ops, 10*time.Second), "%v", c.ops)
+	}
+
+	// The ops added since: each case follows insert(k1, 7) at [0, 1], and
+	// each wrong output is rejected beside the right one.
+	at := func(client int, in linInput, out linOutput, call, ret int64) []porcupine.Operation {
+		return []porcupine.Operation{linOpAt(client, in, out, call, ret)}
+	}
+	then := func(ops ...[]porcupine.Operation) []porcupine.Operation {
+		var all []porcupine.Operation
+		for _, o := range ops {
+			all = append(all, o...)
+		}
+		return all
+	}
+	after := func(out linOutput) []porcupine.Operation { return at(0, look, out, 4, 5) }
+	absent, has8 := linOutput{}, linOutput{ok: true, val: 8}
+	store := linInput{op: linStore, key: 1, val: 8}
+	swap := linInput{op: linSwap, key: 1, val: 8}
+	compute := func(op hash4.ComputeOp, v int) linInput { return linInput{op: linCompute, key: 1, cop: op, val: v} }
+	loc := linInput{op: linLookupOrCompute, key: 1, val: 8}
+	locFail := linInput{op: linLookupOrCompute, key: 1, val: 8, fail: true}
+	clear := func(key int) linInput { return linInput{op: linClear, key: key} }
+	saw := linInput{op: linDeleteFuncSaw, key: 1}
+	dfDel := func(v int) linInput { return linInput{op: linDeleteFuncDel, key: 1, val: v} }
+	for _, c := range []struct {
+		name string
+		ops  []porcupine.Operation
+		want porcupine.CheckResult
+	}{
+		{"store", then(at(1, store, linOutput{ok: true}, 2, 3), after(has8)), porcupine.Ok},
+		{"lookup of the value a store replaced", then(at(1, store, linOutput{ok: true}, 2, 3), after(found)), porcupine.Illegal},
+		{"store failing", at(1, store, linOutput{}, 2, 3), porcupine.Illegal},
+
+		{"swap", then(at(1, swap, found, 2, 3), after(has8)), porcupine.Ok},
+		{"swap loading nothing from a present key", at(1, swap, absent, 2, 3), porcupine.Illegal},
+		{"swap loading a value never held", at(1, swap, linOutput{ok: true, val: 9}, 2, 3), porcupine.Illegal},
+		{"lookup of the value a swap replaced", then(at(1, swap, found, 2, 3), after(found)), porcupine.Illegal},
+		{"swap concurrent with a delete loading nothing", then(at(1, swap, absent, 2, 5), at(0, del, found, 3, 4), after(has8)), porcupine.Ok},
+
+		{"compute update", then(at(1, compute(hash4.UpdateOp, 8), linOutput{saw: 7, sawOK: true, ok: true, val: 8}, 2, 3), after(has8)), porcupine.Ok},
+		{"compute seeing no value of a present key", at(1, compute(hash4.UpdateOp, 8), linOutput{ok: true, val: 8}, 2, 3), porcupine.Illegal},
+		{"compute seeing the value without loaded", at(1, compute(hash4.UpdateOp, 8), linOutput{saw: 7, ok: true, val: 8}, 2, 3), porcupine.Illegal},
+		{"compute update returning the old value", at(1, compute(hash4.UpdateOp, 8), linOutput{saw: 7, sawOK: true, ok: true, val: 7}, 2, 3), porcupine.Illegal},
+		{"lookup of the value a compute replaced", then(at(1, compute(hash4.UpdateOp, 8), linOutput{saw: 7, sawOK: true, ok: true, val: 8}, 2, 3), after(found)), porcupine.Illegal},
+		{"compute delete", then(at(1, compute(hash4.DeleteOp, 0), linOutput{saw: 7, sawOK: true}, 2, 3), after(absent)), porcupine.Ok},
+		{"compute delete keeping the value", at(1, compute(hash4.DeleteOp, 0), linOutput{saw: 7, sawOK: true, ok: true, val: 7}, 2, 3), porcupine.Illegal},
+		{"lookup of the value a compute deleted", then(at(1, compute(hash4.DeleteOp, 0), linOutput{saw: 7, sawOK: true}, 2, 3), after(found)), porcupine.Illegal},
+		{"compute cancel", then(at(1, compute(hash4.CancelOp, 0), linOutput{saw: 7, sawOK: true, ok: true, val: 7}, 2, 3), after(found)), porcupine.Ok},
+		{"compute cancel returning no value", at(1, compute(hash4.CancelOp, 0), linOutput{saw: 7, sawOK: true}, 2, 3), porcupine.Illegal},
+		{"compute cancel of an absent key", then(at(0, del, found, 2, 3), at(1, compute(hash4.CancelOp, 0), absent, 4, 5)), porcupine.Ok},
+		{"compute cancel inventing a value", then(at(0, del, found, 2, 3), at(1, compute(hash4.CancelOp, 0), linOutput{ok: true, val: 7}, 4, 5)), porcupine.Illegal},
+
+		{"lookupOrCompute of a present key", at(1, loc, found, 2, 3), porcupine.Ok},
+		{"lookupOrCompute inserting over a present key", at(1, loc, linOutput{val: 8, called: true}, 2, 3), porcupine.Illegal},
+		{"lookupOrCompute calling its function for a present key", at(1, loc, linOutput{ok: true, val: 7, called: true}, 2, 3), porcupine.Illegal},
+		{"lookupOrCompute of an absent key", then(at(0, del, found, 2, 3), at(1, loc, linOutput{val: 8, called: true}, 4, 5), at(0, look, has8, 6, 7)), porcupine.Ok},
+		{"lookupOrCompute of an absent key without its function", then(at(0, del, found, 2, 3), at(1, loc, linOutput{val: 8}, 4, 5)), porcupine.Illegal},
+		{"lookupOrCompute failing", then(at(0, del, found, 2, 3), at(1, locFail, linOutput{called: true, err: true}, 4, 5), at(0, look, absent, 6, 7)), porcupine.Ok},
+		{"lookup of the value of a failed lookupOrCompute", then(at(0, del, found, 2, 3), at(1, locFail, linOutput{called: true, err: true}, 4, 5), at(0, look, has8, 6, 7)), porcupine.Illegal},
+		{"lookupOrCompute failing without its function", then(at(0, del, found, 2, 3), at(1, locFail, linOutput{err: true}, 4, 5)), porcupine.Illegal},
+
+		{"clear", then(at(1, clear(1), absent, 2, 3), after(absent)), porcupine.Ok},
+		{"lookup of a value cleared", then(at(1, clear(1), absent, 2, 3), after(found)), porcupine.Illegal},
+		{"lookup concurrent with a clear", then(at(1, clear(1), absent, 2, 5), at(0, look, found, 4, 6)), porcupine.Ok},
+		{"insert failing after a clear", then(at(1, clear(1), absent, 2, 3), at(0, linInput{op: linInsert, key: 1, val: 8}, linOutput{}, 4, 5)), porcupine.Illegal},
+		{"key 2 cleared, key 1 kept", then(at(1, clear(2), absent, 2, 3), after(found)), porcupine.Ok},
+
+		{"deleteFunc seeing the value", at(1, saw, found, 2, 3), porcupine.Ok},
+		{"deleteFunc missing a key present throughout", at(1, saw, absent, 2, 3), porcupine.Illegal},
+		{"deleteFunc missing a key deleted meanwhile", then(at(1, saw, absent, 2, 5), at(0, del, found, 3, 4)), porcupine.Ok},
+		{"deleteFunc seeing a value never held", at(1, saw, linOutput{ok: true, val: 9}, 2, 3), porcupine.Illegal},
+		{"deleteFunc deleting", then(at(1, saw, found, 2, 3), at(1, dfDel(7), linOutput{ok: true}, 2, 3), after(absent)), porcupine.Ok},
+		{"lookup of the value deleteFunc deleted", then(at(1, saw, found, 2, 3), at(1, dfDel(7), linOutput{ok: true}, 2, 3), after(found)), porcupine.Illegal},
+		{"deleteFunc failing to delete the value it saw", at(1, dfDel(7), linOutput{}, 2, 3), porcupine.Illegal},
+		{"deleteFunc failing after a swap", then(at(1, dfDel(7), linOutput{}, 2, 5), at(0, swap, found, 3, 4)), porcupine.Ok},
+		{"deleteFunc deleting a value that is not the key's", at(1, dfDel(9), linOutput{ok: true}, 2, 3), porcupine.Illegal},
+	} {
+		ops := append([]porcupine.Operation{linOpAt(0, ins, linOutput{ok: true}, 0, 1)}, c.ops...)
+		require.Equal(t, c.want, porcupine.CheckOperationsTimeout(linModel, ops, 10*time.Second), c.name)
 	}
 
 	// A real history made wrong by one edit: the last lookup that found a
