@@ -1264,6 +1264,10 @@ func TestTableNoGrowthForOneStripe(t *testing.T) {
 	}
 }
 
+// huge is a size no table can have: 2^40 where an int holds it, the
+// largest int on 32-bit targets.
+var huge = int(min(uint64(1)<<40, uint64(math.MaxInt)))
+
 // TestTableMaxBuckets checks WithMaxBuckets: the bound is n rounded down
 // to a power of two, at least 16; a table does not grow itself past it,
 // Grow past it fails with ErrTooLarge and changes nothing, and the default
@@ -1277,7 +1281,7 @@ func TestTableMaxBuckets(t *testing.T) {
 		{1000, 512, 512},
 		{1024, 1024, 1024},
 		{5000, 4096, 1024},
-		{1 << 40, maxBuckets, 1024},
+		{huge, maxBuckets, 1024},
 	} {
 		tab := New[int](WithMaxBuckets(c.max), WithSecret(tblSecret))
 		require.Equal(t, c.limit, tab.bucketLimit, "WithMaxBuckets(%d)", c.max)
@@ -1297,7 +1301,7 @@ func TestTableMaxBuckets(t *testing.T) {
 	growCheck(t, tab, want, "at its bound")
 	a := tab.cur()
 	require.ErrorIs(t, tab.Grow(65), ErrTooLarge)
-	require.ErrorIs(t, tab.Grow(1<<40), ErrTooLarge)
+	require.ErrorIs(t, tab.Grow(huge), ErrTooLarge)
 	require.NoError(t, tab.Grow(64))
 	require.Same(t, a, tab.cur())
 	growCheck(t, tab, want, "after Grows past its bound")
@@ -1322,7 +1326,7 @@ func TestTableSizesFailCleanly(t *testing.T) {
 		opts []Option
 		msg  string
 	}{
-		{[]Option{WithCapacity(1 << 40)}, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have"},
+		{[]Option{WithCapacity(huge)}, fmt.Sprintf("hash4: WithCapacity(%d) beyond 536870912 buckets, the most a table can have", huge)},
 		{[]Option{WithCapacity(maxBuckets + 1)}, "hash4: WithCapacity(536870913) beyond 536870912 buckets, the most a table can have"},
 		{[]Option{WithMaxBuckets(1000), WithCapacity(513)}, "hash4: WithCapacity(513) beyond WithMaxBuckets(1000), 512 buckets"},
 		{[]Option{WithCapacity(4096), WithMaxBuckets(4095)}, "hash4: WithCapacity(4096) beyond WithMaxBuckets(4095), 2048 buckets"},
@@ -1331,17 +1335,17 @@ func TestTableSizesFailCleanly(t *testing.T) {
 		require.PanicsWithValue(t, c.msg, func() { New[int](c.opts...) })
 	}
 	require.Equal(t, 512, New[int](WithMaxBuckets(1000), WithCapacity(512)).Stats().Buckets)
-	require.PanicsWithValue(t, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have", func() { NewUDPTable[int](WithCapacity(1 << 40)) })
-	require.PanicsWithValue(t, "hash4: WithCapacity(1099511627776) beyond 536870912 buckets, the most a table can have", func() { NewTCPTable[int](WithCapacity(1 << 40)) })
+	require.PanicsWithValue(t, fmt.Sprintf("hash4: WithCapacity(%d) beyond 536870912 buckets, the most a table can have", huge), func() { NewUDPTable[int](WithCapacity(huge)) })
+	require.PanicsWithValue(t, fmt.Sprintf("hash4: WithCapacity(%d) beyond 536870912 buckets, the most a table can have", huge), func() { NewTCPTable[int](WithCapacity(huge)) })
 
 	tab := New[int](WithCapacity(64), WithSecret(tblSecret))
 	a := tab.cur()
-	for _, n := range []int{maxBuckets + 1, 1 << 40, math.MaxInt} {
+	for _, n := range []int{maxBuckets + 1, huge, math.MaxInt} {
 		err := tab.Grow(n)
 		require.ErrorIs(t, err, ErrTooLarge)
 		require.Equal(t, fmt.Sprintf("hash4: size beyond the table's bucket limit: Grow(%d) beyond 536870912 buckets", n), err.Error())
 	}
-	require.Less(t, allocated(func() { _ = tab.Grow(1 << 40) }), uint64(1024), "Grow past the limit allocates only its error")
+	require.Less(t, allocated(func() { _ = tab.Grow(huge) }), uint64(1024), "Grow past the limit allocates only its error")
 	// Within the bound but past the index space left (here made small):
 	// refused before the nodes are allocated.
 	hooksOf(tab).nodeLimit = 1 << 16
