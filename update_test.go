@@ -11,9 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// ptrTo returns a pointer to a copy of v (new(v) before Go 1.26).
-func ptrTo[T any](v T) *T { return &v }
-
 func TestStoreSwap(t *testing.T) {
 	tab := New[int](WithSecret(tblSecret))
 	k := tblTuple("10.0.0.1:1000", "10.0.0.2:80")
