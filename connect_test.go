@@ -333,7 +333,8 @@ func (*connFuzzSource) Seed(int64) {}
 
 // FuzzConnect runs TestConnectProperties's scenarios, drawn from the fuzz
 // input instead of a seeded generator, and checks every step against the
-// same model.
+// same model; then the differential test of the occupancy index
+// (runIndexDiff), seeded by the input.
 func FuzzConnect(f *testing.F) {
 	f.Add([]byte{})
 	r := rand.New(rand.NewSource(7))
@@ -346,8 +347,14 @@ func FuzzConnect(f *testing.F) {
 		if len(data) > 8192 {
 			data = data[:8192]
 		}
+		seed := uint64(len(data))
+		for _, b := range data {
+			seed = seed*0x100000001b3 ^ uint64(b)
+		}
 		s := connScenario{}.Generate(rand.New(&connFuzzSource{data}), 0).Interface().(connScenario)
 		s.run(t)
+		// The differential test of the occupancy index, seeded by data.
+		runIndexDiff(t, seed, len(data)%512)
 	})
 }
 

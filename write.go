@@ -109,6 +109,9 @@ func (t *Table[T]) add(a *tableArray[T], st *stripe, s, b uint32, k *key, v *T) 
 		return 0, insertFull
 	}
 	t.fill(i, k, v, &a.b.heads[b])
+	if t.indexes.Load() != nil { // N.B. without indexes, a load and a branch
+		t.noteIndex(k, uint16(k.meta>>16), true)
+	}
 	n := st.count.Load() + 1
 	st.count.Store(n)
 	return n, inserted
@@ -347,6 +350,9 @@ func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
 // remove deletes the entry of link l, linked by prev, from stripe st,
 // whose lock the caller holds, frees its node and returns its value.
 func (t *Table[T]) remove(a *tableArray[T], st *stripe, prev *linkField, l link) *T {
+	if t.indexes.Load() != nil { // N.B. without indexes, a load and a branch
+		t.noteEntry(t.nodes.at(l.index()))
+	}
 	v := t.unlinkLocked(prev, l)
 	t.free(a, st, l.index())
 	st.count.Store(st.count.Load() - 1)
