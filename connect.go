@@ -41,6 +41,9 @@ const (
 // perturbation; see PortAllocator); a WithConnectRange option narrows the
 // range for this call and makes its scan flat. It is [Table.ConnectFunc]
 // with a function that returns v, at the cost of one lock per port tried.
+// Once a scan to a destination is long, the table keeps a bitmap of that
+// destination's ports (8 KiB, for at most 64 destinations), from which
+// later scans take the same port in a word operation per 64 ports.
 //
 // When every candidate is taken it returns an error matching ErrNoPorts (and
 // syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil value,
