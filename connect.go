@@ -25,6 +25,10 @@ const (
 	// connectLocked is connectHashOnce without the lock-free pre-check:
 	// every candidate is checked under its stripe lock.
 	connectLocked
+	// connectIndexed is connectHashOnce, but for a destination with an
+	// occupancy index (index.go) it takes the candidates from the index,
+	// and it builds one for a destination whose scan was long.
+	connectIndexed
 )
 
 // Connect picks a local port for the flow from local to remote, inserts
@@ -37,6 +41,9 @@ const (
 // perturbation; see PortAllocator); a WithConnectRange option narrows the
 // range for this call and makes its scan flat. It is [Table.ConnectFunc]
 // with a function that returns v, at the cost of one lock per port tried.
+// Once a scan to a destination is long, the table keeps a bitmap of that
+// destination's ports (8 KiB, for at most 64 destinations), from which
+// later scans take the same port in a word operation per 64 ports.
 //
 // When every candidate is taken it returns an error matching ErrNoPorts (and
 // syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil value,
@@ -50,7 +57,7 @@ func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	if v == nil {
 		return Tuple{}, fmt.Errorf("%w for a flow to %v", ErrNilValue, remote)
 	}
-	return t.connect(a, local, remote, v, connectHashOnce, opts)
+	return t.connect(a, local, remote, v, connectIndexed, opts)
 }
 
 // ConnectFunc is [Table.Connect] for a value that needs its tuple: it picks
@@ -65,7 +72,7 @@ func (t *Table[T]) ConnectFunc(a *PortAllocator, local netip.Addr, remote netip.
 	if f == nil {
 		return Tuple{}, nil, fmt.Errorf("%w: ConnectFunc with a nil function, for a flow to %v", ErrNilValue, remote)
 	}
-	return t.connectFlow(a, local, remote, nil, f, connectHashOnce, opts)
+	return t.connectFlow(a, local, remote, nil, f, connectIndexed, opts)
 }
 
 // connect is Connect with the given strategy.
@@ -102,6 +109,21 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 	// 0, which flows to other destinations mostly do not share.
 	defer t.metrics[hash0&uint32(len(t.metrics)-1)].connected(&tried, &refused, &noPorts)
 	scan := a.startScan(local, remote, &cc)
+	var dest destKey
+	if strategy == connectIndexed {
+		dest = destKey{local: k.local, remote: k.remote, rport: remote.Port(), hash0: hash0}
+		if p := t.findIndex(&dest); p != nil {
+			if p.n.Load() == 0 { // the destination emptied: scan
+				t.dropIndex(p)
+			} else {
+				tup, v, ok, err := t.connectIndexed(p, &scan, &k, hash0, local, remote, v, f, &tried, &refused, &full)
+				if ok || err != nil {
+					return tup, v, err
+				}
+				goto failed
+			}
+		}
+	}
 	for {
 		first, n := scan.next()
 		if n == 0 {
@@ -141,12 +163,19 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 					}
 				}
 				scan.taken(j)
+				if strategy == connectIndexed && tried > indexAfter {
+					t.buildIndex(dest)
+				}
 				return tup, v, nil
 			case insertFull:
 				full = true
 			}
 		}
 	}
+	if strategy == connectIndexed && tried > indexAfter {
+		t.buildIndex(dest)
+	}
+failed:
 	if full {
 		return Tuple{}, nil, ErrTableFull
 	}
@@ -176,6 +205,7 @@ func (t *Table[T]) reserve(k *key) insertResult {
 	if t.alloc != nil {
 		t.alloc.use(&k.local, uint16(k.meta>>16))
 	}
+	t.noteIndex(k, uint16(k.meta>>16), true)
 	return inserted
 }
 
@@ -233,6 +263,7 @@ func (t *Table[T]) unreserve(k *key) {
 	}
 	t.unlinkLocked(prev, l)
 	t.free(a, st, l.index())
+	t.noteIndex(k, uint16(k.meta>>16), false)
 }
 
 // connectOptions returns the config that opts make. N.B. it fills a config

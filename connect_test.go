@@ -333,7 +333,8 @@ func (*connFuzzSource) Seed(int64) {}
 
 // FuzzConnect runs TestConnectProperties's scenarios, drawn from the fuzz
 // input instead of a seeded generator, and checks every step against the
-// same model.
+// same model; then the differential test of the occupancy index
+// (runIndexDiff), seeded by the input.
 func FuzzConnect(f *testing.F) {
 	f.Add([]byte{})
 	r := rand.New(rand.NewSource(7))
@@ -346,8 +347,14 @@ func FuzzConnect(f *testing.F) {
 		if len(data) > 8192 {
 			data = data[:8192]
 		}
+		seed := uint64(len(data))
+		for _, b := range data {
+			seed = seed*0x100000001b3 ^ uint64(b)
+		}
 		s := connScenario{}.Generate(rand.New(&connFuzzSource{data}), 0).Interface().(connScenario)
 		s.run(t)
+		// The differential test of the occupancy index, seeded by data.
+		runIndexDiff(t, seed, len(data)%512)
 	})
 }
 
@@ -523,7 +530,8 @@ func TestConnectExhaustion(t *testing.T) {
 			visits := make(map[uint32]int)
 			hooksOf(tb).visit = func(i uint32) { visits[i]++ }
 			start := time.Now()
-			_, err = tb.Connect(a, connLocal, dst, new(int))
+			// The scan: the kernel's walk over every candidate.
+			_, err = tb.connect(a, connLocal, dst, new(int), connectHashOnce, nil)
 			elapsed := time.Since(start)
 			hooksOf(tb).visit = nil
 			require.ErrorIs(t, err, ErrNoPorts)
@@ -540,6 +548,14 @@ func TestConnectExhaustion(t *testing.T) {
 			}
 			require.Equal(t, candidates, total, "one pass over the candidates")
 			require.Less(t, elapsed, 5*time.Second, "sanity bound only")
+			// Connect, indexed since the fill's long scans: it finds no
+			// free port in the bitmap and walks no chain.
+			visited := 0
+			hooksOf(tb).visit = func(uint32) { visited++ }
+			_, err = tb.Connect(a, connLocal, dst, new(int))
+			hooksOf(tb).visit = nil
+			require.ErrorIs(t, err, ErrNoPorts)
+			require.Zero(t, visited, "an indexed Connect walks no chain")
 
 			// Freeing one port makes exactly that port available.
 			for _, victim := range []uint16{ports[777], ports[0], ports[len(ports)-1]} {

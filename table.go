@@ -58,6 +58,12 @@ type Table[T any] struct {
 	// NewTCPTable before the table is shared), for compactNodes.
 	listenerStripes []stripe
 
+	// indexes are the occupancy indexes of busy destinations (index.go),
+	// nil while there are none; indexMu serializes their building and
+	// dropping.
+	indexes atomic.Pointer[portIndexes]
+	indexMu sync.Mutex
+
 	hooks *testHooks // nil but in tests
 	_     [cacheLineSize]byte
 }

@@ -112,6 +112,9 @@ func (t *Table[T]) add(a *tableArray[T], st *stripe, s, b uint32, k *key, v *T) 
 	if t.alloc != nil {
 		t.alloc.use(&k.local, uint16(k.meta>>16))
 	}
+	if t.indexes.Load() != nil { // N.B. without indexes, a load and a branch
+		t.noteIndex(k, uint16(k.meta>>16), true)
+	}
 	n := st.count.Load() + 1
 	st.count.Store(n)
 	return n, inserted
@@ -352,6 +355,9 @@ func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
 func (t *Table[T]) remove(a *tableArray[T], st *stripe, prev *linkField, l link) *T {
 	if t.alloc != nil {
 		t.unuseEntry(t.nodes.at(l.index()))
+	}
+	if t.indexes.Load() != nil { // N.B. without indexes, a load and a branch
+		t.noteEntry(t.nodes.at(l.index()))
 	}
 	v := t.unlinkLocked(prev, l)
 	t.free(a, st, l.index())

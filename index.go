@@ -1,0 +1,323 @@
+package hash4
+
+import (
+	"errors"
+	"math/bits"
+	"net/netip"
+	"sync/atomic"
+)
+
+// This file holds the occupancy indexes of busy destinations: per
+// destination (local address, remote address, remote port), a bitmap of
+// the local ports its tuples use, which lets Connect find the first free
+// candidate of the kernel's scan with word operations instead of one
+// lookup per candidate.
+//
+// Invariants, relied on by connectIndexed:
+//
+//   - A writer that adds or removes a live tuple, or a reservation
+//     (ConnectFunc), does it under the tuple's stripe lock and loads the
+//     table's indexes under that same lock (noteIndex): so it sees every
+//     index published before it took the lock.
+//   - buildIndex publishes an index empty, then sets the bit of each port it
+//     finds present under that port's stripe lock. A tuple added before the
+//     builder's look at its stripe is seen by the builder; one added or
+//     removed after it is seen by a writer that sees the index. So once
+//     writers quiesce, a bit is set exactly when its tuple is present.
+//   - Between, a bit may be clear for a present tuple (a writer has not
+//     reached it yet) but is never left set for an absent one: writers
+//     clear bits on delete under the lock, and the builder sets only bits
+//     of tuples it saw present under the lock. A clear bit costs Connect a
+//     failed confirmation; a set bit is trusted, so a stale one would change
+//     Connect's answer.
+//   - Moves of entries (Grow, Compact, home slot refills) keep their tuples
+//     and do not touch the indexes.
+
+// indexAfter is the number of candidates a scan tries before Connect builds
+// an index for the destination: scans shorter than that cost less than
+// keeping the index up to date.
+const indexAfter = 64
+
+// maxIndexes bounds the number of destinations with an index, 8 KiB each;
+// building one more drops the one with the fewest flows.
+const maxIndexes = 64
+
+// destKey names a destination: the words of the key of its tuples but the
+// local port, and its hash with local port 0.
+type destKey struct {
+	local, remote [2]uint64
+	rport         uint16
+	hash0         uint32
+}
+
+// destOf returns the destination of k, a live entry's key or a key set
+// with setPort.
+func destOf(k *key) destKey {
+	lport := uint32(k.meta>>16) & 0xffff
+	return destKey{local: k.local, remote: k.remote, rport: uint16(k.meta), hash0: uint32(k.meta>>32) - lport}
+}
+
+// portIndex is the occupancy index of one destination: bit p of used is set
+// while the tuple with local port p is in the table, live or reserved (see
+// the invariants above). Words are shared by tuples of several stripes, so
+// they change atomically.
+type portIndex struct {
+	dest destKey
+	used [65536 / 64]atomic.Uint64
+	n    atomic.Int64 // set bits of used
+}
+
+// note sets (on) or clears bit port.
+func (p *portIndex) note(port uint16, on bool) {
+	w, m := &p.used[port/64], uint64(1)<<(port%64)
+	if on {
+		if w.Or(m)&m == 0 {
+			p.n.Add(1)
+		}
+	} else if w.And(^m)&m != 0 {
+		p.n.Add(-1)
+	}
+}
+
+// portIndexes is the set of a table's indexes, by hash with local port 0.
+// It is never changed once published: buildIndex and dropIndex publish a
+// new one under the table's indexMu.
+type portIndexes struct {
+	byHash map[uint32][]*portIndex
+	n      int
+}
+
+// find returns the index of destination d, or nil.
+func (x *portIndexes) find(d *destKey) *portIndex {
+	for _, p := range x.byHash[d.hash0] {
+		if p.dest == *d {
+			return p
+		}
+	}
+	return nil
+}
+
+// noteIndex records in the index of k's destination, if it has one, that
+// k's tuple is now present (on) or absent. The caller holds k's stripe
+// lock. N.B. without indexes it is one load and one branch.
+func (t *Table[T]) noteIndex(k *key, port uint16, on bool) {
+	if x := t.indexes.Load(); x != nil {
+		d := destOf(k)
+		d.hash0 = uint32(k.meta>>32) - uint32(port)
+		if p := x.find(&d); p != nil {
+			p.note(port, on)
+		}
+	}
+}
+
+// noteEntry is noteIndex for the live entry e, about to be removed.
+func (t *Table[T]) noteEntry(e *entry[T]) {
+	var k key
+	k.meta = e.key.meta.Load()
+	k.local = [2]uint64{e.key.local[0].Load(), e.key.local[1].Load()}
+	k.remote = [2]uint64{e.key.remote[0].Load(), e.key.remote[1].Load()}
+	t.noteIndex(&k, uint16(k.meta>>16), false)
+}
+
+// publishIndexes publishes a copy of old (which may be nil) with add added
+// and drop left out. The caller holds indexMu.
+func (t *Table[T]) publishIndexes(old *portIndexes, add, drop *portIndex) {
+	x := &portIndexes{byHash: make(map[uint32][]*portIndex)}
+	if old != nil {
+		for h, ps := range old.byHash {
+			for _, p := range ps {
+				if p != drop {
+					x.byHash[h] = append(x.byHash[h], p)
+					x.n++
+				}
+			}
+		}
+	}
+	if add != nil {
+		x.byHash[add.dest.hash0] = append(x.byHash[add.dest.hash0], add)
+		x.n++
+	}
+	if x.n == 0 {
+		t.indexes.Store(nil) // writers are back to one load and a branch
+		return
+	}
+	t.indexes.Store(x)
+}
+
+// buildIndex makes the index of destination d, unless it has one, and
+// fills it from the table (see the invariants above). At maxIndexes it
+// first drops the index with the fewest flows.
+func (t *Table[T]) buildIndex(d destKey) {
+	t.indexMu.Lock()
+	defer t.indexMu.Unlock()
+	old := t.indexes.Load()
+	if old != nil && old.find(&d) != nil {
+		return
+	}
+	var drop *portIndex
+	if old != nil && old.n >= maxIndexes {
+		for _, ps := range old.byHash {
+			for _, q := range ps {
+				if drop == nil || q.n.Load() < drop.n.Load() {
+					drop = q
+				}
+			}
+		}
+	}
+	p := &portIndex{dest: d}
+	t.publishIndexes(old, p, drop)
+	// N.B. the ports of one stripe are those congruent to the stripe's
+	// index minus hash0 modulo the stripe count, the same in every array:
+	// one lock per stripe covers them all.
+	k := key{local: d.local, remote: d.remote}
+	nstripes := uint32(len(t.array().b.stripes))
+	for p0 := uint32(0); p0 < min(nstripes, 65536); p0++ {
+		k.setPort(d.hash0, uint16(p0), d.rport)
+		a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
+		for port := p0; port < 65536; port += nstripes {
+			if port == 0 {
+				continue
+			}
+			k.setPort(d.hash0, uint16(port), d.rport)
+			if _, l := t.findLocked(a, &k); !l.isNulls() {
+				p.note(uint16(port), true)
+			}
+		}
+		st.mu.Unlock()
+	}
+}
+
+// dropIndex drops index p, if it is still published.
+func (t *Table[T]) dropIndex(p *portIndex) {
+	t.indexMu.Lock()
+	defer t.indexMu.Unlock()
+	if old := t.indexes.Load(); old != nil && old.find(&p.dest) == p {
+		t.publishIndexes(old, nil, p)
+	}
+}
+
+// findIndex returns the published index of destination d, or nil.
+func (t *Table[T]) findIndex(d *destKey) *portIndex {
+	if x := t.indexes.Load(); x != nil {
+		return x.find(d)
+	}
+	return nil
+}
+
+// connectIndexed is the scan of connectFlow over the index p of the flow's
+// destination: it visits the candidates in the scan's order, as runs of
+// ports step apart, takes from the bitmaps the first that is not reserved
+// and not in use, skips it if Bind holds it for the local address, and
+// confirms it under its stripe lock as the scan does; a lost race moves on
+// to the next. It records the port taken with the index in its pass that
+// the scan would have reached, so the perturb slot moves as the kernel's.
+func (t *Table[T]) connectIndexed(p *portIndex, s *portScan, k *key, hash0 uint32, local netip.Addr, remote netip.AddrPort, v *T, f func(Tuple) (*T, error), tried, refused *uint64, full *bool) (Tuple, *T, bool, error) {
+	a := s.a
+	var done bool
+	var tup Tuple
+	var err error
+	try := func(port uint16, i uint32) bool {
+		if a.mayBeHeld(port) && a.heldFor(local, port) {
+			return false
+		}
+		k.setPort(hash0, port, remote.Port())
+		*tried++
+		var res insertResult
+		if f == nil {
+			_, res = t.insert(k, v)
+		} else {
+			res = t.reserve(k)
+		}
+		switch res {
+		case inserted:
+			tup = Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}
+			if f != nil {
+				var e error
+				if v, e = t.settle(k, tup, f); errors.Is(e, ErrPortRefused) {
+					*refused++
+					return false
+				} else if e != nil {
+					err, done = e, true
+					return true
+				}
+			}
+			s.runAt = i
+			s.taken(0)
+			done = true
+			return true
+		case insertFull:
+			*full = true
+		}
+		return false
+	}
+	// The passes: of the scan's offset, then under step 2 of the other
+	// parity, then the port the first left out (see portScan).
+	passes := 1
+	if s.step == 2 && s.remaining > 1 {
+		passes = 2
+	}
+	for pass := 0; pass < passes; pass++ {
+		off := s.offset + uint32(pass)
+		start := s.low + off
+		endA := min(s.remaining, s.high-start)
+		if p.search(a, start, 0, endA, s.step, try) {
+			return tup, v, done, err
+		}
+		// After the wrap: index i is at port start+i-remaining.
+		iB := (endA + s.step - 1) / s.step * s.step
+		if iB < s.remaining && p.search(a, start+iB-s.remaining, iB, s.remaining, s.step, try) {
+			return tup, v, done, err
+		}
+	}
+	if s.step == 2 && s.remaining > 1 && (s.high-s.low)&1 != 0 {
+		port := s.low
+		if s.offset == 0 {
+			port = s.high - 1
+		}
+		if !a.isReserved(uint16(port)) && !p.usedBit(port) && try(uint16(port), s.remaining-1) {
+			return tup, v, done, err
+		}
+	}
+	return Tuple{}, nil, false, nil
+}
+
+// usedBit reports whether bit port of p's bitmap is set.
+func (p *portIndex) usedBit(port uint32) bool {
+	return p.used[port/64].Load()&(1<<(port%64)) != 0
+}
+
+// search calls try, in order, for the ports from, from+step, ... of the
+// indexes i0, i0+step, ... below iEnd in their pass whose bits are clear in
+// both a's reserved ports and p's used ports, until try returns true; it
+// reports whether it did.
+func (p *portIndex) search(a *PortAllocator, from, i0, iEnd, step uint32, try func(port uint16, i uint32) bool) bool {
+	if i0 >= iEnd {
+		return false
+	}
+	last := from + (iEnd-1-i0)/step*step // the last port
+	parity := ^uint64(0)
+	if step == 2 {
+		parity = 0x5555555555555555 << (from & 1)
+	}
+	port := from
+	for port <= last {
+		w := port / 64
+		m := parity &^ (1<<(port%64) - 1) // from port on
+		if last/64 == w {
+			m &= ^uint64(0) >> (63 - last%64) // up to last
+		}
+		free := ^(p.used[w].Load() | a.reserved[w]) & m
+		for free != 0 {
+			q := w*64 + uint32(bits.TrailingZeros64(free))
+			free &= free - 1
+			if try(uint16(q), i0+(q-from)) {
+				return true
+			}
+		}
+		port = (w + 1) * 64
+		if step == 2 && port&1 != from&1 {
+			port++
+		}
+	}
+	return false
+}
