@@ -31,28 +31,17 @@ const (
 	connectIndexed
 )
 
-// Connect picks a local port for the flow from local to remote, inserts
-// v under the resulting 4-tuple and returns the tuple, atomically: two
-// concurrent Connects never get the same 4-tuple, and Connect never returns
-// a tuple it did not insert. The tuple is in key form: IPv4-mapped
-// addresses as IPv4, zones dropped. A socket for the flow should bind local
-// as given (zone included) with the tuple's local port. The allocator a
-// chooses the candidates (its range, reserved and bound ports, policy and
-// perturbation; see PortAllocator); a WithConnectRange option narrows the
-// range for this call and makes its scan flat. It is [Table.ConnectFunc]
-// with a function that returns v, at the cost of one lock per port tried.
-// Once a scan to a destination is long, the table keeps a bitmap of that
-// destination's ports (8 KiB, for at most 64 destinations), from which
-// later scans take the same port in a word operation per 64 ports.
-//
-// When every candidate is taken it returns an error matching ErrNoPorts (and
-// syscall.EADDRNOTAVAIL) after one bounded scan. Bad input (nil value,
-// invalid, unspecified or mixed-family addresses, remote port 0) returns an
-// error matching ErrInvalidTuple or ErrNilValue, and a nil PortAllocator or
-// one that NewPortAllocator did not make an error matching ErrNilAllocator;
-// none changes anything. A table made [WithPortAllocator] takes its own for
-// a nil a and refuses another, with ErrNilAllocator. If the table cannot index another entry it returns
-// ErrTableFull.
+// Connect picks a local port for the flow from local to remote as Linux's
+// connect() does, inserts v under the resulting 4-tuple and returns the
+// tuple (IPv4-mapped addresses as IPv4, zones dropped), atomically: two
+// Connects never get the same tuple. The allocator a orders the candidates
+// (see [PortAllocator]); [WithConnectRange] narrows the range for this call.
+// To a busy destination the table keeps a bitmap of its ports (8 KiB, for
+// at most 64 destinations) and finds the same port a word per 64 ports.
+// Errors: [ErrNoPorts] (and syscall.EADDRNOTAVAIL) when every candidate is
+// taken; [ErrInvalidTuple], [ErrNilValue] or [ErrNilAllocator] for bad
+// input (a table made [WithPortAllocator] takes its own for a nil a, and
+// refuses another); [ErrTableFull]. None changes anything.
 func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, opts ...ConnectOption) (Tuple, error) {
 	if v == nil {
 		return Tuple{}, fmt.Errorf("%w for a flow to %v", ErrNilValue, remote)
