@@ -133,22 +133,31 @@ func dialIn(topo *topology, network string, addr netip.AddrPort) (net.Conn, erro
 // udpExchange sends msg on c and waits for its echo, trying tries times
 // with timeout each.
 func udpExchange(c net.Conn, msg []byte, tries int, timeout time.Duration) error {
-	buf := make([]byte, len(msg)+1)
+	buf := make([]byte, len(msg)+64)
+	var stale []byte
 	for range tries {
 		if _, err := c.Write(msg); err != nil {
 			return err
 		}
 		c.SetReadDeadline(time.Now().Add(timeout))
-		n, err := c.Read(buf)
-		if err == nil {
-			if !bytes.Equal(buf[:n], msg) {
-				return fmt.Errorf("echo %q, want %q", buf[:n], msg)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				if !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
+					return err
+				}
+				break // resend
 			}
-			return nil
+			if bytes.Equal(buf[:n], msg) {
+				return nil
+			}
+			// The echo of an earlier datagram, resent when its echo came
+			// late: read on.
+			stale = append(stale[:0], buf[:n]...)
 		}
-		if !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
-			return err
-		}
+	}
+	if stale != nil {
+		return fmt.Errorf("no echo of %q after %d tries; last read %q", msg, tries, stale)
 	}
 	return fmt.Errorf("no echo after %d tries", tries)
 }
