@@ -304,10 +304,13 @@ func WithHasher(h Hasher) Option {
 	}
 }
 
+// defaultHasher is the hasher of a table made without WithHasher.
+const defaultHasher = LinuxHasher
+
 // New returns an empty table. It panics if an option's size is out of
 // range (see [WithCapacity], [WithMaxBuckets]).
 func New[T any](opts ...Option) *Table[T] {
-	cfg := tableConfig{capacity: 1024, hasher: LinuxHasher}
+	cfg := tableConfig{capacity: 1024, hasher: defaultHasher}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
