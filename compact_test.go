@@ -18,7 +18,7 @@ import (
 // listener are found after, every node is accounted for, and both tables
 // go on.
 func TestTableCompactNodes(t *testing.T) {
-	tcp := NewTCPTable[int](WithCapacity(16), WithLockStripes(1), WithFixedBuckets(), WithSecret(tblSecret))
+	tcp := NewTCPTable[int](WithCapacity(16), WithLockStripes(1), WithFixedBuckets(), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	est := tcp.Established()
 	const chunk = 64
 	index := map[uint32]Tuple{}

@@ -113,15 +113,15 @@ func FuzzTable(f *testing.F) {
 			canon[tblCanon(k)] = i
 		}
 		tabs := []*Table[int]{
-			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret)),
-			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(XXH3Hasher)),
-			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), withHomeGroups(true)),
+			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher)),
+			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher), WithHasher(XXH3Hasher)),
+			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher), withHomeGroups(true)),
 			// 128 buckets under one lock: the home bitmap is a run of
 			// words rather than the stripe's own word (home.go).
-			New[int](WithFixedBuckets(), WithCapacity(128), WithLockStripes(1), WithSecret(tblSecret)),
+			New[int](WithFixedBuckets(), WithCapacity(128), WithLockStripes(1), WithSecret(tblSecret), WithHasher(LinuxHasher)),
 			// A table that grows itself, from one bucket per stripe
 			// (past 5 entries in one), and from where its Grows leave it.
-			New[int](WithCapacity(16), WithLockStripes(16), WithSecret(tblSecret)),
+			New[int](WithCapacity(16), WithLockStripes(16), WithSecret(tblSecret), WithHasher(LinuxHasher)),
 		}
 		const autoTab = 4
 		// models[i] is what tabs[i] must hold: key index -> the very

@@ -97,7 +97,7 @@ func TestTableGrow(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			tab := New[int](append([]Option{WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret)}, c.opts...)...)
+			tab := New[int](append([]Option{WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher)}, c.opts...)...)
 			stripes := tab.Stats().LockStripes
 			want := map[Tuple]*int{}
 			next := 0
@@ -149,7 +149,7 @@ func TestTableGrowHomeGroups(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills a table of 2^16 entries")
 	}
-	tab := New[int](WithFixedBuckets(), WithCapacity(homeGroupMinBuckets/2), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(homeGroupMinBuckets/2), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	require.False(t, tab.cur().home.grouped())
 	want := map[Tuple]*int{}
 	for i := range homeGroupMinBuckets {
@@ -196,7 +196,7 @@ func TestTableGrowNoOp(t *testing.T) {
 // stripes, which moved them one at a time, filled a million entries 24%
 // slower with the batch it was made with.
 func TestTableGrowNodeBatch(t *testing.T) {
-	tab := New[int](WithSecret(tblSecret))
+	tab := New[int](WithSecret(tblSecret), WithHasher(LinuxHasher))
 	require.Equal(t, 1, tab.nodes.batchSize())
 	stripes := len(tab.cur().b.stripes)
 	for _, n := range []int{1 << 13, 1 << 15, 1 << 16, 1 << 18} {
@@ -575,7 +575,7 @@ func TestTableGrowStripeByStripe(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			const stripes = 4
-			tab := New[int](append([]Option{WithFixedBuckets(), WithCapacity(64), WithLockStripes(stripes), WithSecret(tblSecret)}, c.opts...)...)
+			tab := New[int](append([]Option{WithFixedBuckets(), WithCapacity(64), WithLockStripes(stripes), WithSecret(tblSecret), WithHasher(LinuxHasher)}, c.opts...)...)
 			want := map[Tuple]*int{}
 			next := 0
 			fresh := func(s uint32) Tuple { // a key of stripe s not in the table
@@ -777,7 +777,7 @@ func TestTableGrowIndexSpaceSpent(t *testing.T) {
 // no old array, but sees the move count of Y's stripe changed, and walks
 // again, finding Y.
 func TestTableGrowReaderBeforeStripeMoves(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	var y Tuple
 	for i := 0; ; i++ {
 		if y = tblKey(i, false); stripeOf(tab, y) == 1 {
@@ -866,7 +866,7 @@ func TestTableGrowWriterAcrossPublish(t *testing.T) {
 // slots read as released: free, their next links ending on
 // releasedNullsValue.
 func TestTableGrowWriterAcrossPublishTakesNode(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	want := map[Tuple]*int{}
 	byBkt := map[uint32][]Tuple{}
 	for i := 0; i < 1024; i++ {
@@ -914,7 +914,7 @@ func TestTableGrowWriterAcrossPublishTakesNode(t *testing.T) {
 // and lets Grow finish: the move counted itself at its end, so the lookup
 // sees the count changed, and walks again, finding Y.
 func TestTableGrowReaderDuringStripeMove(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	var y Tuple
 	var ky key
 	n, found := 0, false
@@ -959,7 +959,7 @@ func TestTableGrowReaderDuringStripeMove(t *testing.T) {
 // ending on its own marker: only the array check tells it that B is no
 // longer the table's, and it walks C and finds Y.
 func TestTableGrowReaderOnOlderArray(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	y := tblKey(1, false)
 	vy := valPtr(1)
 	require.NoError(t, tab.Insert(y, vy))
@@ -1046,8 +1046,8 @@ func TestTableGrowsItself(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			tab := New[int](append(c.opts, WithSecret(tblSecret))...)
-			fixed := New[int](append(c.opts, WithSecret(tblSecret), WithFixedBuckets())...)
+			tab := New[int](append(c.opts, WithSecret(tblSecret), WithHasher(LinuxHasher))...)
+			fixed := New[int](append(c.opts, WithSecret(tblSecret), WithHasher(LinuxHasher), WithFixedBuckets())...)
 			start := tab.Stats().Buckets
 			want := map[Tuple]*int{}
 			for i := range c.n {
@@ -1116,7 +1116,7 @@ func TestTableGrowsItself(t *testing.T) {
 // table stops growing itself for good (no insert starts another growth),
 // and inserts and lookups go on in the array it has.
 func TestTableGrowsItselfUntilRefused(t *testing.T) {
-	tab := New[int](WithCapacity(16), WithLockStripes(4), WithSecret(tblSecret))
+	tab := New[int](WithCapacity(16), WithLockStripes(4), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	// The 16 home slots take the first chunk of 64 indexes, the nodes
 	// beyond them the second; a new array would need a third.
 	tab.nodes.mu.Lock()
@@ -1196,12 +1196,12 @@ func TestTableGrowthBoundedByEntries(t *testing.T) {
 	const n = 1<<15 + 1
 	for _, h := range hashers {
 		t.Run(h.String(), func(t *testing.T) {
-			probe := New[int](WithSecret(tblSecret), WithHasher(h))
+			probe := New[int](WithSecret(tblSecret), WithHasher(LinuxHasher), WithHasher(h))
 			mask := probe.cur().b.stripeMask
 			keys := stripeKeys(t, h, mask, n)
 			v := valPtr(0)
 			before := heapAfterGC()
-			tab := New[int](WithSecret(tblSecret), WithHasher(h))
+			tab := New[int](WithSecret(tblSecret), WithHasher(LinuxHasher), WithHasher(h))
 			var checks, grew atomic.Int32
 			hooksOf(tab).checked = func(g bool) {
 				checks.Add(1)
@@ -1241,7 +1241,7 @@ func TestTableNoGrowthForOneStripe(t *testing.T) {
 	const n = 4096
 	for _, h := range hashers {
 		t.Run(h.String(), func(t *testing.T) {
-			tab := New[int](WithCapacity(1<<20), WithSecret(tblSecret), WithHasher(h))
+			tab := New[int](WithCapacity(1<<20), WithSecret(tblSecret), WithHasher(LinuxHasher), WithHasher(h))
 			a := tab.cur()
 			require.EqualValues(t, 1<<10-1, a.b.stripeMask)
 			var checks atomic.Int32
@@ -1283,12 +1283,12 @@ func TestTableMaxBuckets(t *testing.T) {
 		{5000, 4096, 1024},
 		{huge, maxBuckets, 1024},
 	} {
-		tab := New[int](WithMaxBuckets(c.max), WithSecret(tblSecret))
+		tab := New[int](WithMaxBuckets(c.max), WithSecret(tblSecret), WithHasher(LinuxHasher))
 		require.Equal(t, c.limit, tab.bucketLimit, "WithMaxBuckets(%d)", c.max)
 		require.Equal(t, c.buckets, tab.Stats().Buckets, "WithMaxBuckets(%d)", c.max)
 	}
 	// Grown by itself, up to the bound and no further.
-	tab := New[int](WithCapacity(16), WithMaxBuckets(100), WithLockStripes(4), WithSecret(tblSecret))
+	tab := New[int](WithCapacity(16), WithMaxBuckets(100), WithLockStripes(4), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	want := map[Tuple]*int{}
 	for i := range 1000 {
 		k := tblKey(i, i%2 == 0)
@@ -1338,7 +1338,7 @@ func TestTableSizesFailCleanly(t *testing.T) {
 	require.PanicsWithValue(t, fmt.Sprintf("hash4: WithCapacity(%d) beyond 536870912 buckets, the most a table can have", huge), func() { NewUDPTable[int](WithCapacity(huge)) })
 	require.PanicsWithValue(t, fmt.Sprintf("hash4: WithCapacity(%d) beyond 536870912 buckets, the most a table can have", huge), func() { NewTCPTable[int](WithCapacity(huge)) })
 
-	tab := New[int](WithCapacity(64), WithSecret(tblSecret))
+	tab := New[int](WithCapacity(64), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	a := tab.cur()
 	for _, n := range []int{maxBuckets + 1, huge, math.MaxInt} {
 		err := tab.Grow(n)

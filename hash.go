@@ -366,6 +366,23 @@ func hashPort0(h Hasher, s *Secret, local, remote *[2]uint64, rport uint16) uint
 	return inetEhashWords(local, remote, wordsAreIPv4(local) && wordsAreIPv4(remote), rport, s.Ehash, s.Ehash6Addr)
 }
 
+// tableHash is hashPort0 with the fold hasher's keys given, for tables,
+// which draw them once. N.B. the fold hasher is written out here, where it
+// costs no call of its own: as calls, the steps from a table's tuple to its
+// hash cost a lookup of a cached key as much as the hash itself.
+func tableHash(h Hasher, s *Secret, fk *[4]uint64, local, remote *[2]uint64, rport uint16) uint32 {
+	switch h {
+	case FoldHasher:
+		x := foldMul(local[0]^fk[0], local[1]^fk[1])
+		y := foldMul(remote[0]^fk[2], remote[1]^fk[3])
+		f := foldMul(x^uint64(rport)^fk[1], y^fk[0])
+		return uint32(f) ^ uint32(f>>32)
+	case XXH3Hasher:
+		return xxh3Port0(s, local, remote, rport)
+	}
+	return inetEhashWords(local, remote, wordsAreIPv4(local) && wordsAreIPv4(remote), rport, s.Ehash, s.Ehash6Addr)
+}
+
 // xxh3Port0 is hashPort0 for the XXH3 hasher: seeded XXH3 of the remote
 // address, the remote port and the local address.
 func xxh3Port0(s *Secret, local, remote *[2]uint64, rport uint16) uint32 {
@@ -404,10 +421,7 @@ func foldMul(a, b uint64) uint64 {
 // multiply: a port XORed into an address word would let two tuples whose
 // address and port differ by the same bits collide whatever the keys.
 func foldPort0(k *[4]uint64, local, remote *[2]uint64, rport uint16) uint32 {
-	x := foldMul(local[0]^k[0], local[1]^k[1])
-	y := foldMul(remote[0]^k[2], remote[1]^k[3])
-	h := foldMul(x^uint64(rport)^k[1], y^k[0])
-	return uint32(h) ^ uint32(h>>32)
+	return tableHash(FoldHasher, nil, k, local, remote, rport)
 }
 
 // isIPv4 reports whether addr is an IPv4 or IPv4-mapped IPv6 address.

@@ -236,7 +236,7 @@ func TestStealTakesReleasedSlot(t *testing.T) {
 // nothing.
 func TestTableRecordsReleasedSlot(t *testing.T) {
 	for _, grouped := range []bool{true, false} {
-		tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(1), withHomeGroups(grouped), WithSecret(tblSecret))
+		tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(1), withHomeGroups(grouped), WithSecret(tblSecret), WithHasher(LinuxHasher))
 		require.Equal(t, grouped, tab.cur().home.grouped())
 		st := &tab.cur().b.stripes[0]
 		r := rand.New(rand.NewPCG(8, 9))
@@ -295,7 +295,7 @@ func TestTableChurnPlacement(t *testing.T) {
 		{false, 64, 0.61},
 	} {
 		t.Run(fmt.Sprintf("groups=%v", c.grouped), func(t *testing.T) {
-			tab := New[int](WithFixedBuckets(), WithCapacity(n), WithLockStripes(c.stripes), withHomeGroups(c.grouped), WithSecret(tblSecret))
+			tab := New[int](WithFixedBuckets(), WithCapacity(n), WithLockStripes(c.stripes), withHomeGroups(c.grouped), WithSecret(tblSecret), WithHasher(LinuxHasher))
 			r := rand.New(rand.NewPCG(10, 11))
 			flow := func(i int) Tuple {
 				return Tuple{
@@ -392,7 +392,7 @@ func tblCheckHome[T any](t require.TestingT, tab *Table[T], msg any) {
 // bookkeeping holds.
 func TestTableHomeAfterInserts(t *testing.T) {
 	for _, stripes := range []int{1, 4, 256} {
-		tab := New[int](WithFixedBuckets(), WithCapacity(256), WithLockStripes(stripes), WithSecret(tblSecret))
+		tab := New[int](WithFixedBuckets(), WithCapacity(256), WithLockStripes(stripes), WithSecret(tblSecret), WithHasher(LinuxHasher))
 		v := valPtr(0)
 		for i := range 256 {
 			require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), v))

@@ -57,7 +57,7 @@ func tblCheckAppendLookups(t *testing.T, tab *Table[int], keys []Tuple, r *rand.
 func TestTableAppendLookups(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("groups=%v", grouped), func(t *testing.T) {
-			tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(4), withHomeGroups(grouped), WithSecret(tblSecret))
+			tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(4), withHomeGroups(grouped), WithSecret(tblSecret), WithHasher(LinuxHasher))
 			require.Equal(t, grouped, tab.cur().home.grouped())
 			var keys []Tuple
 			for i := range 200 {

@@ -35,7 +35,7 @@ func (f *tblNulls) insertStealing(t *testing.T, x Tuple, v *string) {
 }
 
 func newTblNulls(t *testing.T, opts ...Option) *tblNulls {
-	tab := New[string](append([]Option{WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret)}, opts...)...)
+	tab := New[string](append([]Option{WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret), WithHasher(LinuxHasher)}, opts...)...)
 	hooksOf(tab) // made before tab is shared: tests set hooks while lookups run
 	f := &tblNulls{tab: tab, byBkt: map[uint32][]Tuple{}}
 	f.restart = func() uint64 { return tab.Stats().LookupRestarts }

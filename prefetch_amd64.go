@@ -51,6 +51,12 @@ func touchForWrite(head *linkField, seq *relUint32, val *unsafe.Pointer) {
 //go:noescape
 func prefetchw3(head *linkField, seq *relUint32, val *unsafe.Pointer)
 
+// prefetch4 asks for the cache lines of a, b, c and d with PREFETCHT0
+// (requestGroupLines).
+//
+//go:noescape
+func prefetch4(a, b, c, d unsafe.Pointer)
+
 // prefetchW asks for the cache lines of h's addresses with PREFETCHW (see
 // lineHints) and returns without waiting for them. Only for processors
 // with canPrefetchW.

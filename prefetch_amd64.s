@@ -16,6 +16,17 @@ TEXT ·prefetchw3(SB), NOSPLIT|NOFRAME, $0-24
 // func prefetch(addrs []unsafe.Pointer, write bool)
 //
 // With write set, PREFETCHW (ModRM 0x08 for (AX)); else PREFETCHT0.
+TEXT ·prefetch4(SB), NOSPLIT|NOFRAME, $0-32
+	MOVQ a+0(FP), AX
+	MOVQ b+8(FP), BX
+	MOVQ c+16(FP), CX
+	MOVQ d+24(FP), DX
+	PREFETCHT0 (AX)
+	PREFETCHT0 (BX)
+	PREFETCHT0 (CX)
+	PREFETCHT0 (DX)
+	RET
+
 TEXT ·prefetch(SB), NOSPLIT|NOFRAME, $0-25
 	MOVQ addrs_base+0(FP), SI
 	MOVQ addrs_len+8(FP), CX

@@ -50,7 +50,7 @@ func TestTableWithoutPrefetchW(t *testing.T) {
 	} {
 		for _, can := range []bool{false, true} {
 			canPrefetchW = can
-			tab := New[int](append(opts, WithSecret(tblSecret), WithFixedBuckets())...)
+			tab := New[int](append(opts, WithSecret(tblSecret), WithHasher(LinuxHasher), WithFixedBuckets())...)
 			model := map[int]*int{}
 			for i := range 5000 {
 				ki := (i * 7919) % (len(tab.cur().b.heads) * 3)
@@ -84,7 +84,7 @@ func TestTableAppendLookupsWithoutPrefetch(t *testing.T) {
 	t.Cleanup(func() { canPrefetch = saved })
 	canPrefetch = false
 	for _, grouped := range []bool{false, true} {
-		tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(4), withHomeGroups(grouped), WithSecret(tblSecret))
+		tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(4), withHomeGroups(grouped), WithSecret(tblSecret), WithHasher(LinuxHasher))
 		var keys []Tuple
 		for i := range 100 {
 			k := tblKey(i, i%2 == 1)

@@ -26,3 +26,6 @@ const canPrefetch = false
 
 // prefetchRead does nothing: without canPrefetch it is never called.
 func (h *lineHints) prefetchRead() {}
+
+// prefetch4 does nothing: without canPrefetch it is never called.
+func prefetch4(_, _, _, _ unsafe.Pointer) {}

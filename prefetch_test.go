@@ -26,7 +26,7 @@ func TestTouchIsAHint(t *testing.T) {
 		{"groups", []Option{WithCapacity(1024), WithLockStripes(4), withHomeGroups(true)}, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tab := New[int](append(c.opts, WithSecret(tblSecret), WithFixedBuckets())...)
+			tab := New[int](append(c.opts, WithSecret(tblSecret), WithHasher(LinuxHasher), WithFixedBuckets())...)
 			require.Equal(t, c.bitmap, tab.cur().home.free != nil)
 			require.Equal(t, c.grouped, tab.cur().home.grouped())
 			for i := range 2 * len(tab.cur().b.heads) {

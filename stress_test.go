@@ -90,7 +90,7 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 	if testing.Short() {
 		dur = 500 * time.Millisecond
 	}
-	opts := []Option{WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret), withHomeGroups(grouped)}
+	opts := []Option{WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret), WithHasher(LinuxHasher), withHomeGroups(grouped)}
 	if mode == stressFixed {
 		opts = append(opts, WithFixedBuckets())
 	}

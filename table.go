@@ -344,12 +344,15 @@ func WithHasher(h Hasher) Option {
 	}
 }
 
+// defaultHasher is the hasher of a table made without WithHasher.
+const defaultHasher = LinuxHasher
+
 // New returns an empty table. It panics, naming the option, for an option
 // value that is negative, out of range or names nothing (as make does for a
 // negative size; see [WithCapacity], [WithMaxBuckets]); nil options are
 // ignored.
 func New[T any](opts ...Option) *Table[T] {
-	cfg := tableConfig{capacity: 1024, hasher: LinuxHasher}
+	cfg := tableConfig{capacity: 1024, hasher: defaultHasher}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -433,15 +436,11 @@ func (t *Table[T]) tupleKey(k *key, tup *Tuple) {
 
 // hashPort0 is the package's hashPort0 with the table's hasher, secret and
 // fold keys. N.B. written for tupleKey, which it must inline into: as a
-// call, the hash of a cached key costs a tenth more.
+// call, the hash of a cached key costs a tenth more. It is one call, to a
+// function that is not generic, so that it fits the inliner's budget: as a
+// switch over three calls, it did not.
 func (t *Table[T]) hashPort0(local, remote *[2]uint64, rport uint16) uint32 {
-	switch t.hasher {
-	case XXH3Hasher:
-		return xxh3Port0(&t.secret, local, remote, rport)
-	case FoldHasher:
-		return foldPort0(&t.fold, local, remote, rport)
-	}
-	return inetEhashWords(local, remote, wordsAreIPv4(local) && wordsAreIPv4(remote), rport, t.secret.Ehash, t.secret.Ehash6Addr)
+	return tableHash(t.hasher, &t.secret, &t.fold, local, remote, rport)
 }
 
 // setKey sets *k to the key of the flow (local:localPort, remote), hashed,

@@ -76,7 +76,7 @@ func tblCollect[T any](t testing.TB, tab *Table[T]) map[Tuple]*T {
 }
 
 func TestTableBasic(t *testing.T) {
-	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret))
+	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	require.Zero(t, tab.Len())
 	require.Empty(t, tblCollect(t, tab))
 
@@ -188,7 +188,7 @@ func TestTableBadInput(t *testing.T) {
 	}
 	sentinels := []error{ErrExists, ErrInvalidTuple, ErrNilValue, ErrTableFull}
 
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	for i := range 40 {
 		require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), valPtr(i)))
 	}
@@ -263,7 +263,7 @@ func TestTableBadInput(t *testing.T) {
 // TestTableLookupOrInsert checks both answers of LookupOrInsert, in either
 // spelling of an IPv4 key.
 func TestTableLookupOrInsert(t *testing.T) {
-	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret))
+	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	k := tblTuple("10.0.0.1:40000", "93.184.216.34:443")
 	first, second := valPtr("first"), valPtr("second")
 
@@ -289,7 +289,7 @@ func TestTableLookupOrInsert(t *testing.T) {
 // key is inserted there; then LookupOrInsert must report the other
 // writer's value, found, and insert nothing.
 func TestTableLookupOrInsertInsertedMeanwhile(t *testing.T) {
-	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	ks := tblSameBucket(t, LinuxHasher, 3, 3, false)
 	require.NoError(t, tab.Insert(ks[0], valPtr("a")))
 	require.NoError(t, tab.Insert(ks[1], valPtr("b")))
@@ -318,7 +318,7 @@ func TestTableLookupOrInsertInsertedMeanwhile(t *testing.T) {
 // TestTableLookupOrInsertPresentTakesNoLock checks that LookupOrInsert of
 // a present key answers while a writer holds every stripe lock.
 func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
-	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret))
+	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	k := tblKey(1, true)
 	stored := valPtr("stored")
 	require.NoError(t, tab.Insert(k, stored))
@@ -340,7 +340,7 @@ func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
 // only while it holds the value given: a reaper holding a flow's old value
 // leaves alone the newer flow that took its 4-tuple.
 func TestTableCompareAndDelete(t *testing.T) {
-	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret))
+	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	k := tblTuple("[2001:db8::1]:40000", "[2001:db8::2]:443")
 	old, newer := valPtr("old"), valPtr("newer")
 
@@ -370,7 +370,7 @@ func TestTableCompareAndDelete(t *testing.T) {
 // tuple, and leaves the entry in place: the count, the chain and the home
 // slot stay as they were.
 func TestTableCompareAndSwap(t *testing.T) {
-	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret))
+	tab := New[string](WithFixedBuckets(), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	k := tblTuple("192.0.2.1:40000", "198.51.100.2:443")
 	timeWait, conn, later := valPtr("time-wait"), valPtr("connection"), valPtr("later")
 
@@ -409,7 +409,7 @@ func TestTableCompareAndSwap(t *testing.T) {
 // Then they churn a few flows with both.
 func TestTableLookupOrInsertRace(t *testing.T) {
 	const goroutines, flows = 8, 256
-	tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(4), WithSecret(tblSecret))
+	tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(4), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	keys := make([]Tuple, flows)
 	for i := range keys {
 		keys[i] = tblKey(i, i%2 == 1)
@@ -682,7 +682,7 @@ func TestTableModelAcrossOptions(t *testing.T) {
 					perBucket := c.perBucket
 					seed++
 					name := fmt.Sprintf("cap=%d/stripes=%d/groups=%v/keys=%v", capacity, stripes, grouped, perBucket)
-					opts := []Option{WithCapacity(capacity), WithLockStripes(stripes), WithSecret(tblSecret), withHomeGroups(grouped)}
+					opts := []Option{WithCapacity(capacity), WithLockStripes(stripes), WithSecret(tblSecret), WithHasher(LinuxHasher), withHomeGroups(grouped)}
 					if c.grows {
 						name += "/grows"
 					} else {
@@ -803,7 +803,8 @@ func TestTableHasherOption(t *testing.T) {
 			require.Equal(t, n, st.Entries)
 			return st.LongestChain
 		}
-		require.Equal(t, n, longest(linux), "default is LinuxHasher")
+		def := tblSameBucket(t, defaultHasher, 11, n, v6)
+		require.Equal(t, n, longest(def), "default is defaultHasher")
 		require.Equal(t, n, longest(linux, WithHasher(LinuxHasher)))
 		require.Less(t, longest(linux, WithHasher(XXH3Hasher)), n)
 		require.Equal(t, n, longest(xxh, WithHasher(XXH3Hasher)))
@@ -967,7 +968,7 @@ func TestTableMemoryPerEntry(t *testing.T) {
 			}
 			v := valPtr(0)
 			before := heap()
-			opts := []Option{WithCapacity(c.n), WithSecret(tblSecret)}
+			opts := []Option{WithCapacity(c.n), WithSecret(tblSecret), WithHasher(LinuxHasher)}
 			if c.grown {
 				opts[0] = WithCapacity(c.n / 2)
 			}
