@@ -333,8 +333,10 @@ func WithLockStripes(n int) Option {
 // within its bound per entry whatever the flows (see [Table]).
 func WithSecret(s Secret) Option { return func(c *tableConfig) { c.secret = &s } }
 
-// WithHasher chooses the tuple hasher; the default is LinuxHasher. New
-// panics for a value that names no hasher.
+// WithHasher chooses the tuple hasher; the default is LinuxHasher, whose
+// buckets are the kernel's for the same secret. A table whose placement
+// need not match the kernel's is faster with [FoldHasher], for IPv6 flows
+// most of all. New panics for a value that names no hasher.
 func WithHasher(h Hasher) Option {
 	return func(c *tableConfig) {
 		if !h.valid() {
