@@ -252,7 +252,7 @@ func runIndexDiff(t testing.TB, seed uint64, n int) {
 // tables, allocators and occupancies.
 func TestConnectIndexedMatchesScan(t *testing.T) {
 	seeds := 60
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		seeds = 15
 	}
 	for seed := range uint64(seeds) {
