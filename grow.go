@@ -47,6 +47,11 @@ func (t *Table[T]) initGrowth(a *tableArray[T]) {
 // read-modify-write that orders the count's store before the load on every
 // target, as growBehind stores growing before it reads the counts: of the
 // two, one sees the other, so a stripe left due (see overfull) is checked.
+// An insert that finds growing set returns unchecked, though the running
+// check may have counted before it: growBehind tests every trigger again
+// (overfull) after each check and after it clears growing, so the insert
+// is checked for if it left its stripe past the trigger the check set;
+// hence postpone takes that trigger from the counts the check decided on.
 func (t *Table[T]) overLimit(a *tableArray[T], s uint32, n uint64) {
 	if n <= a.checkAt[s].Load() || t.growing.Load() || !t.growing.CompareAndSwap(false, true) {
 		return
@@ -69,9 +74,12 @@ func (t *Table[T]) overLimit(a *tableArray[T], s uint32, n uint64) {
 func (t *Table[T]) growBehind() {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
+	// The stripes' counts at the last check: every array has the table's
+	// stripes (see grow).
+	counted := make([]uint64, len(t.arr.Load().b.stripes))
 	for {
 		for a := t.arr.Load(); a.overfull(); a = t.arr.Load() {
-			most, total := a.counts()
+			most, total := a.counts(counted)
 			n := t.growTarget(a, most, total)
 			if h := t.hooks; h != nil && h.checked != nil {
 				h.checked(n > 0)
@@ -82,7 +90,7 @@ func (t *Table[T]) growBehind() {
 				}
 				continue
 			}
-			t.postpone(a, total)
+			t.postpone(a, counted, total)
 		}
 		t.growing.Store(false)
 		// N.B. an insert that found growing set before the store above
@@ -93,10 +101,12 @@ func (t *Table[T]) growBehind() {
 	}
 }
 
-// counts returns the entries of a's fullest stripe, and of all stripes.
-func (a *tableArray[T]) counts() (most, total uint64) {
+// counts returns the entries of a's fullest stripe, and of all stripes,
+// and leaves each stripe's in counted.
+func (a *tableArray[T]) counts(counted []uint64) (most, total uint64) {
 	for i := range a.b.stripes {
 		c := a.b.stripes[i].count.Load()
+		counted[i] = c
 		most = max(most, c)
 		total += c
 	}
@@ -126,16 +136,28 @@ func (t *Table[T]) growTarget(a *tableArray[T], most, total uint64) int {
 }
 
 // postpone raises the trigger of each of a's due stripes, for which
-// growTarget decided not to grow a table of total entries, to where a check
-// could decide otherwise: a count past it would have the table hold more
-// entries than buckets if every insert until then were into that stripe. Inserts into other stripes reach their own triggers, or bring the
-// table there sooner. So an insert into such a stripe costs a compare, and
-// a stripe is checked again only once it holds as many more entries
-// as the table was short of one per bucket.
-func (t *Table[T]) postpone(a *tableArray[T], total uint64) {
+// growTarget decided not to grow a table of total entries, the sum of
+// counted (see counts), to where a check could decide otherwise: a count
+// past it would have the table hold more entries than buckets if every
+// insert until then were into that stripe. Inserts into other stripes
+// reach their own triggers, or bring the table there sooner. So an insert
+// into such a stripe costs a compare, and a stripe is checked again only
+// once it holds as many more entries as the table was short of one per
+// bucket.
+//
+// N.B. each trigger is raised from the count the decision summed, not
+// from the stripe's count now: inserts go on during the check, and a
+// count read after the total was summed holds entries the total lacks,
+// which would set the trigger that many entries past the one that takes
+// the table past one entry per bucket. (Raised so, a trigger of 1025 in a
+// table of 1024 buckets let its 1025th entry go unchecked, and
+// TestTableGrowthBoundedByEntries once ended a size short.) A stripe due
+// only after the counts is left for the next check, which overfull has
+// run. It costs the check a slice of the stripes' counts; inserts none.
+func (t *Table[T]) postpone(a *tableArray[T], counted []uint64, total uint64) {
 	short := uint64(len(a.b.heads)) - min(total, uint64(len(a.b.heads)))
-	for i := range a.b.stripes {
-		if c := a.b.stripes[i].count.Load(); c > a.trigger(i) {
+	for i, c := range counted {
+		if c > a.trigger(i) {
 			a.checkAt[i].Store(c + short)
 		}
 	}
