@@ -35,9 +35,10 @@ const (
 // connect() does, inserts v under the resulting 4-tuple and returns the
 // tuple (IPv4-mapped addresses as IPv4, zones dropped), atomically: two
 // Connects never get the same tuple. The allocator a orders the candidates
-// (see [PortAllocator]); [WithConnectRange] narrows the range for this call.
-// To a busy destination the table keeps a bitmap of its ports (8 KiB, for
-// at most 64 destinations) and finds the same port a word per 64 ports.
+// (see [PortAllocator]); [WithConnectRange] narrows the range for this call,
+// [WithTimeWaitReuse] lets it take over a flow in TIME_WAIT. To a busy
+// destination the table keeps bitmaps of its ports (16 KiB, for at most 64
+// destinations) and finds the same port a word per 64 ports.
 // Errors: [ErrNoPorts] (and syscall.EADDRNOTAVAIL) when every candidate is
 // taken; [ErrInvalidTuple], [ErrNilValue] or [ErrNilAllocator] for bad
 // input (a table made [WithPortAllocator] takes its own for a nil a, and
@@ -70,8 +71,33 @@ func (t *Table[T]) connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 	return tup, err
 }
 
+// connectCall is the state of one Connect or ConnectFunc: its input, what
+// it found and its counts.
+type connectCall[T any] struct {
+	a             *PortAllocator
+	local         netip.Addr
+	remote        netip.AddrPort
+	v             *T                      // Connect's value, or nil
+	f             func(Tuple) (*T, error) // ConnectFunc's function, or nil
+	allow         ReusePolicy             // WithTimeWaitReuse's policy, or nil
+	tup           Tuple                   // the tuple taken
+	old           *T                      // the value taken over, or nil
+	err           error                   // f's error that ends the call
+	tried, refuse uint64
+	full          bool
+}
+
 // connectFlow is Connect, with v, or ConnectFunc, with f.
 func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.AddrPort, v *T, f func(Tuple) (*T, error), strategy connectStrategy, opts []ConnectOption) (Tuple, *T, error) {
+	cc := connectOptions(opts)
+	out, err := reuseOut[T](&cc, remote)
+	if err != nil {
+		return Tuple{}, nil, err
+	}
+	c := connectCall[T]{v: v, f: f, allow: cc.reuse}
+	if out != nil {
+		defer func() { *out = c.old }()
+	}
 	// N.B. errors quote the addresses as given, not in key form.
 	why := addrProblem(local, remote.Addr())
 	if why == "" && remote.Port() == 0 {
@@ -80,39 +106,37 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 	if why != "" {
 		return Tuple{}, nil, fmt.Errorf("%w: flow from %v to %v: %s", ErrInvalidTuple, local, remote, why)
 	}
-	a, err := t.connectAllocator(a)
+	a, err = t.connectAllocator(a)
 	if err != nil {
 		return Tuple{}, nil, err
 	}
 	t.array() // a zero Table panics here, before the scan
 	local = local.Unmap().WithZone("")
 	remote = netip.AddrPortFrom(remote.Addr().Unmap().WithZone(""), remote.Port())
-	cc := connectOptions(opts)
+	c.a, c.local, c.remote = a, local, remote
 	var k key
 	setWords(&k.remote, remote.Addr())
 	setWords(&k.local, local)
 	hash0 := t.hashPort0(&k.local, &k.remote, remote.Port())
-	full, noPorts := false, false
-	var tried, refused uint64
+	noPorts := false
 	// N.B. counted on the line of the stripe of the flow's hash with port
 	// 0, which flows to other destinations mostly do not share.
-	defer t.metrics[hash0&uint32(len(t.metrics)-1)].connected(&tried, &refused, &noPorts)
+	defer t.metrics[hash0&uint32(len(t.metrics)-1)].connected(&c.tried, &c.refuse, &noPorts)
 	scan := a.startScan(local, remote, &cc)
 	var dest destKey
+	taken := false
 	if strategy == connectIndexed {
 		dest = destKey{local: k.local, remote: k.remote, rport: remote.Port(), hash0: hash0}
 		if p := t.findIndex(&dest); p != nil {
 			if p.n.Load() == 0 { // the destination emptied: scan
 				t.dropIndex(p)
 			} else {
-				tup, v, ok, err := t.connectIndexed(p, &scan, &k, hash0, local, remote, v, f, &tried, &refused, &full)
-				if ok || err != nil {
-					return tup, v, err
-				}
-				goto failed
+				taken = t.connectIndexed(p, &scan, &k, hash0, &c)
+				goto done
 			}
 		}
 	}
+scan:
 	for {
 		first, n := scan.next()
 		if n == 0 {
@@ -126,53 +150,94 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 			} else {
 				k.setPort(hash0, port, remote.Port())
 			}
-			tried++
-			if strategy != connectLocked && t.present(&k) {
+			c.tried++
+			if strategy != connectLocked && t.present(&k) && !t.mayReuse(c.allow) {
 				continue
 			}
-			var res insertResult
-			if f == nil {
-				_, res = t.insert(&k, v)
-			} else {
-				res = t.reserve(&k)
-			}
-			switch res {
-			case inserted:
-				if t.alloc != nil && t.boundMeanwhile(a, &k, v, local, port) {
-					continue
+			if t.tryPort(&c, &k, port) {
+				if c.err == nil {
+					scan.taken(j)
+					taken = true
 				}
-				tup := Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}
-				if f != nil {
-					var err error
-					if v, err = t.settle(&k, tup, f); errors.Is(err, ErrPortRefused) {
-						refused++
-						continue
-					} else if err != nil {
-						return Tuple{}, nil, err
-					}
-				}
-				scan.taken(j)
-				if strategy == connectIndexed && tried > indexAfter {
-					t.buildIndex(dest)
-				}
-				return tup, v, nil
-			case insertFull:
-				full = true
+				break scan
 			}
 		}
 	}
-	if strategy == connectIndexed && tried > indexAfter {
+	if strategy == connectIndexed && c.tried > indexAfter {
 		t.buildIndex(dest)
 	}
-failed:
-	if full {
+done:
+	switch {
+	case c.err != nil:
+		return Tuple{}, nil, c.err
+	case taken:
+		return c.tup, c.v, nil
+	case c.full:
 		return Tuple{}, nil, ErrTableFull
 	}
 	noPorts = true
-	if refused > 0 {
-		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (%d ports refused)", ErrNoPorts, local, remote, refused)
+	if c.refuse > 0 {
+		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (%d ports refused)", ErrNoPorts, local, remote, c.refuse)
 	}
 	return Tuple{}, nil, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
+}
+
+// mayReuse reports whether a candidate that looks taken may yet be one a
+// Connect with policy allow takes over: whether the table has a flow in
+// TIME_WAIT. N.B. without a policy, one branch.
+func (t *Table[T]) mayReuse(allow ReusePolicy) bool {
+	if allow == nil {
+		return false
+	}
+	tw := t.timeWaits.Load()
+	return tw != nil && tw.n.Load() > 0
+}
+
+// tryPort tries candidate k, of local port port, for c under the stripe
+// lock, as the kernel's __inet_check_established: it inserts c.v or
+// reserves the tuple for c.f, or takes over a flow in TIME_WAIT that
+// c.allow allows; then, for a port inserted, it backs out if a Bind took
+// the port meanwhile (boundMeanwhile), and for ConnectFunc it calls f and
+// publishes its value. It reports whether c is done: it took the port, or
+// f failed (c.err).
+func (t *Table[T]) tryPort(c *connectCall[T], k *key, port uint16) bool {
+	tup := Tuple{Local: netip.AddrPortFrom(c.local, port), Remote: c.remote}
+	var res insertResult
+	switch {
+	case c.allow == nil && c.f == nil:
+		_, res = t.insert(k, c.v)
+	case c.allow == nil:
+		res = t.reserve(k)
+	case c.f == nil:
+		c.old, res = t.takeOver(k, c.v, tup, c.allow)
+	default:
+		res = t.claim(k, tup, c.allow)
+	}
+	switch res {
+	case insertFull:
+		c.full = true
+		return false
+	case inserted:
+		if t.alloc != nil && t.boundMeanwhile(c.a, k, c.v, c.local, port) {
+			return false
+		}
+	case insertTakenOver:
+	default:
+		return false
+	}
+	if c.f != nil {
+		v, old, err := t.settle(k, tup, c.f, res == insertTakenOver)
+		if errors.Is(err, ErrPortRefused) {
+			c.refuse++
+			return false
+		} else if err != nil {
+			c.err = err
+			return true
+		}
+		c.v, c.old = v, old
+	}
+	c.tup = tup
+	return true
 }
 
 // reserve links a reservation of k (see entry) into its chain, unless k is
@@ -184,6 +249,12 @@ func (t *Table[T]) reserve(k *key) insertResult {
 	if _, l := t.findLocked(a, k); !l.isNulls() {
 		return insertExists
 	}
+	return t.reserveLocked(a, st, s, b, k)
+}
+
+// reserveLocked is reserve for k, absent, with the lock of its stripe st
+// (s, bucket b) held.
+func (t *Table[T]) reserveLocked(a *tableArray[T], st *stripe, s, b uint32, k *key) insertResult {
 	i, ok := t.place(a, st, s, b)
 	if !ok {
 		return insertFull
@@ -198,16 +269,22 @@ func (t *Table[T]) reserve(k *key) insertResult {
 	return inserted
 }
 
-// settle calls f for the tuple tup, whose key k is reserved, and publishes
-// its value, or drops the reservation if f fails, returns nil or panics.
+// settle calls f for the tuple tup, whose key k is reserved, or claimed
+// for a takeover (timewait.go), and publishes its value, returning the
+// value taken over; if f fails, returns nil or panics, it drops the
+// reservation, or ends the claim and the flow stays in TIME_WAIT.
 // N.B. f runs without any lock, and the reservation it holds cannot go
 // meanwhile: every other writer skips it, and a move, an eviction, a
 // migration or a compaction carries it to another node as it is, so
 // publish and unreserve find it by its key.
-func (t *Table[T]) settle(k *key, tup Tuple, f func(Tuple) (*T, error)) (v *T, err error) {
+func (t *Table[T]) settle(k *key, tup Tuple, f func(Tuple) (*T, error), claimed bool) (v, old *T, err error) {
 	published := false
 	defer func() {
-		if !published {
+		switch {
+		case published:
+		case claimed:
+			t.unclaim(k)
+		default:
 			t.unreserve(k)
 		}
 	}()
@@ -215,11 +292,15 @@ func (t *Table[T]) settle(k *key, tup Tuple, f func(Tuple) (*T, error)) (v *T, e
 		err = fmt.Errorf("%w from ConnectFunc's function for %v", ErrNilValue, tup)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	t.publish(k, v)
+	if claimed {
+		old = t.publishTakeover(k, v)
+	} else {
+		t.publish(k, v)
+	}
 	published = true
-	return v, nil
+	return v, old, nil
 }
 
 // publish makes k's reservation the live entry of k with value v.

@@ -1,9 +1,7 @@
 package hash4
 
 import (
-	"errors"
 	"math/bits"
-	"net/netip"
 	"sync/atomic"
 )
 
@@ -38,7 +36,7 @@ import (
 // keeping the index up to date.
 const indexAfter = 64
 
-// maxIndexes bounds the number of destinations with an index, 8 KiB each;
+// maxIndexes bounds the number of destinations with an index, 16 KiB each;
 // building one more drops the one with the fewest flows.
 const maxIndexes = 64
 
@@ -64,7 +62,11 @@ func destOf(k *key) destKey {
 type portIndex struct {
 	dest destKey
 	used [65536 / 64]atomic.Uint64
-	n    atomic.Int64 // set bits of used
+	// reuse has bit p set while the tuple of port p is in TIME_WAIT
+	// (timewait.go), and not claimed: a Connect with a reuse policy
+	// takes it for a candidate.
+	reuse [65536 / 64]atomic.Uint64
+	n     atomic.Int64 // set bits of used
 }
 
 // note sets (on) or clears bit port.
@@ -76,6 +78,16 @@ func (p *portIndex) note(port uint16, on bool) {
 		}
 	} else if w.And(^m)&m != 0 {
 		p.n.Add(-1)
+	}
+}
+
+// noteReuse sets (on) or clears bit port of reuse.
+func (p *portIndex) noteReuse(port uint16, on bool) {
+	w, m := &p.reuse[port/64], uint64(1)<<(port%64)
+	if on {
+		w.Or(m)
+	} else {
+		w.And(^m)
 	}
 }
 
@@ -106,6 +118,18 @@ func (t *Table[T]) noteIndex(k *key, port uint16, on bool) {
 		d.hash0 = uint32(k.meta>>32) - uint32(port)
 		if p := x.find(&d); p != nil {
 			p.note(port, on)
+		}
+	}
+}
+
+// noteReuse is noteIndex for the reuse bit of k's port: k's tuple is now
+// in TIME_WAIT and unclaimed (on), or not.
+func (t *Table[T]) noteReuse(k *key, on bool) {
+	if x := t.indexes.Load(); x != nil {
+		port := uint16(k.meta >> 16)
+		d := destOf(k)
+		if p := x.find(&d); p != nil {
+			p.noteReuse(port, on)
 		}
 	}
 }
@@ -173,7 +197,11 @@ func (t *Table[T]) buildIndex(d destKey) {
 	nstripes := uint32(len(t.array().b.stripes))
 	for p0 := uint32(0); p0 < min(nstripes, 65536); p0++ {
 		k.setPort(d.hash0, uint16(p0), d.rport)
-		a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
+		a, st, s, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
+		var marks map[key]timeWaitMark
+		if tw := t.timeWaits.Load(); tw != nil {
+			marks = tw.stripes[s].marks
+		}
 		for port := p0; port < 65536; port += nstripes {
 			if port == 0 {
 				continue
@@ -181,6 +209,9 @@ func (t *Table[T]) buildIndex(d destKey) {
 			k.setPort(d.hash0, uint16(port), d.rport)
 			if _, l := t.findLocked(a, &k); !l.isNulls() {
 				p.note(uint16(port), true)
+				if m, ok := marks[k]; ok && !m.claimed {
+					p.noteReuse(uint16(port), true)
+				}
 			}
 		}
 		st.mu.Unlock()
@@ -207,49 +238,30 @@ func (t *Table[T]) findIndex(d *destKey) *portIndex {
 // connectIndexed is the scan of connectFlow over the index p of the flow's
 // destination: it visits the candidates in the scan's order, as runs of
 // ports step apart, takes from the bitmaps the first that is not reserved
-// and not in use, skips it if Bind holds it for the local address, and
-// confirms it under its stripe lock as the scan does; a lost race moves on
-// to the next. It records the port taken with the index in its pass that
-// the scan would have reached, so the perturb slot moves as the kernel's.
-func (t *Table[T]) connectIndexed(p *portIndex, s *portScan, k *key, hash0 uint32, local netip.Addr, remote netip.AddrPort, v *T, f func(Tuple) (*T, error), tried, refused *uint64, full *bool) (Tuple, *T, bool, error) {
+// and not in use (or in TIME_WAIT, for a reuse policy), skips it if Bind
+// holds it for the local address, and tries it under its stripe lock as
+// the scan does (tryPort); a lost race moves on to the next. It records
+// the port taken with the index in its pass that the scan would have
+// reached, so the perturb slot moves as the kernel's. It reports whether c
+// is done (see tryPort).
+func (t *Table[T]) connectIndexed(p *portIndex, s *portScan, k *key, hash0 uint32, c *connectCall[T]) bool {
 	a := s.a
-	var done bool
-	var tup Tuple
-	var err error
 	try := func(port uint16, i uint32) bool {
-		if a.mayBeHeld(port) && a.heldFor(local, port) {
+		if a.mayBeHeld(port) && a.heldFor(c.local, port) {
 			return false
 		}
-		k.setPort(hash0, port, remote.Port())
-		*tried++
-		var res insertResult
-		if f == nil {
-			_, res = t.insert(k, v)
-		} else {
-			res = t.reserve(k)
+		k.setPort(hash0, port, c.remote.Port())
+		c.tried++
+		if !t.tryPort(c, k, port) {
+			return false
 		}
-		switch res {
-		case inserted:
-			tup = Tuple{Local: netip.AddrPortFrom(local, port), Remote: remote}
-			if f != nil {
-				var e error
-				if v, e = t.settle(k, tup, f); errors.Is(e, ErrPortRefused) {
-					*refused++
-					return false
-				} else if e != nil {
-					err, done = e, true
-					return true
-				}
-			}
+		if c.err == nil {
 			s.runAt = i
 			s.taken(0)
-			done = true
-			return true
-		case insertFull:
-			*full = true
 		}
-		return false
+		return true
 	}
+	reuse := c.allow != nil
 	// The passes: of the scan's offset, then under step 2 of the other
 	// parity, then the port the first left out (see portScan).
 	passes := 1
@@ -260,13 +272,13 @@ func (t *Table[T]) connectIndexed(p *portIndex, s *portScan, k *key, hash0 uint3
 		off := s.offset + uint32(pass)
 		start := s.low + off
 		endA := min(s.remaining, s.high-start)
-		if p.search(a, start, 0, endA, s.step, try) {
-			return tup, v, done, err
+		if p.search(a, reuse, start, 0, endA, s.step, try) {
+			return c.err == nil
 		}
 		// After the wrap: index i is at port start+i-remaining.
 		iB := (endA + s.step - 1) / s.step * s.step
-		if iB < s.remaining && p.search(a, start+iB-s.remaining, iB, s.remaining, s.step, try) {
-			return tup, v, done, err
+		if iB < s.remaining && p.search(a, reuse, start+iB-s.remaining, iB, s.remaining, s.step, try) {
+			return c.err == nil
 		}
 	}
 	if s.step == 2 && s.remaining > 1 && (s.high-s.low)&1 != 0 {
@@ -274,23 +286,34 @@ func (t *Table[T]) connectIndexed(p *portIndex, s *portScan, k *key, hash0 uint3
 		if s.offset == 0 {
 			port = s.high - 1
 		}
-		if !a.isReserved(uint16(port)) && !p.usedBit(port) && try(uint16(port), s.remaining-1) {
-			return tup, v, done, err
+		if !a.isReserved(uint16(port)) && p.freeBit(port, reuse) && try(uint16(port), s.remaining-1) {
+			return c.err == nil
 		}
 	}
-	return Tuple{}, nil, false, nil
+	return false
 }
 
-// usedBit reports whether bit port of p's bitmap is set.
-func (p *portIndex) usedBit(port uint32) bool {
-	return p.used[port/64].Load()&(1<<(port%64)) != 0
+// freeBit reports whether port is a candidate by p's bitmaps: unused, or
+// with reuse in TIME_WAIT.
+func (p *portIndex) freeBit(port uint32, reuse bool) bool {
+	return p.taken(port/64, reuse)&(1<<(port%64)) == 0
+}
+
+// taken returns word w of the ports that are not candidates by p's
+// bitmaps: those in use, but with reuse those in TIME_WAIT.
+func (p *portIndex) taken(w uint32, reuse bool) uint64 {
+	used := p.used[w].Load()
+	if reuse {
+		used &^= p.reuse[w].Load()
+	}
+	return used
 }
 
 // search calls try, in order, for the ports from, from+step, ... of the
-// indexes i0, i0+step, ... below iEnd in their pass whose bits are clear in
-// both a's reserved ports and p's used ports, until try returns true; it
+// indexes i0, i0+step, ... below iEnd in their pass that are neither
+// reserved in a nor taken in p (see taken), until try returns true; it
 // reports whether it did.
-func (p *portIndex) search(a *PortAllocator, from, i0, iEnd, step uint32, try func(port uint16, i uint32) bool) bool {
+func (p *portIndex) search(a *PortAllocator, reuse bool, from, i0, iEnd, step uint32, try func(port uint16, i uint32) bool) bool {
 	if i0 >= iEnd {
 		return false
 	}
@@ -306,7 +329,7 @@ func (p *portIndex) search(a *PortAllocator, from, i0, iEnd, step uint32, try fu
 		if last/64 == w {
 			m &= ^uint64(0) >> (63 - last%64) // up to last
 		}
-		free := ^(p.used[w].Load() | a.reserved[w]) & m
+		free := ^(p.taken(w, reuse) | a.reserved[w]) & m
 		for free != 0 {
 			q := w*64 + uint32(bits.TrailingZeros64(free))
 			free &= free - 1

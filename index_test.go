@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -29,6 +30,7 @@ type indexDiff struct {
 	ops        []string // for the failure message
 	v          *int
 	connectOps int
+	tookOver   int // connects that took over a flow in TIME_WAIT
 }
 
 // newIndexDiff makes a run whose choices come from seed.
@@ -157,21 +159,46 @@ func (d *indexDiff) step() {
 			odd := func(tup Tuple, _ *int) bool { return tup.Local.Port()%7 == 0 }
 			require.Equal(t, d.scan.DeleteFunc(odd), d.idx.DeleteFunc(odd), d.ops)
 		}
+	case op == 10 || op == 11:
+		// TIME_WAIT marks, since one of a few times, or cleared.
+		since := time.Time{}
+		if r.IntN(4) != 0 {
+			since = diffEpoch.Add(time.Duration(r.IntN(4)) * time.Second)
+		}
+		d.logf("timewait %v %v", tup, since)
+		require.Equal(t, d.scan.TimeWait(tup, since), d.idx.TimeWait(tup, since), d.ops)
 	default:
 		d.connect(local, dst)
 	}
 }
 
+// diffEpoch is the time the differential runs' TIME_WAIT marks start at.
+var diffEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
 // connect connects both sides and compares.
 func (d *indexDiff) connect(local netip.Addr, dst netip.AddrPort) {
 	t, r := d.t, d.r
 	d.connectOps++
-	var opts []ConnectOption
+	var opts [2][]ConnectOption // scan's, index's
 	var cr PortRange
 	if r.IntN(6) == 0 {
 		cr = PortRange{d.port(), d.port()}
-		opts = append(opts, WithConnectRange(cr))
+		opts[0] = append(opts[0], WithConnectRange(cr))
+		opts[1] = append(opts[1], WithConnectRange(cr))
 	}
+	var old [2]*int
+	reuse := r.IntN(3) == 0
+	if reuse {
+		// A policy that allows marks older than a cut, but not on some
+		// ports.
+		cut, salt := diffEpoch.Add(time.Duration(r.IntN(4))*time.Second), uint16(r.Uint32())
+		allow := func(tup Tuple, since time.Time) bool {
+			return since.Before(cut) && (tup.Local.Port()^salt)%4 != 0
+		}
+		opts[0] = append(opts[0], WithTimeWaitReuse(allow, &old[0]))
+		opts[1] = append(opts[1], WithTimeWaitReuse(allow, &old[1]))
+	}
+	v := valPtr(d.connectOps)
 	if r.IntN(4) == 0 {
 		// ConnectFunc, refusing ports by a rule both sides share.
 		salt := uint16(r.Uint32())
@@ -179,19 +206,23 @@ func (d *indexDiff) connect(local netip.Addr, dst netip.AddrPort) {
 			if (tup.Local.Port()^salt)%5 == 0 {
 				return nil, ErrPortRefused
 			}
-			return d.v, nil
+			return v, nil
 		}
-		d.logf("connectfunc %v %v range %v", local, dst, cr)
-		t1, _, e1 := d.scan.connectFlow(d.as, local, dst, nil, f, connectHashOnce, opts)
-		t2, _, e2 := d.idx.connectFlow(d.ai, local, dst, nil, f, connectIndexed, opts)
+		d.logf("connectfunc %v %v range %v reuse %v", local, dst, cr, reuse)
+		t1, _, e1 := d.scan.connectFlow(d.as, local, dst, nil, f, connectHashOnce, opts[0])
+		t2, _, e2 := d.idx.connectFlow(d.ai, local, dst, nil, f, connectIndexed, opts[1])
 		require.Equal(t, t1, t2, d.ops)
 		require.Equal(t, e1 == nil, e2 == nil, d.ops)
 	} else {
-		d.logf("connect %v %v range %v", local, dst, cr)
-		t1, e1 := d.scan.connect(d.as, local, dst, d.v, connectHashOnce, opts)
-		t2, e2 := d.idx.connect(d.ai, local, dst, d.v, connectIndexed, opts)
+		d.logf("connect %v %v range %v reuse %v", local, dst, cr, reuse)
+		t1, e1 := d.scan.connect(d.as, local, dst, v, connectHashOnce, opts[0])
+		t2, e2 := d.idx.connect(d.ai, local, dst, v, connectIndexed, opts[1])
 		require.Equal(t, t1, t2, d.ops)
 		require.Equal(t, e1 == nil, e2 == nil, d.ops)
+	}
+	require.Equal(t, old[0], old[1], "values taken over %v", d.ops)
+	if old[0] != nil {
+		d.tookOver++
 	}
 	if d.as.perturb != d.ai.perturb {
 		t.Fatalf("perturb slots differ after %q", d.ops)
@@ -214,14 +245,22 @@ func checkIndexes(t testing.TB, tb *Table[int]) {
 			n := 0
 			for port := uint32(1); port < 65536; port++ {
 				k.setPort(p.dest.hash0, uint16(port), p.dest.rport)
-				a, st, _, _ := tb.lockStripe(uint32(k.meta>>32), lockOnly)
+				a, st, s, _ := tb.lockStripe(uint32(k.meta>>32), lockOnly)
 				_, l := tb.findLocked(a, &k)
+				marked := false
+				if tw := tb.timeWaits.Load(); tw != nil {
+					m, ok := tw.stripes[s].marks[k]
+					marked = ok && !m.claimed
+				}
 				st.mu.Unlock()
 				if !l.isNulls() {
 					n++
 				}
-				if !l.isNulls() != p.usedBit(port) {
-					t.Fatalf("port %d: present %v, bit %v", port, !l.isNulls(), p.usedBit(port))
+				if !l.isNulls() == p.freeBit(port, false) {
+					t.Fatalf("port %d: present %v, bit %v", port, !l.isNulls(), !p.freeBit(port, false))
+				}
+				if reuse := p.reuse[port/64].Load()&(1<<(port%64)) != 0; reuse != marked {
+					t.Fatalf("port %d: in TIME_WAIT %v, reuse bit %v", port, marked, reuse)
 				}
 			}
 			require.Equal(t, int64(n), p.n.Load())
@@ -230,8 +269,9 @@ func checkIndexes(t testing.TB, tb *Table[int]) {
 }
 
 // runIndexDiff runs n steps of seed's run, mostly connects so that the range
-// fills, and checks the indexes at the end.
-func runIndexDiff(t testing.TB, seed uint64, n int) {
+// fills, and checks the indexes at the end; it returns the number of
+// TIME_WAIT takeovers.
+func runIndexDiff(t testing.TB, seed uint64, n int) int {
 	d := newIndexDiff(t, seed)
 	for range n {
 		d.step()
@@ -246,6 +286,7 @@ func runIndexDiff(t testing.TB, seed uint64, n int) {
 		d.connect(local, dst)
 	}
 	checkIndexes(t, d.idx)
+	return d.tookOver
 }
 
 // TestConnectIndexedMatchesScan is the differential test over random
@@ -255,9 +296,12 @@ func TestConnectIndexedMatchesScan(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		seeds = 15
 	}
+	tookOver := 0
 	for seed := range uint64(seeds) {
-		runIndexDiff(t, seed, 400)
+		tookOver += runIndexDiff(t, seed, 400)
 	}
+	t.Logf("%d TIME_WAIT takeovers", tookOver)
+	require.Positive(t, tookOver, "no run took a flow in TIME_WAIT over")
 }
 
 // TestConnectIndexedBuilt checks that a long scan builds the index, that

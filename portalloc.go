@@ -247,7 +247,9 @@ func (a *PortAllocator) isReserved(port uint16) bool {
 
 // connectConfig collects the ConnectOptions of one connect.
 type connectConfig struct {
-	rng PortRange // per-call range; the zero value means none
+	rng      PortRange   // per-call range; the zero value means none
+	reuse    ReusePolicy // WithTimeWaitReuse's, or nil
+	reuseOld any         // WithTimeWaitReuse's **T
 }
 
 // ConnectOption configures one connect.

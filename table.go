@@ -63,6 +63,9 @@ type Table[T any] struct {
 	// dropping.
 	indexes atomic.Pointer[portIndexes]
 	indexMu sync.Mutex
+	// timeWaits are the TIME_WAIT marks (timewait.go), nil until the
+	// first.
+	timeWaits atomic.Pointer[timeWaits]
 
 	hooks *testHooks // nil but in tests
 	_     [cacheLineSize]byte

@@ -74,8 +74,9 @@ type insertResult uint8
 const (
 	inserted insertResult = iota
 	insertExists
-	insertReserved // a ConnectFunc holds the tuple (see entry)
-	insertFull
+	insertReserved  // a ConnectFunc holds the tuple (see entry)
+	insertFull      // the node store is out of indexes
+	insertTakenOver // a Connect took over a flow in TIME_WAIT (timewait.go)
 )
 
 // insert adds k with value v under the stripe lock, unless k is present;
@@ -353,6 +354,12 @@ func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
 // remove deletes the entry of link l, linked by prev, from stripe st,
 // whose lock the caller holds, frees its node and returns its value.
 func (t *Table[T]) remove(a *tableArray[T], st *stripe, prev *linkField, l link) *T {
+	if tw := t.timeWaits.Load(); tw != nil { // N.B. without marks, a load and a branch
+		e := t.nodes.at(l.index())
+		if v, held := t.forgetTimeWait(tw, st, uint32(e.key.meta.Load()>>32)&a.b.stripeMask, e); held {
+			return v
+		}
+	}
 	if t.alloc != nil {
 		t.unuseEntry(t.nodes.at(l.index()))
 	}
