@@ -27,18 +27,23 @@
 // The table mirrors the kernel's established table, TIME_WAIT included. A
 // connection whose end the proxy passed on to the upstream before the
 // upstream's came (an active close) leaves the kernel's socket in TIME_WAIT
-// for 60 seconds, and a connect() on its 4-tuple fails with EADDRNOTAVAIL
-// meanwhile (unless net.ipv4.tcp_tw_reuse lets the connect() take the
-// socket over: by default only on loopback, when TCP timestamps make it
-// safe); so the proxy keeps such a tuple in the table for -timewait, and
-// ConnectFunc passes it over; a reaper sweeps the table with DeleteFunc to
-// free the tuples whose time is up. A tuple the kernel refuses anyway (a
-// socket of an earlier run or of another program on it) is held the same
-// way, and a port on which bind() fails (a listener on it) is held in the
+// for 60 seconds; so the proxy keeps such a tuple in the table for
+// -timewait, and a reaper sweeps the table with DeleteFunc to free the
+// tuples whose time is up. Meanwhile the kernel lets a connect() from the
+// bound port take the TIME_WAIT socket over if the old connection used TCP
+// timestamps, whatever net.ipv4.tcp_tw_reuse says (that sysctl rules
+// connect() with an ephemeral port); without them the connect() fails with
+// EADDRNOTAVAIL. So the proxy marks a held tuple whose connection used
+// timestamps with Table.TimeWait, and ConnectFunc, given
+// WithTimeWaitReuse(TCPTimeWaitReuse(false, -tw-reuse-delay)), may take it
+// over once it has been held that long: the new flow replaces the held one
+// in place. With -tw-reuse-delay 0, ConnectFunc passes held tuples over
+// until they are freed. A tuple the kernel refuses anyway (a socket of an
+// earlier run or of another program on it) is held the same way, unmarked,
+// and a port on which bind() fails (a listener on it) is held in the
 // allocator with Bind; the function refuses the port (ErrPortRefused) and
-// ConnectFunc offers another tuple, up to 8 in all. A client
-// for whose upstream no tuple is free is refused: the proxy closes its
-// connection.
+// ConnectFunc offers another tuple, up to 8 in all. A client for whose
+// upstream no tuple is free is refused: the proxy closes its connection.
 //
 // # Flags
 //
@@ -48,6 +53,9 @@
 //	-ports low-high      their source ports (default 20000-20999; 20000-20003 with -demo)
 //	-timewait d          how long a 4-tuple stays taken after an active close (default 60s,
 //	                     the kernel's TIME_WAIT)
+//	-tw-reuse-delay d    how long after an active close a new connection may take the 4-tuple
+//	                     over, if its connection used TCP timestamps (default 1s, as Linux's
+//	                     net.ipv4.tcp_tw_reuse_delay; 0: never, the tuple stays taken for -timewait)
 //	-drain d             once one side has ended its data, how long the other may go on;
 //	                     and at shutdown, how long open connections may go on (default 30s)
 //	-dial-timeout d      how long a connect to an upstream may take (default 10s)
@@ -65,10 +73,12 @@
 // four ports. Each client sends -size bytes and checks the echo.
 // When the clients end their data, the proxy passes that on first, so it
 // holds all eight tuples for TIME_WAIT, and a ninth client is refused.
-// Last, the demo asks the kernel to connect() on one held tuple, and prints
-// what it says: EADDRNOTAVAIL, unless the kernel lets connect() take over
-// TIME_WAIT sockets there (net.ipv4.tcp_tw_reuse, by default on loopback
-// when TCP timestamps make it safe). The exit status is 0 only on PASS.
+// Then the demo asks the kernel to connect() on one held tuple, and prints
+// what it says: connected, as the kernel takes the TIME_WAIT socket over
+// when the old connection used TCP timestamps, else EADDRNOTAVAIL. Last,
+// once -tw-reuse-delay has passed, a tenth client is forwarded on a held
+// tuple that the proxy takes over (unless -tw-reuse-delay is 0, or the
+// connections did not use timestamps). The exit status is 0 only on PASS.
 package main
 
 import (
@@ -94,6 +104,7 @@ const (
 	defaultPorts       = "20000-20999" // below Linux's 32768-60999 and the IANA 49152-65535 ephemeral ranges
 	defaultDemoPorts   = "20000-20003"
 	defaultTimeWait    = 60 * time.Second // the kernel's TCP_TIMEWAIT_LEN
+	defaultReuseDelay  = time.Second      // the kernel's default net.ipv4.tcp_tw_reuse_delay
 	defaultDrain       = 30 * time.Second
 	defaultDialTimeout = 10 * time.Second
 	defaultDemoSize    = 256 << 10
@@ -148,8 +159,8 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "tcpproxy: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "tcpproxy: %v -> %v from %v ports %d-%d; TIME_WAIT %v\n",
-		ln.Addr(), o.cfg.upstreams, o.cfg.source, o.cfg.ports.Low, o.cfg.ports.High, o.cfg.timeWait)
+	fmt.Fprintf(stdout, "tcpproxy: %v -> %v from %v ports %d-%d; TIME_WAIT %v, %s\n",
+		ln.Addr(), o.cfg.upstreams, o.cfg.source, o.cfg.ports.Low, o.cfg.ports.High, o.cfg.timeWait, reuseText(o.cfg.reuse))
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -161,8 +172,8 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "tcpproxy: connections still open after %v: %d, left to end with the process\n", o.cfg.drain, p.stats().Active)
 	}
 	s := p.stats()
-	fmt.Fprintf(stdout, "tcpproxy: stopped. accepted %d, forwarded %d, refused: no free 4-tuple %d, dial errors %d; kernel refusals %d, 4-tuples held %d; %d bytes up, %d down\n",
-		s.Accepted, s.Forwarded, s.NoPorts, s.DialErrors, s.KernelRefused, s.TimeWait, s.BytesUp, s.BytesDown)
+	fmt.Fprintf(stdout, "tcpproxy: stopped. accepted %d, forwarded %d, refused: no free 4-tuple %d, dial errors %d; kernel refusals %d, 4-tuples held %d, taken over %d; %d bytes up, %d down\n",
+		s.Accepted, s.Forwarded, s.NoPorts, s.DialErrors, s.KernelRefused, s.TimeWait, s.Reused, s.BytesUp, s.BytesDown)
 	return 0
 }
 
@@ -177,6 +188,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		source      = fs.String("source", "127.0.0.1", "`IP` the upstream connections come from")
 		ports       = fs.String("ports", defaultPorts, "source port range `low-high` of the upstream connections; "+defaultDemoPorts+" with -demo")
 		timeWait    = fs.Duration("timewait", defaultTimeWait, "the `duration` a 4-tuple stays taken after the proxy ended its connection first")
+		reuseDelay  = fs.Duration("tw-reuse-delay", defaultReuseDelay, "the `duration` after which a new connection may take over a 4-tuple taken after an active close, if its connection used TCP timestamps; 0: never")
 		drain       = fs.Duration("drain", defaultDrain, "the `duration` one side may go on sending after the other has ended; at shutdown, open connections too")
 		dialTimeout = fs.Duration("dial-timeout", defaultDialTimeout, "the `duration` a connect to an upstream may take")
 		demo        = fs.Bool("demo", false, "run a self-contained demo on loopback: two echo upstreams, clients, proxy; exit 0 only on PASS")
@@ -210,6 +222,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		}
 	}
 	o.cfg.timeWait, o.cfg.drain, o.cfg.dialWait = *timeWait, *drain, *dialTimeout
+	if *reuseDelay < 0 {
+		return o, fmt.Errorf("-tw-reuse-delay %v: must be 0 (no reuse) or positive", *reuseDelay)
+	}
+	o.cfg.reuse = *reuseDelay
 
 	if o.demo {
 		switch {
@@ -253,4 +269,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		o.cfg.upstreams = append(o.cfg.upstreams, u)
 	}
 	return o, nil
+}
+
+// reuseText describes the TIME_WAIT reuse of a proxy with reuse delay d.
+func reuseText(d time.Duration) string {
+	if d == 0 {
+		return "no TIME_WAIT reuse"
+	}
+	return fmt.Sprintf("TIME_WAIT reuse after %v", d)
 }

@@ -21,6 +21,7 @@ type config struct {
 	upstreams []netip.AddrPort // client connections go to these in turn
 	ports     hash4.PortRange  // source ports of upstream connections
 	timeWait  time.Duration    // how long a 4-tuple stays taken after an active close
+	reuse     time.Duration    // after an active close, how long until a new connection may take the 4-tuple over; 0: never
 	drain     time.Duration    // how long one side may go on sending after the other finished
 	dialWait  time.Duration    // how long a connect to an upstream may take
 }
@@ -37,6 +38,10 @@ const maxTries = 8
 // is gone, including its TIME_WAIT.
 type flow struct {
 	client, upstream netip.AddrPort
+	// timestamps is whether the upstream connection used TCP timestamps:
+	// only then does the kernel let a new connection take its TIME_WAIT
+	// socket over. Set before the flow enters the table.
+	timestamps bool
 	// until is when the held tuple is to be freed, in unix nanoseconds,
 	// or 0 while its connection lives (see hold).
 	until atomic.Int64
@@ -49,6 +54,9 @@ type proxy struct {
 	cfg   config
 	flows *hash4.Table[flow]
 	alloc *hash4.PortAllocator
+	// reuse lets a connection take over a held tuple marked in TIME_WAIT
+	// (see hold); nil if cfg.reuse is 0.
+	reuse hash4.ReusePolicy
 	next  atomic.Uint64 // client connections accepted: picks the upstream
 	conns sync.WaitGroup
 	// reaping is set while a sweep of the held tuples is due (see arm).
@@ -58,7 +66,7 @@ type proxy struct {
 
 // counts are a proxy's counters; stats returns them as a Stats.
 type counts struct {
-	accepted, active, forwarded, noPorts, dialErrors, kernelRefused, timeWait, bytesUp, bytesDown atomic.Int64
+	accepted, active, forwarded, noPorts, dialErrors, kernelRefused, timeWait, reused, bytesUp, bytesDown atomic.Int64
 }
 
 // Stats are a proxy's counts at one moment.
@@ -70,6 +78,7 @@ type Stats struct {
 	DialErrors    int64 // refused: the upstream did not accept (or too many tries)
 	KernelRefused int64 // 4-tuples the kernel refused (EADDRNOTAVAIL, EADDRINUSE), held and passed over
 	TimeWait      int64 // 4-tuples held now, after an active close or a refused connect()
+	Reused        int64 // held 4-tuples that a new connection took over
 	BytesUp       int64 // bytes from clients to upstreams
 	BytesDown     int64 // bytes from upstreams to clients
 }
@@ -78,7 +87,7 @@ func (p *proxy) stats() Stats {
 	return Stats{
 		Accepted: p.c.accepted.Load(), Active: p.c.active.Load(), Forwarded: p.c.forwarded.Load(), NoPorts: p.c.noPorts.Load(),
 		DialErrors: p.c.dialErrors.Load(), KernelRefused: p.c.kernelRefused.Load(),
-		TimeWait: p.c.timeWait.Load(), BytesUp: p.c.bytesUp.Load(), BytesDown: p.c.bytesDown.Load(),
+		TimeWait: p.c.timeWait.Load(), Reused: p.c.reused.Load(), BytesUp: p.c.bytesUp.Load(), BytesDown: p.c.bytesDown.Load(),
 	}
 }
 
@@ -99,7 +108,17 @@ func newProxy(cfg config) (*proxy, error) {
 	}
 	// At most a 4-tuple per port and upstream, live or held.
 	n := cfg.ports.Size() * len(cfg.upstreams)
-	return &proxy{cfg: cfg, flows: hash4.New[flow](hash4.WithCapacity(min(n, 1<<20))), alloc: alloc}, nil
+	p := &proxy{cfg: cfg, flows: hash4.New[flow](hash4.WithCapacity(min(n, 1<<20))), alloc: alloc}
+	if cfg.reuse > 0 {
+		// N.B. the kernel takes a TIME_WAIT socket over for a connect()
+		// from a bound port as soon as its connection used timestamps,
+		// on any address (tcp_twsk_unique, called without a place for the
+		// old socket); the delay is the proxy's own margin, as the
+		// kernel's tcp_tw_reuse_delay is for connect() with an ephemeral
+		// port.
+		p.reuse = hash4.TCPTimeWaitReuse(false, cfg.reuse)
+	}
+	return p, nil
 }
 
 // serve accepts client connections on ln and forwards each, until ln is
@@ -170,7 +189,7 @@ func (p *proxy) forward(client *net.TCPConn) {
 	active := p.pipe(client, conn)
 	conn.Close()
 	if active {
-		p.hold(f)
+		p.hold(tup, f, f.timestamps)
 	} else {
 		p.flows.Delete(tup)
 	}
@@ -180,19 +199,28 @@ func (p *proxy) forward(client *net.TCPConn) {
 // and records for f: in ConnectFunc's function, it binds the tuple's source
 // address and port, with SO_REUSEADDR so that the port may carry
 // connections to other upstreams, and connects; the flow is in the table,
-// to Lookup and All, only once its connection is made.
+// to Lookup and All, only once its connection is made. With p.reuse,
+// ConnectFunc may offer a held tuple marked in TIME_WAIT, whose kernel
+// socket the connect() takes over; the flow then replaces the held one,
+// which no longer counts as held.
 //
 // The kernel may still refuse the tuple: a socket that this proxy's last
 // run, or another program, left on it (connect: EADDRNOTAVAIL), or a
 // listener on the port (bind: EADDRINUSE). The proxy then keeps the tuple,
 // or the port, out of use for cfg.timeWait and has ConnectFunc offer
-// another (ErrPortRefused). Any other error ends the try, as does
-// EADDRNOTAVAIL from bind (the source address is not this host's), which no
-// other tuple would cure.
+// another (ErrPortRefused); a held tuple the kernel would not let go loses
+// its mark, and stays held until its time is up. Any other error ends the
+// try, as does EADDRNOTAVAIL from bind (the source address is not this
+// host's), which no other tuple would cure.
 func (p *proxy) dial(f *flow) (*net.TCPConn, hash4.Tuple, error) {
 	var conn *net.TCPConn
 	var stale []hash4.Tuple // tuples a socket elsewhere still holds
 	tries := 0
+	var old *flow // the held flow taken over, if any
+	var opts []hash4.ConnectOption
+	if p.reuse != nil {
+		opts = append(opts, hash4.WithTimeWaitReuse(p.reuse, &old))
+	}
 	tup, _, err := p.flows.ConnectFunc(p.alloc, p.cfg.source, f.upstream, func(tup hash4.Tuple) (*flow, error) {
 		tries++
 		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(tup.Local), Control: reuseAddr, Timeout: p.cfg.dialWait}
@@ -200,6 +228,7 @@ func (p *proxy) dial(f *flow) (*net.TCPConn, hash4.Tuple, error) {
 		switch {
 		case err == nil:
 			conn = c.(*net.TCPConn)
+			f.timestamps = usedTimestamps(conn)
 			return f, nil
 		case errors.Is(err, syscall.EADDRNOTAVAIL) && failedIn(err, "connect"):
 			p.c.kernelRefused.Add(1)
@@ -216,17 +245,29 @@ func (p *proxy) dial(f *flow) (*net.TCPConn, hash4.Tuple, error) {
 			return nil, fmt.Errorf("no usable 4-tuple toward %v in %d tries", f.upstream, maxTries)
 		}
 		return nil, fmt.Errorf("%w: %v", hash4.ErrPortRefused, err)
-	})
+	}, opts...)
 	// A stale tuple goes into the table as if a flow had left it in
-	// TIME_WAIT, so that no flow is given it until the kernel lets it go.
+	// TIME_WAIT, so that no flow is given it until the kernel lets it go;
+	// one the table holds already was a takeover the kernel refused (the
+	// old connection did not use timestamps after all): it is no longer
+	// offered, and stays held.
 	for _, t := range stale {
 		held := &flow{client: f.client, upstream: f.upstream}
 		if p.flows.Insert(t, held) == nil {
-			p.hold(held)
+			p.hold(t, held, false)
+		} else {
+			p.flows.TimeWait(t, time.Time{})
 		}
 	}
 	if err != nil {
 		return nil, hash4.Tuple{}, err
+	}
+	if old != nil {
+		// N.B. the reaper deletes a flow it finds held, and so counts it
+		// itself; a flow it deleted while ConnectFunc took it over comes
+		// back as nil, so each held flow is uncounted once.
+		p.c.timeWait.Add(-1)
+		p.c.reused.Add(1)
 	}
 	return conn, tup, nil
 }
@@ -237,13 +278,20 @@ func failedIn(err error, syscall string) bool {
 	return errors.As(err, &se) && se.Syscall == syscall
 }
 
-// hold keeps f's tuple in the flows table for cfg.timeWait, so that
+// hold keeps f's tuple tup in the flows table for cfg.timeWait, so that
 // ConnectFunc does not give it out while the kernel still holds it; the
-// reaper frees it then.
-func (p *proxy) hold(f *flow) {
-	f.until.Store(time.Now().Add(p.cfg.timeWait).UnixNano())
-	p.c.timeWait.Add(1) // N.B. before arm: see reap
+// reaper frees it then. With p.reuse and mark, it marks the tuple in
+// TIME_WAIT, so that a new connection may take it over (see dial): mark
+// only a tuple whose connection used TCP timestamps, as the kernel
+// takes over only such a TIME_WAIT socket.
+func (p *proxy) hold(tup hash4.Tuple, f *flow, mark bool) {
+	now := time.Now()
+	f.until.Store(now.Add(p.cfg.timeWait).UnixNano())
+	p.c.timeWait.Add(1) // N.B. before arm: see reap; before the mark: see dial
 	p.arm()
+	if mark && p.reuse != nil {
+		p.flows.TimeWait(tup, now)
+	}
 }
 
 // arm schedules a sweep of the held tuples, unless one is due already. A

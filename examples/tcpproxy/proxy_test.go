@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,6 +94,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
 	cfg := testConfig(porttest.Ports(4))
+	cfg.reuse = 500 * time.Millisecond
 	res, err := runDemo(cfg, 64<<10, &out)
 	t.Logf("summary:\n%s", out.String())
 	if err != nil {
@@ -101,10 +103,14 @@ func TestDemo(t *testing.T) {
 	if !res.ok(4) || !strings.Contains(out.String(), "PASS") {
 		t.Fatalf("demo failed: %+v", res)
 	}
-	if res.clients != 8 || res.livePorts != 4 || res.heldTuples != 8 || res.proxy.Forwarded != 8 {
-		t.Errorf("clients %d over %d ports, %d held, %d forwarded; want 8, 4, 8, 8", res.clients, res.livePorts, res.heldTuples, res.proxy.Forwarded)
+	if res.clients != 8 || res.livePorts != 4 || res.heldTuples != 8 || res.proxy.Forwarded != 9 {
+		t.Errorf("clients %d over %d ports, %d held, %d forwarded; want 8, 4, 8, 9", res.clients, res.livePorts, res.heldTuples, res.proxy.Forwarded)
 	}
-	if want := int64(8 * 64 << 10); res.proxy.BytesUp != want || res.proxy.BytesDown != want {
+	if !res.reuseWanted || !res.reused || res.proxy.Reused != 1 || res.proxy.TimeWait != 8 {
+		t.Errorf("reuse wanted %v, done %v, 4-tuples taken over %d, held at the end %d; want true, true, 1, 8",
+			res.reuseWanted, res.reused, res.proxy.Reused, res.proxy.TimeWait)
+	}
+	if want := int64(8*64<<10 + len("after the reuse delay")); res.proxy.BytesUp != want || res.proxy.BytesDown != want {
 		t.Errorf("bytes up %d, down %d; want %d each", res.proxy.BytesUp, res.proxy.BytesDown, want)
 	}
 	if res.kernel == "" {
@@ -122,14 +128,14 @@ func TestDemoIPv6(t *testing.T) {
 	ln.Close()
 	ports := porttest.Ports(4)
 	var stdout, stderr bytes.Buffer
-	code := realMain(context.Background(), []string{"-demo", "-source", "::1", "-size", "4096",
+	code := realMain(context.Background(), []string{"-demo", "-source", "::1", "-size", "4096", "-tw-reuse-delay", "500ms",
 		"-ports", fmt.Sprintf("%d-%d", ports.Low, ports.High)}, &stdout, &stderr)
 	t.Logf("stdout:\n%s", stdout.String())
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
 	}
 	for _, want := range []string{"PASS", "proxy [::1]:", "source ::1 ", "8 4-tuples over 4 source ports",
-		"asked for [::1]:"} {
+		"asked for [::1]:", "client connection 10: forwarded on a held 4-tuple, [::1]:"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("no %q in the summary", want)
 		}
@@ -140,8 +146,8 @@ func TestDemoIPv6(t *testing.T) {
 func TestCommand(t *testing.T) {
 	ports := porttest.Ports(2)
 	var stdout, stderr bytes.Buffer
-	code := realMain(context.Background(), []string{"-demo", "-size", "1000", "-ports", fmt.Sprintf("%d-%d", ports.Low, ports.High)}, &stdout, &stderr)
-	if code != 0 || !strings.Contains(stdout.String(), "PASS") {
+	code := realMain(context.Background(), []string{"-demo", "-size", "1000", "-tw-reuse-delay", "0", "-ports", fmt.Sprintf("%d-%d", ports.Low, ports.High)}, &stdout, &stderr)
+	if code != 0 || !strings.Contains(stdout.String(), "PASS") || !strings.Contains(stdout.String(), "no TIME_WAIT reuse: the proxy holds") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
 	for _, tt := range []struct {
@@ -158,6 +164,7 @@ func TestCommand(t *testing.T) {
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-source", "0.0.0.0"}, "-source"},
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-ports", "5-1"}, "-ports"},
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-timewait", "0s"}, "-timewait"},
+		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-tw-reuse-delay", "-1s"}, "-tw-reuse-delay -1s"},
 		{[]string{"-listen", "127.0.0.1:1", "-upstream", "127.0.0.1:2", "-size", "5"}, "only with -demo"},
 		{[]string{"-demo", "-upstream", "127.0.0.1:2"}, "cannot be used with -demo"},
 		{[]string{"-demo", "-ports", "20000-20999"}, "at most 64"},
@@ -277,6 +284,109 @@ func TestTimeWait(t *testing.T) {
 		t.Errorf("table holds %d tuples during TIME_WAIT, want 1", n)
 	}
 	eventually(t, "the held tuple freed", func() bool { return p.stats().TimeWait == 0 && p.flows.Len() == 0 })
+}
+
+// With TIME_WAIT reuse, a connection takes over a 4-tuple that an active
+// close holds once the reuse delay has passed, as the kernel's connect()
+// from the bound port takes over its TIME_WAIT socket: through one upstream
+// and four source ports, clients that each end first forward many more
+// connections in the same time than without reuse, where every port
+// carries one connection per -timewait; and the kernel refuses none.
+func TestTimeWaitReuseRate(t *testing.T) {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_timestamps"); err != nil || strings.TrimSpace(string(b)) == "0" {
+		t.Skipf("net.ipv4.tcp_timestamps is %q (%v): without TCP timestamps the kernel takes no TIME_WAIT socket over, nor does the proxy", b, err)
+	}
+	const (
+		ports = 4
+		run   = 2 * time.Second
+		delay = 100 * time.Millisecond
+	)
+	echo := listen(t)
+	go echoServer(echo)
+	measure := func(reuse time.Duration) (Stats, int) {
+		cfg := testConfig(porttest.Ports(ports), addrOf(echo))
+		cfg.reuse = reuse
+		p, addr := startProxy(t, cfg)
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		deadline := time.Now().Add(run)
+		for range ports {
+			wg.Go(func() {
+				for time.Now().Before(deadline) {
+					_, ok := demoEcho(addr, []byte("hello"))
+					if !ok {
+						// Refused: no tuple free yet.
+						failed.Add(1)
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		eventually(t, "every forward done", func() bool { return p.stats().Active == 0 })
+		s := p.stats()
+		// Each port's last connection ended first: its tuple is held, and
+		// counted once.
+		if s.TimeWait != ports || p.flows.Len() != ports {
+			t.Errorf("reuse %v: %d tuples counted held, %d in the table; want %d", reuse, s.TimeWait, p.flows.Len(), ports)
+		}
+		if s.Accepted != s.Forwarded+s.NoPorts || s.DialErrors != 0 || failed.Load() != s.NoPorts {
+			t.Errorf("reuse %v: accepted %d, forwarded %d, refused %d (clients saw %d), dial errors %d", reuse, s.Accepted, s.Forwarded, s.NoPorts, failed.Load(), s.DialErrors)
+		}
+		return s, int(s.Forwarded)
+	}
+	without, n0 := measure(0)
+	with, n1 := measure(delay)
+	t.Logf("%d ports, %v: without reuse %d connections (%.1f/s), %d refused; with reuse after %v %d connections (%.1f/s), %d taken over, %d refused, %d kernel refusals",
+		ports, run, n0, float64(n0)/run.Seconds(), without.NoPorts, delay, n1, float64(n1)/run.Seconds(), with.Reused, with.NoPorts, with.KernelRefused)
+	if n0 > ports || without.Reused != 0 {
+		t.Errorf("without reuse: %d connections, %d taken over; want at most a connection per port (%d) and none", n0, without.Reused, ports)
+	}
+	if n1 < 3*max(n0, 1) || n1 <= ports {
+		t.Errorf("with reuse: %d connections; want at least 3 times the %d without, and more than %d", n1, n0, ports)
+	}
+	if with.KernelRefused != 0 || with.Reused < int64(n1-ports) {
+		t.Errorf("with reuse: %d kernel refusals, %d taken over of %d connections; want none, and all but the first on each port", with.KernelRefused, with.Reused, n1)
+	}
+}
+
+// A held 4-tuple marked in TIME_WAIT that the kernel will not let go (here
+// a live connection the proxy did not make holds it, as a TIME_WAIT socket
+// without timestamps would): the proxy's takeover is refused at connect(),
+// the tuple stays held, counted once, and is not offered again.
+func TestTimeWaitReuseRefused(t *testing.T) {
+	echo := listen(t)
+	go echoServer(echo)
+	ports := porttest.Ports(1)
+	tup := hash4.Tuple{Local: netip.AddrPortFrom(loopback, ports.Low), Remote: addrOf(echo)}
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(tup.Local), Control: reuseAddr}
+	held, err := d.Dial("tcp", tup.Remote.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	cfg := testConfig(ports, addrOf(echo))
+	cfg.reuse = 50 * time.Millisecond
+	p, addr := startProxy(t, cfg)
+	f := &flow{upstream: tup.Remote, timestamps: true}
+	if err := p.flows.Insert(tup, f); err != nil {
+		t.Fatal(err)
+	}
+	p.hold(tup, f, true)
+	time.Sleep(2 * cfg.reuse)
+	for i := range 2 {
+		if got := roundTrip(t, addr, []byte("ping")); len(got) != 0 {
+			t.Fatalf("client %d: forwarded %q over a tuple the kernel holds", i, got)
+		}
+		eventually(t, "the refusal counted", func() bool { return p.stats().NoPorts == int64(i+1) })
+	}
+	s := p.stats()
+	if s.KernelRefused != 1 || s.Reused != 0 || s.TimeWait != 1 || p.flows.Len() != 1 {
+		t.Errorf("kernel refusals %d, taken over %d, held %d, table %d; want 1, 0, 1, 1", s.KernelRefused, s.Reused, s.TimeWait, p.flows.Len())
+	}
+	if v, ok := p.flows.Lookup(tup); !ok || v != f {
+		t.Errorf("the held flow is gone or replaced: %v, %v", v, ok)
+	}
 }
 
 // A 4-tuple the kernel holds (here a connection the proxy did not make) is

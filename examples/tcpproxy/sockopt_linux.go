@@ -1,6 +1,11 @@
 package main
 
-import "syscall"
+import (
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
 
 // reuseAddr sets SO_REUSEADDR on a socket before it binds (a
 // net.Dialer.Control function). On Linux, a port bound this way may carry
@@ -15,4 +20,23 @@ func reuseAddr(network, address string, c syscall.RawConn) error {
 		return cerr
 	}
 	return err
+}
+
+// tcpiOptTimestamps is TCP_INFO's TCPI_OPT_TIMESTAMPS, missing from x/sys/unix.
+const tcpiOptTimestamps = 1
+
+// usedTimestamps reports whether the connection c negotiated TCP
+// timestamps: only then does the kernel
+// let a new connection take over the TIME_WAIT socket it leaves behind.
+func usedTimestamps(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	used := false
+	rc.Control(func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		used = err == nil && info.Options&tcpiOptTimestamps != 0
+	})
+	return used
 }

@@ -4,6 +4,7 @@ package main
 
 import (
 	"errors"
+	"net"
 	"syscall"
 )
 
@@ -13,3 +14,7 @@ import (
 func reuseAddr(network, address string, c syscall.RawConn) error {
 	return errors.New("tcpproxy: sharing a bound source port between upstreams is built for Linux only")
 }
+
+// usedTimestamps reports false: where the proxy does not dial, no
+// connection leaves a TIME_WAIT socket to take over.
+func usedTimestamps(*net.TCPConn) bool { return false }
