@@ -20,7 +20,9 @@ func WithReusePort() BindOption { return func(c *bindConfig) { c.reusePort = tru
 
 // WithReuseAddr sets SO_REUSEADDR: a UDP socket may bind an address and port
 // that overlap those of sockets which all set it too. It does not let a TCP
-// listener share a port with another listener.
+// listener share a port with another listener. In a table made
+// [WithPortAllocator], it lets a listener or socket share its port with the
+// allocator's flows (see [TCPTable.Listen], [UDPTable.Bind]).
 func WithReuseAddr() BindOption { return func(c *bindConfig) { c.reuseAddr = true } }
 
 // WithIPv6Only sets IPV6_V6ONLY on an IPv6 socket or listener: bound to ::,

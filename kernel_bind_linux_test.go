@@ -23,15 +23,7 @@ const ipLocalPortRange = 51
 // sockets with SO_REUSEADDR, the kernel allows the bind, which the
 // allocator, without reuse options, does not model.
 func TestKernelBindSeesConnected(t *testing.T) {
-	lo := netip.MustParseAddr("127.0.0.1")
-	ln := tcpSock(t)
-	if err := syscall.Bind(ln, sockaddrOf(netip.AddrPortFrom(lo, 0), false)); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(ln, 8); err != nil {
-		t.Fatal(err)
-	}
-	server := sockName(t, ln)
+	server := loopbackListener(t)
 	connected := func(reuse bool) netip.AddrPort {
 		c := tcpSock(t)
 		if reuse {
@@ -98,6 +90,20 @@ func TestKernelBindSeesConnected(t *testing.T) {
 	}
 }
 
+// loopbackListener returns the address of a TCP listener on 127.0.0.1 and
+// a port the kernel chose, which the test closes at its end.
+func loopbackListener(t *testing.T) netip.AddrPort {
+	t.Helper()
+	ln := tcpSock(t)
+	if err := syscall.Bind(ln, sockaddrOf(netip.MustParseAddrPort("127.0.0.1:0"), false)); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(ln, 8); err != nil {
+		t.Fatal(err)
+	}
+	return sockName(t, ln)
+}
+
 func tcpSock(t *testing.T) int {
 	t.Helper()
 	s, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
@@ -122,4 +128,134 @@ func sockName(t *testing.T, s int) netip.AddrPort {
 		t.Fatal(err)
 	}
 	return addrPortOf(sa)
+}
+
+// TestKernelListenSeesBindTable checks the holds of a TCPTable's listeners
+// and a UDPTable's sockets in a shared allocator against the kernel, with
+// real sockets on loopback. A listener keeps connect() off its port
+// (__inet_hash_connect: EADDRNOTAVAIL when it is the only port) and bind()
+// off its address; listen() and a UDP bind() next to a connected socket on
+// a conflicting address fail with EADDRINUSE unless both sockets set
+// SO_REUSEADDR (inet_csk_bind_conflict, udp_lib_lport_inuse). The table
+// counts a flow as a socket that set it: with the kernel's connected socket
+// set so, the two agree on every case; with it unset, the kernel refuses
+// wherever the table does.
+func TestKernelListenSeesBindTable(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1")
+	serverAP := loopbackListener(t)
+
+	// connect() skips the port of a listener.
+	lp := loopbackListener(t).Port()
+	c := tcpSock(t)
+	setInt(t, c, syscall.IPPROTO_IP, ipLocalPortRange, int(lp)|int(lp)<<16)
+	kerr := syscall.Connect(c, sockaddrOf(serverAP, false))
+	a, err := NewPortAllocator(WithPortRange(PortRange{lp, lp}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp := NewTCPTable[int](WithPortAllocator(a))
+	rel, err := tcp.Listen(netip.AddrPortFrom(lo, lp), valPtr(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, merr := tcp.Established().Connect(nil, lo, serverAP, valPtr(2))
+	if !errors.Is(kerr, syscall.EADDRNOTAVAIL) || !errors.Is(merr, syscall.EADDRNOTAVAIL) {
+		t.Errorf("connect with only the port of a listener on %v:%d: kernel %v, table %v, want EADDRNOTAVAIL", lo, lp, kerr, merr)
+	}
+	kerr = kernelSocket(t, syscall.SOCK_STREAM, netip.AddrPortFrom(lo, lp), false)
+	_, merr = a.Bind(netip.AddrPortFrom(lo, lp))
+	if !errors.Is(kerr, syscall.EADDRINUSE) || !errors.Is(merr, syscall.EADDRINUSE) {
+		t.Errorf("bind(%v:%d) next to a listener: kernel %v, allocator %v, want EADDRINUSE", lo, lp, kerr, merr)
+	}
+	rel()
+
+	// listen() and UDP bind() next to a connected socket.
+	for _, typ := range []int{syscall.SOCK_STREAM, syscall.SOCK_DGRAM} {
+		for _, connReuse := range []bool{true, false} {
+			s, err := syscall.Socket(syscall.AF_INET, typ|syscall.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Close(s) })
+			if connReuse {
+				setInt(t, s, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+			}
+			if err := syscall.Connect(s, sockaddrOf(serverAP, false)); err != nil {
+				t.Fatal(err)
+			}
+			local := sockName(t, s)
+			a, err := NewPortAllocator()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tcp *TCPTable[int]
+			var udp *UDPTable[int]
+			var flows *Table[int]
+			if typ == syscall.SOCK_STREAM {
+				tcp = NewTCPTable[int](WithPortAllocator(a))
+				flows = tcp.Established()
+			} else {
+				udp = NewUDPTable[int](WithPortAllocator(a))
+				flows = New[int](WithPortAllocator(a))
+			}
+			if err := flows.Insert(Tuple{Local: local, Remote: serverAP}, valPtr(1)); err != nil {
+				t.Fatal(err)
+			}
+			for _, addr := range []string{"127.0.0.1", "0.0.0.0", "127.0.0.2"} {
+				for _, reuse := range []bool{false, true} {
+					ap := netip.AddrPortFrom(netip.MustParseAddr(addr), local.Port())
+					kerr := kernelSocket(t, typ, ap, reuse)
+					var opts []BindOption
+					if reuse {
+						opts = append(opts, WithReuseAddr())
+					}
+					var merr error
+					if tcp != nil {
+						var rel func()
+						if rel, merr = tcp.Listen(ap, valPtr(1), opts...); merr == nil {
+							rel()
+						}
+					} else {
+						var us *UDPSocket[int]
+						if us, merr = udp.Bind(ap, valPtr(1), opts...); merr == nil {
+							us.Close()
+						}
+					}
+					if kerr != nil && !errors.Is(kerr, syscall.EADDRINUSE) {
+						t.Fatalf("bind(%v): %v", ap, kerr)
+					}
+					agree := (kerr == nil) == (merr == nil) && (merr == nil || errors.Is(merr, syscall.EADDRINUSE))
+					if !connReuse {
+						agree = merr == nil || kerr != nil // the kernel refuses where the table does
+					}
+					if !agree {
+						t.Errorf("type %d: bind(%v) with SO_REUSEADDR %v next to a socket connected from %v with SO_REUSEADDR %v: kernel %v, table %v",
+							typ, ap, reuse, local, connReuse, kerr, merr)
+					}
+				}
+			}
+		}
+	}
+}
+
+// kernelSocket opens a socket of type typ on ap, with SO_REUSEADDR if
+// reuse, listens if it is a TCP socket, and closes it: it returns the error
+// of bind() or listen().
+func kernelSocket(t *testing.T, typ int, ap netip.AddrPort, reuse bool) error {
+	t.Helper()
+	s, err := syscall.Socket(syscall.AF_INET, typ|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(s)
+	if reuse {
+		setInt(t, s, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+	}
+	if err := syscall.Bind(s, sockaddrOf(ap, false)); err != nil {
+		return err
+	}
+	if typ == syscall.SOCK_STREAM {
+		return syscall.Listen(s, 8)
+	}
+	return nil
 }

@@ -17,10 +17,11 @@ import (
 // This file holds the ephemeral source-port allocator: the candidate scan of
 // the kernel's __inet_hash_connect (RFC 6056 algorithm 4, "double hash", with
 // the odd/even policy and the random perturb increment), the scan of bind(0),
-// reserved ports, and ports held by Bind. The table's Connect drives
-// a portScan; the allocator itself does not know which 4-tuples are in use,
-// only, for the tables made WithPortAllocator, which local addresses and
-// ports their flows use (portuse.go).
+// reserved ports, and ports held by Bind and by the listeners and sockets
+// of TCPTables and UDPTables made WithPortAllocator. The table's Connect
+// drives a portScan; the allocator itself does not know which 4-tuples are
+// in use, only, for the tables made WithPortAllocator, which local
+// addresses and ports their flows use (portuse.go).
 //
 // Addresses. As everywhere in hash4, an address is read through its 16-byte
 // form: an IPv4 address and its IPv4-mapped IPv6 form are the same address,
@@ -125,10 +126,11 @@ func WithPerturbSeed(seed uint64) PortOption {
 const perturbSize = 1 << 16
 
 // A PortAllocator chooses local ports for outgoing flows and holds ports for
-// explicit binds, like the kernel's port tables for one network namespace.
-// Tables made [WithPortAllocator] share its bind table: Bind sees the ports
-// of their flows. Create it with NewPortAllocator. Its methods are safe for
-// concurrent use.
+// explicit binds, like the kernel's port tables for one network namespace
+// and one protocol. Tables made [WithPortAllocator] share its bind table:
+// Bind sees the ports of their flows, and those of the listeners of a
+// [TCPTable] or the sockets of a [UDPTable]. Create it with
+// NewPortAllocator. Its methods are safe for concurrent use.
 type PortAllocator struct {
 	rng         PortRange
 	policy      Policy
@@ -138,13 +140,15 @@ type PortAllocator struct {
 	reserved    [65536 / 64]uint64        // read-only after NewPortAllocator
 	anyReserved bool                      // some bit of reserved is set
 	perturb     [perturbSize]uint32       // through sync/atomic once constructed
-	nheld       atomic.Int64              // number of ports held by Bind
+	nheld       atomic.Int64              // number of holds, of Bind and of tables' sockets
 	heldPorts   [65536 / 64]atomic.Uint64 // bit p: port p is held for some address; written under mu
 
-	mu     sync.Mutex
-	held   map[heldKey]struct{}
-	byPort map[familyPort]int // holds per family and port, wildcard included
-	rand   *mrand.Rand        // ChaCha8; for BindEphemeral
+	mu      sync.Mutex
+	held    map[heldKey]heldBy
+	byPort  map[familyPort]int // holds per family and port, wildcard included
+	byOwner map[ownerPort]int  // the holds of byPort that tables' sockets took
+	proto   string             // "TCP" or "UDP" once a TCPTable or UDPTable shares the allocator
+	rand    *mrand.Rand        // ChaCha8; for BindEphemeral
 
 	used portUse // the flows of the tables made WithPortAllocator(a)
 }
@@ -159,6 +163,28 @@ type heldKey struct {
 type familyPort struct {
 	v6   bool // an IPv6 address that is not IPv4-mapped
 	port uint16
+}
+
+// heldBy is who holds a port for an address: Bind (owner nil), or the
+// sockets of one table, n of them. N.B. one owner at most: a hold is taken
+// only where no other owner's conflicts with it (conflictsLocked), and two
+// holds of one address and port always conflict.
+type heldBy struct {
+	owner *bindOwner
+	n     int32
+}
+
+// bindOwner stands for a TCPTable or UDPTable made WithPortAllocator: its
+// listeners or sockets hold their ports in the allocator, and its own
+// holds are left to its own conflict rules.
+type bindOwner struct {
+	proto string
+}
+
+// ownerPort counts one owner's holds of a family and port.
+type ownerPort struct {
+	owner *bindOwner
+	fp    familyPort
 }
 
 // NewPortAllocator returns an allocator configured by opts. It returns an
@@ -181,10 +207,11 @@ func NewPortAllocator(opts ...PortOption) (*PortAllocator, error) {
 		return nil, fmt.Errorf("%w %d", ErrInvalidPolicy, c.policy)
 	}
 	a := &PortAllocator{
-		rng:    c.rng,
-		policy: c.policy,
-		held:   make(map[heldKey]struct{}),
-		byPort: make(map[familyPort]int),
+		rng:     c.rng,
+		policy:  c.policy,
+		held:    make(map[heldKey]heldBy),
+		byPort:  make(map[familyPort]int),
+		byOwner: make(map[ownerPort]int),
 	}
 	if c.secret != nil {
 		a.k0, a.k1 = c.secret[0], c.secret[1]
@@ -494,15 +521,16 @@ func wildcardOf(addr netip.Addr) [16]byte {
 	return [16]byte{}
 }
 
-// mayBeHeld reports whether Bind may hold port for some address: false
-// unless a Bind holds it for one. N.B. it inlines into the scan of every
-// Connect candidate, where it is a load and a test when nothing is held.
+// mayBeHeld reports whether port may be held for some address: false
+// unless a Bind, a listener or a socket holds it for one. N.B. it inlines
+// into the scan of every Connect candidate, where it is a load and a test
+// when nothing is held.
 func (a *PortAllocator) mayBeHeld(port uint16) bool {
 	return a.nheld.Load() != 0 && a.heldPorts[port/64].Load()&(1<<(port%64)) != 0
 }
 
-// heldFor reports whether port is held by Bind for local, itself or through
-// the wildcard address of its family.
+// heldFor reports whether port is held for local, itself or through the
+// wildcard address of its family, by Bind or a table's socket.
 func (a *PortAllocator) heldFor(local netip.Addr, port uint16) bool {
 	if !a.mayBeHeld(port) {
 		return false
@@ -521,41 +549,64 @@ func (a *PortAllocator) heldForLocked(local netip.Addr, port uint16) bool {
 	return ok
 }
 
-// conflictsLocked reports whether Bind(local:port) would fail, with a.mu
-// held: the port is held for local or its family's wildcard, or local is the
-// wildcard and the port is held for any address of its family.
-func (a *PortAllocator) conflictsLocked(local netip.Addr, port uint16) bool {
-	if a.heldForLocked(local, port) {
+// conflictsLocked reports whether a hold of local:port for o (nil for
+// Bind) conflicts with a hold of another, with a.mu held: one for local or
+// its family's wildcard, or, local being the wildcard, one for any address
+// of its family. Bind's holds conflict with every other hold, Bind's too;
+// a table's holds leave each other to the table.
+func (a *PortAllocator) conflictsLocked(o *bindOwner, local netip.Addr, port uint16) bool {
+	if a.heldByOtherLocked(o, heldKey{local.As16(), port}) || a.heldByOtherLocked(o, heldKey{wildcardOf(local), port}) {
 		return true
 	}
-	return isWildcard(local) && a.byPort[familyPort{!isIPv4(local), port}] > 0
+	if !isWildcard(local) {
+		return false
+	}
+	fp := familyPort{!isIPv4(local), port}
+	n := a.byPort[fp]
+	if o != nil {
+		n -= a.byOwner[ownerPort{o, fp}]
+	}
+	return n > 0
 }
 
-// holdLocked holds port for local, with a.mu held, and returns the function
-// that releases it.
-func (a *PortAllocator) holdLocked(local netip.Addr, port uint16) func() {
+// heldByOtherLocked reports whether k is held by Bind or an owner other
+// than o, with a.mu held.
+func (a *PortAllocator) heldByOtherLocked(o *bindOwner, k heldKey) bool {
+	h, ok := a.held[k]
+	return ok && (o == nil || h.owner != o)
+}
+
+// holdLocked holds port for local on behalf of o (nil for Bind), with a.mu
+// held; the caller checked conflictsLocked.
+func (a *PortAllocator) holdLocked(o *bindOwner, local netip.Addr, port uint16) {
 	k := heldKey{local.As16(), port}
 	fp := familyPort{!isIPv4(local), port}
-	a.held[k] = struct{}{}
+	a.held[k] = heldBy{owner: o, n: a.held[k].n + 1}
 	a.byPort[fp]++
+	if o != nil {
+		a.byOwner[ownerPort{o, fp}]++
+	}
 	a.heldPorts[port/64].Or(1 << (port % 64))
 	a.nheld.Add(1)
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			a.unholdLocked(k, fp)
-		})
-	}
 }
 
-// unholdLocked undoes holdLocked's hold of k (of family and port fp),
-// with a.mu held.
-func (a *PortAllocator) unholdLocked(k heldKey, fp familyPort) {
-	port := fp.port
-	delete(a.held, k)
+// unholdLocked undoes one holdLocked of o for local and port, with a.mu
+// held.
+func (a *PortAllocator) unholdLocked(o *bindOwner, local netip.Addr, port uint16) {
+	k := heldKey{local.As16(), port}
+	fp := familyPort{!isIPv4(local), port}
+	if h := a.held[k]; h.n > 1 {
+		a.held[k] = heldBy{owner: o, n: h.n - 1}
+	} else {
+		delete(a.held, k)
+	}
 	a.nheld.Add(-1)
+	if o != nil {
+		op := ownerPort{o, fp}
+		if a.byOwner[op]--; a.byOwner[op] == 0 {
+			delete(a.byOwner, op)
+		}
+	}
 	if a.byPort[fp]--; a.byPort[fp] == 0 {
 		delete(a.byPort, fp)
 		if a.byPort[familyPort{!fp.v6, port}] == 0 {
@@ -564,20 +615,83 @@ func (a *PortAllocator) unholdLocked(k heldKey, fp familyPort) {
 	}
 }
 
-// holdUnusedLocked holds port for local, with a.mu held, unless a flow of
-// a table sharing a uses it (usedConflicts); it returns the function that
-// releases the hold, or nil: usedBy is the address whose flows count, local
-// or its family's wildcard for all of them. N.B. it holds the port before it reads the
-// counts, and undoes the hold if they show a flow: a Connect counts its
-// flow before it reads the held bit (see Table.boundMeanwhile), so of the
-// two one sees the other.
+// releaser returns the function that undoes o's holds of port for addrs,
+// once however often it is called.
+func (a *PortAllocator) releaser(o *bindOwner, addrs []netip.Addr, port uint16) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			for _, addr := range addrs {
+				a.unholdLocked(o, addr, port)
+			}
+		})
+	}
+}
+
+// holdUnusedLocked holds port for local by Bind, with a.mu held, unless a
+// flow of a table sharing a uses it (usedConflicts); it returns the
+// function that releases the hold, or nil: usedBy is the address whose
+// flows count, local or its family's wildcard for all of them. N.B. it
+// holds the port before it reads the counts, and undoes the hold if they
+// show a flow: a Connect counts its flow before it reads the held bit (see
+// Table.boundMeanwhile), so of the two one sees the other.
 func (a *PortAllocator) holdUnusedLocked(local, usedBy netip.Addr, port uint16) func() {
-	release := a.holdLocked(local, port)
+	a.holdLocked(nil, local, port)
 	if a.usedConflicts(usedBy, port) {
-		a.unholdLocked(heldKey{local.As16(), port}, familyPort{!isIPv4(local), port})
+		a.unholdLocked(nil, local, port)
 		return nil
 	}
-	return release
+	return a.releaser(nil, []netip.Addr{local}, port)
+}
+
+// share records that a TCPTable or UDPTable (proto "TCP" or "UDP"), made
+// by ctor, shares a, and returns the owner of its holds. It panics if a
+// serves tables of the other protocol: Linux keeps TCP and UDP ports apart.
+func (a *PortAllocator) share(ctor, proto string) *bindOwner {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.proto != "" && a.proto != proto {
+		panic(fmt.Sprintf("hash4: %s: WithPortAllocator: the allocator serves %s tables; Linux keeps TCP and UDP ports apart (use an allocator per protocol)", ctor, a.proto))
+	}
+	a.proto = proto
+	return &bindOwner{proto: proto}
+}
+
+// holdSocket holds local's port for each of addrs on behalf of o, for a
+// listener or socket of o's table bound to local, as the kernel's bind()
+// enters the socket in its port's bind bucket (inet_csk_get_port,
+// udp_lib_get_port), and returns the function that releases the holds. It
+// refuses, holding nothing, with an error matching ErrPortInUse, where a
+// hold of Bind or of another table conflicts (conflictsLocked) or, unless
+// flowsOK, where a flow of a table sharing a uses the port from a
+// conflicting address (usedConflicts). N.B. as holdUnusedLocked, it holds
+// before it reads the flows' counts, so that of it and a racing Connect
+// one sees the other.
+func (a *PortAllocator) holdSocket(o *bindOwner, local netip.AddrPort, addrs []netip.Addr, flowsOK bool) (release func(), err error) {
+	port := local.Port()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, addr := range addrs {
+		if a.conflictsLocked(o, addr, port) {
+			return nil, fmt.Errorf("%w: %v, held in the port allocator", ErrPortInUse, local)
+		}
+	}
+	for _, addr := range addrs {
+		a.holdLocked(o, addr, port)
+	}
+	if !flowsOK {
+		for _, addr := range addrs {
+			if a.usedConflicts(addr, port) {
+				for _, addr := range addrs {
+					a.unholdLocked(o, addr, port)
+				}
+				return nil, fmt.Errorf("%w: %v, by a connected flow", ErrPortInUse, local)
+			}
+		}
+	}
+	return a.releaser(o, addrs, port), nil
 }
 
 // check returns an error matching ErrNilAllocator if a is nil or was not
@@ -596,13 +710,14 @@ func (a *PortAllocator) check() error {
 // bind() does: Connect from that address skips the port. A wildcard address
 // (0.0.0.0, ::) holds it for every address of its family (:: does not cover
 // IPv4). It returns an error matching [ErrPortInUse] where bind() would
-// refuse: the port is held for the same address, for its family's wildcard,
-// or (binding the wildcard) for any address of the family, or a flow of a
-// table made [WithPortAllocator](a) uses it from a conflicting address. Of
-// a Bind and a racing Connect of such a table, one gets the port. Port 0,
-// an invalid address or a nil allocator give errors matching
-// [ErrInvalidAddr] or [ErrNilAllocator]; release may be called more than
-// once.
+// refuse: the port is held, by Bind or by a listener or socket of a
+// [TCPTable] or [UDPTable] made [WithPortAllocator](a), for the same
+// address, for its family's wildcard, or (binding the wildcard) for any
+// address of the family, or a flow of a table made WithPortAllocator(a)
+// uses it from a conflicting address. Of a Bind and a racing Connect of
+// such a table, one gets the port. Port 0, an invalid address or a nil
+// allocator give errors matching [ErrInvalidAddr] or [ErrNilAllocator];
+// release may be called more than once.
 func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 	if err := a.check(); err != nil {
 		return nil, err
@@ -616,7 +731,7 @@ func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.conflictsLocked(addr, port) {
+	if a.conflictsLocked(nil, addr, port) {
 		return nil, fmt.Errorf("%w: %v", ErrPortInUse, local)
 	}
 	if release = a.holdUnusedLocked(addr, addr, port); release == nil {
@@ -653,7 +768,7 @@ func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release fu
 		count := (n - first + 1) / 2
 		for k := range count {
 			p := uint16(low + first + 2*((start/2+k)%count))
-			if a.isReserved(p) || a.conflictsLocked(local, p) || a.usedConflicts(anyAddr, p) {
+			if a.isReserved(p) || a.conflictsLocked(nil, local, p) || a.usedConflicts(anyAddr, p) {
 				continue
 			}
 			if release := a.holdUnusedLocked(local, anyAddr, p); release != nil {

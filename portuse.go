@@ -13,14 +13,22 @@ import (
 // the kernel's connect() leaves a bind bucket for its port that bind()
 // then meets (inet_csk_bind_conflict).
 //
-// Lock order: a table's stripe lock, then the allocator's mu, then a
-// portUse shard's mu. The table counts a flow (use, unuse) under the
-// stripe lock of the flow's chain; Bind and BindEphemeral read the counts
-// under mu; Connect checks a Bind's hold (heldFor, which takes mu) after
-// its stripe lock is released. No code takes a stripe lock while it holds
-// mu or a shard's lock, nor mu while it holds a shard's lock: a shard's
-// lock is a leaf and mu is taken under nothing but a stripe lock, so the
-// order has no cycle.
+// Lock order: a TCPTable's port slot lock, or a UDPSocket's lock and a
+// UDPTable's primary slot lock; then a table's stripe lock; then the
+// allocator's mu; then a portUse shard's mu. The table counts a flow (use,
+// unuse) under the stripe lock of the flow's chain; Bind and BindEphemeral
+// read the counts under mu; Connect checks a hold (heldFor, which takes
+// mu) after its stripe lock is released. TCPTable.Listen and UDPTable.Bind
+// take mu (holdSocket, which reads the counts) under their port slot's
+// lock, and a listener's release and UDPSocket.Close give the hold back
+// under that lock or the socket's.
+//
+// N.B. the order has no cycle: a shard's lock is a leaf; mu is taken under
+// nothing but a stripe lock, a port slot's lock or a socket's lock; no
+// code takes a stripe lock, a port slot's lock or a socket's lock while it
+// holds mu or a shard's lock; a socket's lock is taken under nothing, and
+// a port slot's lock under nothing but a socket's (udp.go, tcp.go), while
+// stripe locks are taken under port slot locks, never the reverse.
 
 // portUseShards is the number of locks the counts are spread over, by
 // port: tables that connect or delete flows of different ports at once
@@ -105,8 +113,14 @@ func (a *PortAllocator) usedConflicts(local netip.Addr, port uint16) bool {
 // [PortAllocator.Bind] refuses and [PortAllocator.BindEphemeral] skips the
 // ports its flows use, and [Table.Connect] given a nil allocator uses a.
 // Each insert and delete then also updates a's count under a lock of a's
-// own; tables without it pay a test. New panics for a nil a or one that
-// NewPortAllocator did not make.
+// own; tables without it pay a test. Given to [NewTCPTable], it also makes
+// the listeners hold their ports in a ([TCPTable.Listen]); given to
+// [NewUDPTable], the sockets ([UDPTable.Bind]). An allocator is one
+// protocol's ports, as Linux keeps TCP's and UDP's apart: NewTCPTable and
+// NewUDPTable panic for an allocator that serves the other protocol's
+// table, and the plain tables sharing it should hold flows of that
+// protocol only. New panics for a nil a or one that NewPortAllocator did
+// not make.
 func WithPortAllocator(a *PortAllocator) Option {
 	return func(c *tableConfig) {
 		if err := a.check(); err != nil {

@@ -3,17 +3,25 @@ package hash4
 import (
 	"errors"
 	"net/netip"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
 )
 
-func newSharedAlloc(t *testing.T, opts ...PortOption) (*PortAllocator, *Table[int]) {
+// newTestAlloc returns an allocator made with opts and a fixed perturb seed.
+func newTestAlloc(t *testing.T, opts ...PortOption) *PortAllocator {
 	t.Helper()
 	a, err := NewPortAllocator(append([]PortOption{WithPerturbSeed(1)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a
+}
+
+func newSharedAlloc(t *testing.T, opts ...PortOption) (*PortAllocator, *Table[int]) {
+	t.Helper()
+	a := newTestAlloc(t, opts...)
 	return a, New[int](WithPortAllocator(a))
 }
 
@@ -181,7 +189,19 @@ func TestConnectFuncHoldsPortWhileRunning(t *testing.T) {
 func TestBindConnectRace(t *testing.T) {
 	a, tab := newSharedAlloc(t, WithPortRange(PortRange{41000, 41015}))
 	local := netip.MustParseAddr("127.0.0.1")
-	const rounds = 300
+	raceHoldsAndConnects(t, a, tab, local, 300, func(i int, p uint16) {
+		if rel, err := a.Bind(netip.AddrPortFrom(local, p)); err == nil {
+			rel()
+		}
+	})
+}
+
+// raceHoldsAndConnects runs two goroutines that connect from local in tab
+// and two that call hold for rounds ports of a's range, and fails the test
+// if a flow's port was held for its address while the flow was in the
+// table, or if a flow is left counted.
+func raceHoldsAndConnects(t *testing.T, a *PortAllocator, tab *Table[int], local netip.Addr, rounds int, hold func(i int, p uint16)) {
+	t.Helper()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var bad []Tuple
@@ -190,30 +210,33 @@ func TestBindConnectRace(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range rounds {
-				if g%2 == 0 {
-					remote := netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), uint16(1+i%3))
-					tup, err := tab.Connect(nil, local, remote, valPtr(i))
-					if err != nil {
-						continue
-					}
+				if g%2 == 1 {
+					hold(i, a.rng.Low+uint16((i*7+g)%a.rng.Size()))
+					continue
+				}
+				remote := netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), uint16(1+i%3))
+				tup, err := tab.Connect(nil, local, remote, valPtr(i))
+				if err != nil {
+					continue
+				}
+				// N.B. checked twice: a hold that went ahead unseen
+				// may be taken only after the first.
+				for range 2 {
 					if a.heldFor(local, tup.Local.Port()) {
 						mu.Lock()
 						bad = append(bad, tup)
 						mu.Unlock()
+						break
 					}
-					tab.Delete(tup)
-					continue
+					runtime.Gosched()
 				}
-				p := uint16(41000 + (i*7+g)%16)
-				if rel, err := a.Bind(netip.AddrPortFrom(local, p)); err == nil {
-					rel()
-				}
+				tab.Delete(tup)
 			}
 		}()
 	}
 	wg.Wait()
 	for _, tup := range bad {
-		t.Errorf("flow %v connected while its port was bound", tup)
+		t.Errorf("flow %v connected while its port was held", tup)
 	}
 	if tab.Len() != 0 || a.used.n.Load() != 0 {
 		t.Errorf("after the race: %d flows, %d counted", tab.Len(), a.used.n.Load())

@@ -41,7 +41,9 @@ import (
 //   - Each port slot lists the listeners of its ports, for bind conflicts;
 //     Listen and release hold its mu around their chain work.
 //
-// Lock order: a port slot's mu, then a stripe's mu. Lookups take none.
+// Lock order: a port slot's mu, then a stripe's mu; in a table made
+// WithPortAllocator, also a port slot's mu, then the allocator's (see
+// portuse.go). Lookups take none.
 
 // listenerNullsBase is added to the bucket index of a listener chain to make
 // its nulls value, as the kernel's LISTENING_NULLS_BASE.
@@ -69,11 +71,12 @@ var wordsAny4 = addrWords(netip.IPv4Unspecified())
 //
 // Established connections are a [Table] ([TCPTable.Established]).
 // [TCPTable.Listen] accepts and refuses listeners as Linux's bind() and
-// listen() do. A listener on an IPv4-mapped address (::ffff:a.b.c.d) is an
-// IPv6 socket: it takes IPv4 segments to a.b.c.d unless an IPv4 listener is
-// there. [TCPTable.Lookup] takes no lock and never allocates; all methods are
-// safe for concurrent use; make one with [NewTCPTable]. Devices, network
-// namespaces and CPUs are not modelled.
+// listen() do; made [WithPortAllocator](a), its listeners also hold their
+// ports in a's bind table. A listener on an IPv4-mapped address
+// (::ffff:a.b.c.d) is an IPv6 socket: it takes IPv4 segments to a.b.c.d
+// unless an IPv4 listener is there. [TCPTable.Lookup] takes no lock and
+// never allocates; all methods are safe for concurrent use; make one with
+// [NewTCPTable]. Devices, network namespaces and CPUs are not modelled.
 type TCPTable[T any] struct {
 	est    *Table[T]
 	lb     buckets // listener chains (nulls base 2^29), keyed by the port+address hash
@@ -87,6 +90,10 @@ type TCPTable[T any] struct {
 
 	restarts atomic.Uint64 // listener walks started again
 	listens  atomic.Uint64 // listen sequence numbers
+
+	// owner holds the listeners' ports in the allocator of a table made
+	// WithPortAllocator, or is nil.
+	owner *bindOwner
 
 	hooks *testHooks // nil but in tests: visit and matched
 }
@@ -150,7 +157,9 @@ func (f tcpFast) update(l *tcpListener, had bool) tcpFast {
 // apply to the established Table; the listener table gets as many buckets
 // and lock stripes, and Secret.Seed, folded to 32 bits, stands for
 // net_hash_mix in its port+address hash (IPv4PortaddrHash,
-// IPv6PortaddrHash).
+// IPv6PortaddrHash). [WithPortAllocator](a) also makes the listeners hold
+// their ports in a (see [TCPTable.Listen]); NewTCPTable panics if a serves
+// a UDPTable, as TCP and UDP ports are separate spaces.
 func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 	var ok []Option
 	for _, o := range opts {
@@ -166,16 +175,20 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 	t.ports = make([]tcpPort[T], len(t.lb.heads))
 	t.mix = portaddrMix(&t.est.secret)
 	t.anyMix = JHash1Word(0, t.mix)
+	if a := t.est.alloc; a != nil {
+		t.owner = a.share("NewTCPTable", "TCP")
+	}
 	return t
 }
 
 // Established returns the table of established connections. Flows inserted
 // into it, directly or by its Connect, are found by Lookup before any
-// listener. Connect sees no listener: to keep it off a listener's port, as the
-// kernel's bind table does, hold the port with PortAllocator.Bind as well (for
-// a listener on :: that is not IPv6-only, which takes IPv4 segments too, bind
-// both :: and 0.0.0.0 on its port). Its Stats count the listeners' nodes among
-// Nodes, since listeners share its node store.
+// listener. In a table made [WithPortAllocator](a), the flows and the
+// listeners share a's bind table: Connect skips a listener's port for the
+// addresses it conflicts with, as the kernel's connect() skips a bound
+// port, and Listen refuses the ports flows use (see [TCPTable.Listen]);
+// without an allocator, Connect sees no listener. Its Stats count the
+// listeners' nodes among Nodes, since listeners share its node store.
 func (t *TCPTable[T]) Established() *Table[T] {
 	if t.est == nil {
 		panic(zeroTCPTable)
@@ -253,6 +266,21 @@ func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMe
 // reuse), [ErrInvalidAddr] for an invalid address, port 0, or [WithIPv6Only]
 // on an IPv4 or IPv4-mapped address, [ErrNilValue] for a nil v and
 // [ErrTableFull] if the node store is exhausted; on error nothing changes.
+//
+// In a table made [WithPortAllocator](a), the listener also holds its
+// address and port in a until released (:: not IPv6-only holds :: and
+// 0.0.0.0): Connect of every table sharing a skips the port for
+// conflicting addresses, and a.Bind and a.BindEphemeral refuse and skip
+// it. Listen then also returns ErrPortInUse where a.Bind or another
+// table's listener holds the port for a conflicting address, as bind()
+// meets a socket without SO_REUSEADDR; and, unless [WithReuseAddr], where
+// a flow of a table sharing a uses it from one, as bind() meets a
+// connected socket (inet_csk_bind_conflict): not knowing a flow's options,
+// the allocator counts it as a socket that set SO_REUSEADDR (as a
+// listener's accepted connections do) and not SO_REUSEPORT. A listener joining the reuseport
+// group that holds its port skips the flows, as the kernel's fast path
+// (sk_reuseport_match) skips the check. Listen and release then also take
+// a's lock.
 func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (release func(), err error) {
 	if t.est == nil {
 		panic(zeroTCPTable)
@@ -282,11 +310,21 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	fast, had := ps.fast[port]
-	if !fast.match(l) {
+	fastOK := fast.match(l)
+	if !fastOK {
 		for _, o := range ps.ls {
 			if o.port == port && addrEqual(l.addr, o.addr, true) && !(l.reuse && o.reuse) {
 				return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, local)
 			}
+		}
+	}
+	unhold := func() {}
+	if t.owner != nil {
+		// N.B. the fast path skips the flows as inet_csk_get_port skips
+		// inet_csk_bind_conflict, accepted connections included; see
+		// Listen for the flows' options.
+		if unhold, err = t.est.alloc.holdSocket(t.owner, local, heldAddrs(addr, v6only), fastOK || cfg.reuseAddr); err != nil {
+			return nil, err
 		}
 	}
 	word := t.listens.Add(1) << listenSeqShift
@@ -306,6 +344,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	i, ok := t.est.nodes.get(&st.cache)
 	if !ok {
 		st.mu.Unlock()
+		unhold()
 		return nil, ErrTableFull
 	}
 	e := t.est.nodes.at(i)
@@ -340,8 +379,20 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 				delete(ps.fast, port) // the bind bucket goes with its last owner
 			}
 			t.unlisten(h, i)
+			unhold()
 		})
 	}, nil
+}
+
+// heldAddrs returns the addresses, in the allocator's terms, that a socket
+// bound to addr (normalized: IPv4, IPv6 or IPv4-mapped) holds its port for
+// in a shared allocator: addr, and for a dual-stack :: also 0.0.0.0, since
+// it takes IPv4 packets and conflicts with IPv4 binds.
+func heldAddrs(addr netip.Addr, v6only bool) []netip.Addr {
+	if addr.Is6() && !addr.Is4In6() && addr.IsUnspecified() && !v6only {
+		return []netip.Addr{addr, netip.IPv4Unspecified()}
+	}
+	return []netip.Addr{addr}
 }
 
 // unlisten removes the listener in node i from the chain of hash h, as the

@@ -53,7 +53,9 @@ import (
 //     Lookup reads hash4 only when that count is not zero.
 //
 // Lock order: UDPSocket.mu, a primary slot's mu, a hash2 slot's mu, a hash4
-// stripe's mu. Lookups take none of them.
+// stripe's mu; in a table made WithPortAllocator, also UDPSocket.mu or a
+// primary slot's mu, then the allocator's (see portuse.go). Lookups take
+// none of them.
 
 // UDPTable finds the UDP socket that owns a received packet, as Linux's UDP
 // tables do: the connected socket with the packet's exact 4-tuple, else the
@@ -82,6 +84,11 @@ type UDPTable[T any] struct {
 
 	ids      atomic.Uint64 // bind sequence numbers
 	restarts atomic.Uint64 // hash4 walks started again
+
+	// alloc is the allocator of a table made WithPortAllocator, or nil;
+	// owner holds the sockets' ports in it.
+	alloc *PortAllocator
+	owner *bindOwner
 
 	// hash4Off, set only by tests and benchmarks before the table is used,
 	// makes Lookup skip step 1 (hash4).
@@ -123,6 +130,7 @@ type UDPSocket[T any] struct {
 
 	mu     sync.Mutex // serializes Connect, Disconnect and Close
 	closed bool
+	unhold func() // releases the port's hold in the table's allocator, if any
 	// b is the socket's binding. N.B. written under mu and the lock of
 	// its primary slot, read under either.
 	b *udpBinding[T]
@@ -167,9 +175,12 @@ type udpPeer struct {
 // NewUDPTable returns an empty table. [WithCapacity] sets the number of hash2
 // slots, which is also the number of hash4 chains, rounded up to a power of
 // two (default 1024); [WithLockStripes] the number of hash4 writer locks;
-// [WithSecret] the keys of the hashes. It panics, as [New] does, for bad
-// option values, and for [WithHasher] and [WithFixedBuckets], which do not
-// apply: the tables keep the size they are made with, as the kernel's do.
+// [WithSecret] the keys of the hashes; [WithPortAllocator](a) makes the
+// sockets hold their ports in a (see [UDPTable.Bind]). It panics, as [New]
+// does, for bad option values, for [WithHasher] and [WithFixedBuckets],
+// which do not apply: the tables keep the size they are made with, as the
+// kernel's do, and for an allocator that serves a TCPTable, as TCP and UDP
+// ports are separate spaces.
 func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	cfg := tableConfig{capacity: 1024}
 	for _, o := range opts {
@@ -190,6 +201,9 @@ func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	t.slots = make([]udpSlot[T], len(t.h4.heads))
 	t.ports = make([]udpPort[T], len(t.h4.heads))
 	t.mask = t.h4.mask
+	if cfg.alloc != nil {
+		t.alloc, t.owner = cfg.alloc, cfg.alloc.share("NewUDPTable", "UDP")
+	}
 	// Bindings' nodes are carved in chunks of a 64th of the buckets, as a
 	// Table's nodes beyond its home slots (New).
 	t.nodes.setChunk(len(t.h4.heads) / 64)
@@ -233,6 +247,19 @@ func (t *UDPTable[T]) newBinding(s *UDPSocket[T], addr netip.Addr) *udpBinding[T
 // where Linux's bind() does (udp_lib_lport_inuse), ErrInvalidAddr for an
 // invalid address, port 0, or [WithIPv6Only] on an IPv4 or IPv4-mapped
 // address, and [ErrNilValue] for a nil v; on error nothing changes.
+//
+// In a table made [WithPortAllocator](a), the socket also holds its port
+// in a until [UDPSocket.Close], for the address Bind was given (:: not
+// IPv6-only holds :: and 0.0.0.0; the hold stays there after a connect
+// fixes a wildcard socket's address, where Linux would check later binds
+// against the new one): Connect of every table sharing a skips the port
+// for conflicting addresses, and a.Bind and a.BindEphemeral refuse and
+// skip it. Bind then also fails with ErrPortInUse where a.Bind or another
+// table's socket holds the port for a conflicting address; and, unless
+// [WithReuseAddr], where a flow of a table sharing a uses it from one
+// (udp_lib_lport_inuse): not knowing a flow's options, the allocator
+// counts it as a socket that set SO_REUSEADDR and not SO_REUSEPORT. Bind and Close
+// then also take a's lock.
 func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDPSocket[T], error) {
 	if t.slots == nil {
 		panic(zeroUDPTable)
@@ -267,9 +294,18 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	if t.inUse(ps, b) {
 		return nil, fmt.Errorf("%w: %v", ErrPortInUse, local)
 	}
+	if t.owner != nil {
+		var err error
+		if s.unhold, err = t.alloc.holdSocket(t.owner, local, heldAddrs(addr, s.v6only), cfg.reuseAddr); err != nil {
+			return nil, err
+		}
+	}
 	if b.hasNode {
 		i, ok := t.getNode(b.h2)
 		if !ok {
+			if s.unhold != nil {
+				s.unhold()
+			}
 			return nil, ErrTableFull
 		}
 		b.node = i

@@ -233,6 +233,9 @@ func (s *UDPSocket[T]) Close() error {
 	if b.hasNode {
 		t.putNode(b.h2, b.node)
 	}
+	if s.unhold != nil {
+		s.unhold()
+	}
 	return nil
 }
 
