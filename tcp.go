@@ -268,19 +268,12 @@ func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMe
 // [ErrTableFull] if the node store is exhausted; on error nothing changes.
 //
 // In a table made [WithPortAllocator](a), the listener also holds its
-// address and port in a until released (:: not IPv6-only holds :: and
-// 0.0.0.0): Connect of every table sharing a skips the port for
-// conflicting addresses, and a.Bind and a.BindEphemeral refuse and skip
-// it. Listen then also returns ErrPortInUse where a.Bind or another
-// table's listener holds the port for a conflicting address, as bind()
-// meets a socket without SO_REUSEADDR; and, unless [WithReuseAddr], where
-// a flow of a table sharing a uses it from one, as bind() meets a
-// connected socket (inet_csk_bind_conflict): not knowing a flow's options,
-// the allocator counts it as a socket that set SO_REUSEADDR (as a
-// listener's accepted connections do) and not SO_REUSEPORT. A listener joining the reuseport
-// group that holds its port skips the flows, as the kernel's fast path
-// (sk_reuseport_match) skips the check. Listen and release then also take
-// a's lock.
+// port in a's bind table until released, as a listening socket does in
+// Linux's: Connect skips the port and a.Bind refuses it; and Listen also
+// returns ErrPortInUse where a.Bind or another table's listener holds the
+// port, or, unless [WithReuseAddr], where a flow of the tables sharing a
+// uses it, from a conflicting address (docs/design.md, "The bind table",
+// has the rules). Listen and release then also take a's lock.
 func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (release func(), err error) {
 	if t.est == nil {
 		panic(zeroTCPTable)

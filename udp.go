@@ -249,17 +249,9 @@ func (t *UDPTable[T]) newBinding(s *UDPSocket[T], addr netip.Addr) *udpBinding[T
 // address, and [ErrNilValue] for a nil v; on error nothing changes.
 //
 // In a table made [WithPortAllocator](a), the socket also holds its port
-// in a until [UDPSocket.Close], for the address Bind was given (:: not
-// IPv6-only holds :: and 0.0.0.0; the hold stays there after a connect
-// fixes a wildcard socket's address, where Linux would check later binds
-// against the new one): Connect of every table sharing a skips the port
-// for conflicting addresses, and a.Bind and a.BindEphemeral refuse and
-// skip it. Bind then also fails with ErrPortInUse where a.Bind or another
-// table's socket holds the port for a conflicting address; and, unless
-// [WithReuseAddr], where a flow of a table sharing a uses it from one
-// (udp_lib_lport_inuse): not knowing a flow's options, the allocator
-// counts it as a socket that set SO_REUSEADDR and not SO_REUSEPORT. Bind and Close
-// then also take a's lock.
+// in a's bind table until [UDPSocket.Close], for the address Bind was
+// given, as [TCPTable.Listen] does, with the same refusals (docs/design.md,
+// "The bind table", has the rules). Bind and Close then also take a's lock.
 func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDPSocket[T], error) {
 	if t.slots == nil {
 		panic(zeroUDPTable)
