@@ -15,7 +15,7 @@ package hash4
 // (anchored: a bare 'Lookup' also matches other files' benchmarks).
 //
 // Every implementation gets the same keys: n distinct Tuples, half IPv4 and
-// half IPv6, generated deterministically (see benchKeySet). Key sets are
+// half IPv6, generated deterministically (see benchkit.Keys). Key sets are
 // built once per size, and a prefilled map is kept for the run of one
 // sub-benchmark (all its -count repetitions run back to back), so the cost of
 // filling a 1M-entry map is paid once per sub-benchmark and outside the
@@ -24,42 +24,33 @@ package hash4
 import (
 	"fmt"
 	"math/rand/v2"
-	"net/netip"
-	"runtime"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/hash4/hash4/internal/benchkit"
 )
 
 // benchSecret fixes bucket placement so that runs are comparable.
 var benchSecret = Secret{Ehash: 0x9e3779b9, Ehash6Addr: 0x7f4a7c15, Seed: 0x243f6a8885a308d3}
 
-// benchVal is the value type stored by every implementation.
-type benchVal struct{ n int }
+// benchVal, benchMap and benchKeySet are the harness's value, map adapter
+// and key set (see package benchkit), keyed by Tuple.
+type (
+	benchVal    = benchkit.Val
+	benchMap    = benchkit.Map[Tuple]
+	benchKeySet = benchkit.KeySet[Tuple]
+)
 
-// benchMap is the adapter over the implementations compared. Insert is only
-// called for absent keys.
-type benchMap interface {
-	Lookup(Tuple) (*benchVal, bool)
-	Insert(Tuple, *benchVal)
-	Delete(Tuple) (*benchVal, bool)
-}
-
-type benchImpl struct {
-	name string
-	new  func(n int) benchMap
-}
-
-var benchImpls = []benchImpl{
-	{"hash4", func(n int) benchMap {
+var benchImpls = []benchkit.Impl[Tuple]{
+	{Name: "hash4", New: func(n int) benchMap {
 		return benchHash4{New[benchVal](WithCapacity(n), WithSecret(benchSecret))}
 	}},
-	{"syncmap", func(int) benchMap { return new(benchSyncMap) }},
+	{Name: "syncmap", New: func(int) benchMap { return new(benchkit.SyncMap[Tuple]) }},
 }
 
+// benchHash4 is the adapter over Table.
 type benchHash4 struct{ t *Table[benchVal] }
 
 func (m benchHash4) Lookup(k Tuple) (*benchVal, bool) { return m.t.Lookup(k) }
@@ -70,206 +61,11 @@ func (m benchHash4) Insert(k Tuple, v *benchVal) {
 	}
 }
 
-type benchSyncMap struct{ m sync.Map }
-
-func (m *benchSyncMap) Lookup(k Tuple) (*benchVal, bool) {
-	v, ok := m.m.Load(k)
-	if !ok {
-		return nil, false
-	}
-	return v.(*benchVal), true
-}
-
-func (m *benchSyncMap) Delete(k Tuple) (*benchVal, bool) {
-	v, ok := m.m.LoadAndDelete(k)
-	if !ok {
-		return nil, false
-	}
-	return v.(*benchVal), true
-}
-
-func (m *benchSyncMap) Insert(k Tuple, v *benchVal) { m.m.Store(k, v) }
-
-// benchSizes are the table sizes benchmarked.
-var benchSizes = []struct {
-	name string
-	n    int
-}{
-	{"1K", 1 << 10},
-	{"1M", 1 << 20},
-}
-
-// benchViews is the number of differently shuffled copies of the keys that
-// benchmarks walk in turn (see benchWalk).
-const benchViews = 4
-
-// benchKeySet is the keys of one size, one value per key, the order in which
-// maps are filled, and the orders in which benchmarks visit keys.
-//
-// N.B. an implementation that allocates a node per insert places nodes in
-// insertion order, and nodes visited in that order again are found side by
-// side in memory, a locality real traffic does not have. So maps are filled
-// in an order of their own (fill), and benchmarks walk the keys through
-// views, each shuffled independently: a pass over one view visits keys in an
-// order unrelated to that of the pass before, during which delete+insert
-// reallocated nodes. Walking a view is sequential in memory, so fetching the
-// next key costs what reading a packet header in cache would, the same for
-// every implementation.
-type benchKeySet struct {
-	keys  []Tuple
-	vals  []benchVal // vals[i] is the value of keys[i]
-	fill  []int      // a permutation of the indexes of keys
-	views [benchViews][]Tuple
-}
-
-var benchKeyCache struct {
-	sync.Mutex
-	m map[int]*benchKeySet
-}
-
-// benchKeys returns n distinct valid tuples, half IPv4 and half IPv6, in a
-// random but fixed order, built once per n.
-func benchKeys(n int) *benchKeySet {
-	benchKeyCache.Lock()
-	defer benchKeyCache.Unlock()
-	if ks := benchKeyCache.m[n]; ks != nil {
-		return ks
-	}
-	ks := &benchKeySet{keys: make([]Tuple, n), vals: make([]benchVal, n)}
-	r := rand.New(rand.NewPCG(1, uint64(n)))
-	for i := range ks.keys {
-		ks.keys[i] = benchTuple(r, i, i%2 == 0)
-		ks.vals[i].n = i
-	}
-	r.Shuffle(n, func(i, j int) {
-		ks.keys[i], ks.keys[j] = ks.keys[j], ks.keys[i]
-	})
-	ks.fill = r.Perm(n)
-	ks.views[0] = ks.keys // already in an order unrelated to fill
-	for v := 1; v < benchViews; v++ {
-		view := slices.Clone(ks.keys)
-		r.Shuffle(n, func(i, j int) { view[i], view[j] = view[j], view[i] })
-		ks.views[v] = view
-	}
-	if benchKeyCache.m == nil {
-		benchKeyCache.m = make(map[int]*benchKeySet)
-	}
-	benchKeyCache.m[n] = ks
-	return ks
-}
-
-// benchFmix32 is MurmurHash3's finalizer: a bijection of uint32 with
-// fmix32(x) == 0 only for x == 0.
-func benchFmix32(x uint32) uint32 {
-	x ^= x >> 16
-	x *= 0x85ebca6b
-	x ^= x >> 13
-	x *= 0xc2b2ae35
-	x ^= x >> 16
-	return x
-}
-
-// benchTuple returns the i'th key of a family: a server address and port
-// from a small set, and a peer whose address is unique per i (so keys are
-// distinct without a dedup pass) with a random ephemeral port.
-func benchTuple(r *rand.Rand, i int, v4 bool) Tuple {
-	lport := [...]uint16{443, 80, 8443, 22}[r.IntN(4)]
-	rport := uint16(1024 + r.IntN(65536-1024))
-	u := benchFmix32(uint32(i) + 1) // nonzero, distinct per i
-	if v4 {
-		local := netip.AddrFrom4([4]byte{192, 0, 2, byte(1 + r.IntN(4))})
-		remote := netip.AddrFrom4([4]byte{byte(u >> 24), byte(u >> 16), byte(u >> 8), byte(u)})
-		return Tuple{netip.AddrPortFrom(local, lport), netip.AddrPortFrom(remote, rport)}
-	}
-	var l, rem [16]byte
-	copy(l[:], []byte{0x20, 0x01, 0x0d, 0xb8})
-	l[15] = byte(1 + r.IntN(4))
-	rem[0] = 0x20
-	rem[1] = 0x01
-	for j := 2; j < 12; j++ {
-		rem[j] = byte(r.Uint32())
-	}
-	rem[12], rem[13], rem[14], rem[15] = byte(u>>24), byte(u>>16), byte(u>>8), byte(u)
-	return Tuple{
-		netip.AddrPortFrom(netip.AddrFrom16(l), lport),
-		netip.AddrPortFrom(netip.AddrFrom16(rem), rport),
-	}
-}
-
-// benchFilled is the one prefilled map kept between runs of a
-// sub-benchmark; benchmarks leave it holding every key.
-var benchFilled struct {
-	impl string
-	n    int
-	m    benchMap
-}
-
-// benchPrefilled returns a map of impl holding all n keys, inserted into an
-// empty map in ks.fill order, and the keys. It stops the timer while it
-// builds one; the caller resets it.
-func benchPrefilled(b *testing.B, impl benchImpl, n int) (benchMap, *benchKeySet) {
-	b.StopTimer()
-	defer b.StartTimer()
-	ks := benchKeys(n)
-	if benchFilled.m != nil && benchFilled.impl == impl.name && benchFilled.n == n {
-		return benchFilled.m, ks
-	}
-	benchFilled.m = nil
-	m := impl.new(n)
-	for _, i := range ks.fill {
-		m.Insert(ks.keys[i], &ks.vals[i])
-	}
-	benchFilled.impl, benchFilled.n, benchFilled.m = impl.name, n, m
-	runtime.GC() // the fill's garbage is not the benchmark's
-	return m, ks
-}
-
-// benchEach runs body for every size and implementation, on a prefilled
-// map, reporting allocations if allocs is set.
-func benchEach(b *testing.B, allocs bool, body func(b *testing.B, m benchMap, ks *benchKeySet)) {
-	for _, sz := range benchSizes {
-		for _, impl := range benchImpls {
-			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl.name), func(b *testing.B) {
-				if allocs {
-					b.ReportAllocs()
-				}
-				m, ks := benchPrefilled(b, impl, sz.n)
-				b.ResetTimer()
-				body(b, m, ks)
-			})
-		}
-	}
-}
-
-// benchWalk is the order in which one RunParallel goroutine visits keys:
-// each view in turn from start to end (see benchKeySet), starting in a view
-// and at an offset of its own. No counter is shared between goroutines.
-type benchWalk struct {
-	g    uint64 // the goroutine's number, from 1
-	ks   *benchKeySet
-	view int
-	cur  []Tuple
-	i    int
-}
-
-// newBenchWalk returns the walk of the next goroutine to call it; gid
-// numbers them.
-func newBenchWalk(gid *atomic.Uint64, ks *benchKeySet) *benchWalk {
-	g := gid.Add(1)
-	w := &benchWalk{g: g, ks: ks, view: int(g % benchViews)}
-	w.cur = ks.views[w.view]
-	w.i = rand.New(rand.NewPCG(g, 0x5eed)).IntN(len(w.cur))
-	return w
-}
-
-// next returns the next key to visit.
-func (w *benchWalk) next() *Tuple {
-	k := &w.cur[w.i]
-	if w.i++; w.i == len(w.cur) {
-		w.i, w.view = 0, (w.view+1)%benchViews
-		w.cur = w.ks.views[w.view]
-	}
-	return k
+// benchEach runs body for every size of benchkit.Sizes and implementation
+// of benchImpls, on a prefilled map, reporting allocations if allocs is
+// set.
+func benchEach(b *testing.B, allocs bool, body benchkit.Body[Tuple]) {
+	benchkit.Each(b, benchImpls, allocs, benchkit.FilledOnce, body)
 }
 
 // BenchmarkSyncMap measures hash4 and sync.Map side by side, the one
@@ -282,26 +78,10 @@ func BenchmarkSyncMap(b *testing.B) {
 	for _, op := range []struct {
 		name   string
 		allocs bool
-		body   func(*testing.B, benchMap, *benchKeySet)
-	}{{"lookup", false, benchLookups}, {"mixed", true, benchMixed}, {"churn", true, benchChurn}} {
+		body   benchkit.Body[Tuple]
+	}{{"lookup", false, benchkit.Lookups[Tuple]}, {"mixed", true, benchkit.Mixed[Tuple]}, {"churn", true, benchkit.Churn[Tuple]}} {
 		b.Run("op="+op.name, func(b *testing.B) { benchEach(b, op.allocs, op.body) })
 	}
-}
-
-// benchLookups looks up the keys of ks in m, which holds them all.
-func benchLookups(b *testing.B, m benchMap, ks *benchKeySet) {
-	var gid atomic.Uint64
-	b.RunParallel(func(pb *testing.PB) {
-		w, misses := newBenchWalk(&gid, ks), 0
-		for pb.Next() {
-			if _, ok := m.Lookup(*w.next()); !ok {
-				misses++
-			}
-		}
-		if misses > 0 {
-			b.Errorf("%d lookups of present keys missed", misses)
-		}
-	})
 }
 
 // BenchmarkLookupChained measures lookup hits on one goroutine, in two
@@ -319,7 +99,7 @@ func BenchmarkLookupChained(b *testing.B) {
 				name = "deps=chained"
 			}
 			b.Run(name, func(b *testing.B) {
-				keys := ks.views[1]
+				keys := ks.Views[1]
 				i := 0
 				for range b.N {
 					v, ok := m.Lookup(keys[i])
@@ -401,44 +181,6 @@ func BenchmarkMemoryReads(b *testing.B) {
 	}
 }
 
-// benchMixed runs 90% lookups and 10% delete+insert of the same key (one
-// op each), so that occupancy stays constant, on m, which holds the keys of
-// ks.
-func benchMixed(b *testing.B, m benchMap, ks *benchKeySet) {
-	var gid atomic.Uint64
-	b.RunParallel(func(pb *testing.PB) {
-		w, c := newBenchWalk(&gid, ks), 10
-		for pb.Next() {
-			k := w.next()
-			if c--; c == 0 {
-				c = 10
-				// Another goroutine may hold this key deleted for a
-				// moment: reinsert only what this one removed.
-				if v, ok := m.Delete(*k); ok {
-					m.Insert(*k, v)
-				}
-			} else {
-				m.Lookup(*k)
-			}
-		}
-	})
-}
-
-// benchChurn runs delete+insert pairs (one op each) on m, which holds the
-// keys of ks.
-func benchChurn(b *testing.B, m benchMap, ks *benchKeySet) {
-	var gid atomic.Uint64
-	b.RunParallel(func(pb *testing.PB) {
-		w := newBenchWalk(&gid, ks)
-		for pb.Next() {
-			k := w.next()
-			if v, ok := m.Delete(*k); ok {
-				m.Insert(*k, v)
-			}
-		}
-	})
-}
-
 // BenchmarkLockStripes measures Mixed 90/10 and Churn in small tables of
 // hash4 with the stripe counts from one to the default, to choose
 // WithLockStripes by: fewer stripes hold fewer bytes per entry in a small
@@ -446,22 +188,19 @@ func benchChurn(b *testing.B, m benchMap, ks *benchKeySet) {
 func BenchmarkLockStripes(b *testing.B) {
 	ops := []struct {
 		name string
-		body func(*testing.B, benchMap, *benchKeySet)
-	}{{"mixed", benchMixed}, {"churn", benchChurn}}
-	for _, sz := range []struct {
-		name string
-		n    int
-	}{{"1K", 1 << 10}, {"4K", 1 << 12}} {
-		ks := benchKeys(sz.n)
+		body benchkit.Body[Tuple]
+	}{{"mixed", benchkit.Mixed[Tuple]}, {"churn", benchkit.Churn[Tuple]}}
+	for _, sz := range []benchkit.Size{{Name: "1K", N: 1 << 10}, {Name: "4K", N: 1 << 12}} {
+		ks := benchkit.Keys[Tuple](sz.N)
 		for _, stripes := range []int{1, 2, 4, 16, 64} {
-			tab := New[benchVal](WithCapacity(sz.n), WithSecret(benchSecret), WithLockStripes(stripes))
-			for _, i := range ks.fill {
-				if err := tab.Insert(ks.keys[i], &ks.vals[i]); err != nil {
+			tab := New[benchVal](WithCapacity(sz.N), WithSecret(benchSecret), WithLockStripes(stripes))
+			for _, i := range ks.Fill {
+				if err := tab.Insert(ks.Keys[i], &ks.Vals[i]); err != nil {
 					b.Fatal(err)
 				}
 			}
 			for _, op := range ops {
-				b.Run(fmt.Sprintf("op=%s/n=%s/stripes=%d", op.name, sz.name, stripes), func(b *testing.B) {
+				b.Run(fmt.Sprintf("op=%s/n=%s/stripes=%d", op.name, sz.Name, stripes), func(b *testing.B) {
 					b.ReportAllocs()
 					op.body(b, benchHash4{tab}, ks)
 				})
@@ -483,7 +222,7 @@ func BenchmarkHashTuple(b *testing.B) {
 		r := rand.New(rand.NewPCG(2, 0))
 		keys := make([]Tuple, nkeys)
 		for i := range keys {
-			keys[i] = benchTuple(r, i, fam.v4)
+			keys[i] = benchkit.Key[Tuple](r, i, fam.v4)
 		}
 		for _, h := range []Hasher{LinuxHasher, XXH3Hasher} {
 			b.Run(fmt.Sprintf("family=%s/hasher=%s", fam.name, h), func(b *testing.B) {
@@ -504,18 +243,18 @@ func BenchmarkHashTuple(b *testing.B) {
 // stopped, up to 64 at a time, as stopping the timer reads the memory
 // statistics, which costs more than a Grow of a small table.
 func BenchmarkGrow(b *testing.B) {
-	for _, sz := range benchSizes {
-		b.Run("n="+sz.name, func(b *testing.B) {
-			ks := benchKeys(sz.n)
-			batch := max(1, min(64, (1<<16)/sz.n))
+	for _, sz := range benchkit.Sizes {
+		b.Run("n="+sz.Name, func(b *testing.B) {
+			ks := benchkit.Keys[Tuple](sz.N)
+			batch := max(1, min(64, (1<<16)/sz.N))
 			var tabs []*Table[benchVal]
 			for i := 0; i < b.N; i++ {
 				if len(tabs) == 0 {
 					b.StopTimer()
 					for range min(batch, b.N-i) {
-						tab := New[benchVal](WithCapacity(sz.n), WithSecret(benchSecret))
-						for _, j := range ks.fill {
-							if err := tab.Insert(ks.keys[j], &ks.vals[j]); err != nil {
+						tab := New[benchVal](WithCapacity(sz.N), WithSecret(benchSecret))
+						for _, j := range ks.Fill {
+							if err := tab.Insert(ks.Keys[j], &ks.Vals[j]); err != nil {
 								b.Fatal(err)
 							}
 						}
@@ -523,13 +262,13 @@ func BenchmarkGrow(b *testing.B) {
 					}
 					b.StartTimer()
 				}
-				if err := tabs[len(tabs)-1].Grow(2 * sz.n); err != nil {
+				if err := tabs[len(tabs)-1].Grow(2 * sz.N); err != nil {
 					b.Fatal(err)
 				}
 				tabs[len(tabs)-1] = nil
 				tabs = tabs[:len(tabs)-1]
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.n), "ns/entry")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.N), "ns/entry")
 		})
 	}
 }
@@ -541,16 +280,16 @@ func BenchmarkGrow(b *testing.B) {
 // writes that overlapped it (writes/grow). The time per op is that of the
 // Grow alone; the tables are filled with the timer stopped.
 func BenchmarkGrowWriterWait(b *testing.B) {
-	for _, sz := range benchSizes {
-		b.Run("n="+sz.name, func(b *testing.B) {
-			ks := benchKeys(sz.n)
+	for _, sz := range benchkit.Sizes {
+		b.Run("n="+sz.Name, func(b *testing.B) {
+			ks := benchkit.Keys[Tuple](sz.N)
 			var worstSum time.Duration
 			var writes int
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				tab := New[benchVal](WithCapacity(sz.n), WithSecret(benchSecret))
-				for _, j := range ks.fill {
-					if err := tab.Insert(ks.keys[j], &ks.vals[j]); err != nil {
+				tab := New[benchVal](WithCapacity(sz.N), WithSecret(benchSecret))
+				for _, j := range ks.Fill {
+					if err := tab.Insert(ks.Keys[j], &ks.Vals[j]); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -565,7 +304,7 @@ func BenchmarkGrowWriterWait(b *testing.B) {
 						if first {
 							close(started)
 						}
-						k := &ks.keys[ks.fill[r.IntN(len(ks.fill))]]
+						k := &ks.Keys[ks.Fill[r.IntN(len(ks.Fill))]]
 						during := growing.Load()
 						t0 := time.Now()
 						if v, ok := tab.Delete(*k); ok {
@@ -583,7 +322,7 @@ func BenchmarkGrowWriterWait(b *testing.B) {
 				<-started
 				growing.Store(true)
 				b.StartTimer()
-				if err := tab.Grow(2 * sz.n); err != nil {
+				if err := tab.Grow(2 * sz.N); err != nil {
 					b.Fatal(err)
 				}
 				b.StopTimer()

@@ -29,28 +29,17 @@ package hash4
 // which the next Connect finds after a scan of half of it on average.
 
 import (
-	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/hash4/hash4/internal/benchkit"
 	"github.com/stretchr/testify/require"
 )
 
-var (
-	connBenchLocal  = netip.MustParseAddr("10.1.2.3")
-	connBenchRemote = netip.MustParseAddrPort("192.0.2.80:443")
-)
-
-// connBencher is one implementation of connect-and-delete.
-type connBencher interface {
-	connect() Tuple
-	delete(Tuple)
-	prefill(Tuple)
-}
-
 // connBenchTable is Table.connect with one of its strategies: hash4
-// (connectHashOnce, what Connect uses), rehash and locked.
+// (connectIndexed, what Connect uses), scan (connectHashOnce), rehash and
+// locked.
 type connBenchTable struct {
 	t        *Table[int]
 	a        *PortAllocator
@@ -58,56 +47,39 @@ type connBenchTable struct {
 	v        *int
 }
 
-func (c *connBenchTable) connect() Tuple {
-	tup, err := c.t.connect(c.a, connBenchLocal, connBenchRemote, c.v, c.strategy, nil)
+func (c *connBenchTable) Connect() uint16 {
+	tup, err := c.t.connect(c.a, benchkit.ConnLocal, benchkit.ConnRemote, c.v, c.strategy, nil)
 	if err != nil {
 		panic(err)
 	}
-	return tup
+	return tup.Local.Port()
 }
 
-func (c *connBenchTable) delete(tup Tuple) {
-	if _, ok := c.t.Delete(tup); !ok {
+func (c *connBenchTable) Delete(p uint16) {
+	if _, ok := c.t.Delete(benchkit.ConnTuple[Tuple](p)); !ok {
 		panic("not found")
 	}
 }
 
-func (c *connBenchTable) prefill(tup Tuple) {
-	if err := c.t.Insert(tup, c.v); err != nil {
+func (c *connBenchTable) Prefill(p uint16) {
+	if err := c.t.Insert(benchkit.ConnTuple[Tuple](p), c.v); err != nil {
 		panic(err)
 	}
 }
 
 var connBenchImpls = []struct {
 	name string
-	new  func(a *PortAllocator, n int) connBencher
+	new  func(a *PortAllocator, n int) benchkit.Conn
 }{
-	{"hash4", func(a *PortAllocator, n int) connBencher { return connBenchNewTable(a, n, connectIndexed) }},
-	{"scan", func(a *PortAllocator, n int) connBencher { return connBenchNewTable(a, n, connectHashOnce) }},
-	{"rehash", func(a *PortAllocator, n int) connBencher { return connBenchNewTable(a, n, connectRehash) }},
-	{"locked", func(a *PortAllocator, n int) connBencher { return connBenchNewTable(a, n, connectLocked) }},
+	{"hash4", func(a *PortAllocator, n int) benchkit.Conn { return connBenchNewTable(a, n, connectIndexed) }},
+	{"scan", func(a *PortAllocator, n int) benchkit.Conn { return connBenchNewTable(a, n, connectHashOnce) }},
+	{"rehash", func(a *PortAllocator, n int) benchkit.Conn { return connBenchNewTable(a, n, connectRehash) }},
+	{"locked", func(a *PortAllocator, n int) benchkit.Conn { return connBenchNewTable(a, n, connectLocked) }},
 }
 
-func connBenchNewTable(a *PortAllocator, n int, s connectStrategy) connBencher {
+func connBenchNewTable(a *PortAllocator, n int, s connectStrategy) benchkit.Conn {
 	t := New[int](WithCapacity(n), WithSecret(Secret{Ehash: 0x9e3779b9, Ehash6Addr: 0x7f4a7c15, Seed: 1}))
 	return &connBenchTable{t: t, a: a, strategy: s, v: new(int)}
-}
-
-// connBenchTuple returns the flow from local port p to the destination.
-func connBenchTuple(p uint16) Tuple {
-	return Tuple{Local: netip.AddrPortFrom(connBenchLocal, p), Remote: connBenchRemote}
-}
-
-// connBenchRand is xorshift64*, cheap enough not to show in the op.
-type connBenchRand uint64
-
-func (r *connBenchRand) next() uint64 {
-	x := uint64(*r)
-	x ^= x >> 12
-	x ^= x << 25
-	x ^= x >> 27
-	*r = connBenchRand(x)
-	return x * 0x2545f4914f6cdd1d
 }
 
 func BenchmarkConnect(b *testing.B) {
@@ -124,7 +96,7 @@ func BenchmarkConnect(b *testing.B) {
 					b.ReportAllocs()
 					b.ResetTimer()
 					for range b.N {
-						s.op()
+						s.Op()
 					}
 				})
 			}
@@ -132,65 +104,26 @@ func BenchmarkConnect(b *testing.B) {
 	}
 }
 
-// connBenchState is an implementation with a range occupied to a fraction,
-// and the live flows.
-type connBenchState struct {
-	c connBencher
-	r connBenchRand
-	// The live flows, by local port: the only part that differs. (A slice
-	// of whole Tuples would be 1.8 MB for the default range, and reading a
-	// random victim from it would miss the cache on every op.)
-	live []uint16
-}
-
 // newConnBenchState returns an implementation made by newImpl, with an
-// allocator over rng and a random occ per mille of rng in use, after a
-// warm-up of connBenchWarmup ops (in which Connect builds the index of a
-// busy destination, once).
-func newConnBenchState(newImpl func(*PortAllocator, int) connBencher, rng PortRange, policy Policy, occ int) *connBenchState {
+// allocator over rng and a random occ per mille of rng in use (see
+// benchkit.NewConnState), after a warm-up of connBenchWarmup ops (in which
+// Connect builds the index of a busy destination, once).
+func newConnBenchState(newImpl func(*PortAllocator, int) benchkit.Conn, rng PortRange, policy Policy, occ int) *benchkit.ConnState {
 	a, err := NewPortAllocator(WithPortRange(rng), WithPolicy(policy),
-		WithPortSecret(0x0123456789abcdef, 0xfedcba9876543210), WithPerturbSeed(7))
+		WithPortSecret(benchkit.ConnK0, benchkit.ConnK1), WithPerturbSeed(benchkit.ConnSeed))
 	if err != nil {
 		panic(err)
 	}
 	size := rng.Size()
-	s := &connBenchState{c: newImpl(a, size), r: 0x9e3779b97f4a7c15, live: make([]uint16, 0, size+1)}
-	ports := make([]uint16, 0, size)
-	for p := int(rng.Low); p <= int(rng.High); p++ {
-		ports = append(ports, uint16(p))
-	}
-	for i := len(ports) - 1; i > 0; i-- {
-		j := int(s.r.next() % uint64(i+1))
-		ports[i], ports[j] = ports[j], ports[i]
-	}
-	for _, p := range ports[:size*occ/1000] {
-		if policy == OddEven {
-			p = s.c.connect().Local.Port()
-		} else {
-			s.c.prefill(connBenchTuple(p))
-		}
-		s.live = append(s.live, p)
-	}
+	s := benchkit.NewConnState(newImpl(a, size), rng.Low, rng.High, policy == OddEven, size*occ/1000)
 	for range connBenchWarmup {
-		s.op()
+		s.Op()
 	}
 	return s
 }
 
 // connBenchWarmup is the number of ops newConnBenchState runs untimed.
 const connBenchWarmup = 100
-
-// op connects one flow, then deletes a random live one, and returns the
-// local port taken.
-func (s *connBenchState) op() uint16 {
-	p := s.c.connect().Local.Port()
-	s.live = append(s.live, p)
-	j := int(uint64(uint32(s.r.next())) * uint64(len(s.live)) >> 32) // in [0, len)
-	s.c.delete(connBenchTuple(s.live[j]))
-	s.live[j] = s.live[len(s.live)-1]
-	s.live = s.live[:len(s.live)-1]
-	return p
-}
 
 // TestConnectBenchImplsAgree checks the premise of BenchmarkConnect: every
 // implementation takes the same ports, so they do the same scans.
@@ -200,9 +133,9 @@ func TestConnectBenchImplsAgree(t *testing.T) {
 		s := newConnBenchState(impl.new, PortRange{40000, 41999}, Flat, 900)
 		var got []uint16
 		for range 1000 {
-			got = append(got, s.op())
+			got = append(got, s.Op())
 		}
-		require.Len(t, s.live, 1800, impl.name)
+		require.Len(t, s.Live, 1800, impl.name)
 		if want == nil {
 			want = got
 			continue

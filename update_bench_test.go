@@ -2,6 +2,8 @@ package hash4
 
 import (
 	"testing"
+
+	"github.com/hash4/hash4/internal/benchkit"
 )
 
 // BenchmarkStoreSwap compares the writes that replace a present value,
@@ -72,9 +74,9 @@ func BenchmarkConnectFunc(b *testing.B) {
 				var tup Tuple
 				var err error
 				if impl == "Connect" {
-					tup, err = tab.Connect(a, connBenchLocal, connBenchRemote, v)
+					tup, err = tab.Connect(a, benchkit.ConnLocal, benchkit.ConnRemote, v)
 				} else {
-					tup, _, err = tab.ConnectFunc(a, connBenchLocal, connBenchRemote, f)
+					tup, _, err = tab.ConnectFunc(a, benchkit.ConnLocal, benchkit.ConnRemote, f)
 				}
 				if err != nil {
 					b.Fatal(err)

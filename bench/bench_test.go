@@ -24,34 +24,19 @@ import (
 	"time"
 
 	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/internal/benchkit"
 	"github.com/puzpuzpuz/xsync/v4"
 )
 
 // BenchmarkLookup measures lookup hits in a map filled once.
 func BenchmarkLookup(b *testing.B) {
-	benchEach(b, false, filledOnce, benchLookups)
+	benchkit.Each(b, benchImpls, false, benchkit.FilledOnce, benchkit.Lookups[Tuple])
 }
 
 // BenchmarkLookupChurned measures lookup hits in a map whose keys all came
-// in through churn (filledByChurn).
+// in through churn (benchkit.FilledByChurn).
 func BenchmarkLookupChurned(b *testing.B) {
-	benchEach(b, false, filledByChurn, benchLookups)
-}
-
-// benchLookups looks up the keys of ks in m, which holds them all.
-func benchLookups(b *testing.B, m benchMap, ks *benchKeySet) {
-	var gid atomic.Uint64
-	b.RunParallel(func(pb *testing.PB) {
-		w, misses := newBenchWalk(&gid, ks), 0
-		for pb.Next() {
-			if _, ok := m.Lookup(*w.next()); !ok {
-				misses++
-			}
-		}
-		if misses > 0 {
-			b.Errorf("%d lookups of present keys missed", misses)
-		}
-	})
+	benchkit.Each(b, benchImpls, false, benchkit.FilledByChurn, benchkit.Lookups[Tuple])
 }
 
 // BenchmarkLookupChained measures lookup hits on one goroutine, in two
@@ -65,40 +50,7 @@ func benchLookups(b *testing.B, m benchMap, ks *benchKeySet) {
 // BenchmarkMixed measures 90% lookups and 10% delete+insert of the same key
 // (one op each), so that occupancy stays constant.
 func BenchmarkMixed(b *testing.B) {
-	benchEach(b, true, filledOnce, benchMixed)
-}
-
-// benchMixed runs BenchmarkMixed's ops on m, which holds the keys of ks.
-func benchMixed(b *testing.B, m benchMap, ks *benchKeySet) {
-	benchMixedParts(b, m, ks, true, true)
-}
-
-// benchMixedParts runs BenchmarkMixed's walk on m, doing its lookups only if
-// lookups is set and its delete+insert pairs only if churn is. A skipped op
-// still counts as one, and costs its step of the walk: so the two parts'
-// times, less once the time of the walk alone, add up to the whole's if
-// the two kinds of op do not slow each other down.
-func benchMixedParts(b *testing.B, m benchMap, ks *benchKeySet, lookups, churn bool) {
-	var gid atomic.Uint64
-	b.RunParallel(func(pb *testing.PB) {
-		w, c := newBenchWalk(&gid, ks), 10
-		for pb.Next() {
-			k := w.next()
-			if c--; c == 0 {
-				c = 10
-				// Another goroutine may hold this key deleted for a
-				// moment: reinsert only what this one removed.
-				if !churn {
-					continue
-				}
-				if v, ok := m.Delete(*k); ok {
-					m.Insert(*k, v)
-				}
-			} else if lookups {
-				m.Lookup(*k)
-			}
-		}
-	})
+	benchkit.Each(b, benchImpls, true, benchkit.FilledOnce, benchkit.Mixed[Tuple])
 }
 
 // BenchmarkMixedParts runs BenchmarkMixed at 1M entries, on hash4 and on
@@ -112,13 +64,13 @@ func BenchmarkMixedParts(b *testing.B) {
 		lookups, churn bool
 	}{{"all", true, true}, {"lookups", true, false}, {"churn", false, true}, {"none", false, false}} {
 		for _, impl := range benchImpls {
-			if impl.name != "hash4" && impl.name != "xsync" {
+			if impl.Name != "hash4" && impl.Name != "xsync" {
 				continue
 			}
-			b.Run(fmt.Sprintf("n=1M/ops=%s/impl=%s", part.name, impl.name), func(b *testing.B) {
-				m, ks := benchPrefilled(b, impl, 1<<20, filledOnce)
+			b.Run(fmt.Sprintf("n=1M/ops=%s/impl=%s", part.name, impl.Name), func(b *testing.B) {
+				m, ks := benchkit.Prefilled(b, impl, 1<<20, benchkit.FilledOnce)
 				b.ResetTimer()
-				benchMixedParts(b, m, ks, part.lookups, part.churn)
+				benchkit.MixedParts(b, m, ks, part.lookups, part.churn)
 			})
 		}
 	}
@@ -126,21 +78,7 @@ func BenchmarkMixedParts(b *testing.B) {
 
 // BenchmarkChurn measures delete+insert pairs (one op each) only.
 func BenchmarkChurn(b *testing.B) {
-	benchEach(b, true, filledOnce, benchChurn)
-}
-
-// benchChurn runs BenchmarkChurn's ops on m, which holds the keys of ks.
-func benchChurn(b *testing.B, m benchMap, ks *benchKeySet) {
-	var gid atomic.Uint64
-	b.RunParallel(func(pb *testing.PB) {
-		w := newBenchWalk(&gid, ks)
-		for pb.Next() {
-			k := w.next()
-			if v, ok := m.Delete(*k); ok {
-				m.Insert(*k, v)
-			}
-		}
-	})
+	benchkit.Each(b, benchImpls, true, benchkit.FilledOnce, benchkit.Churn[Tuple])
 }
 
 // BenchmarkFill measures filling an empty map with n keys from GOMAXPROCS
@@ -154,34 +92,34 @@ func BenchmarkFill(b *testing.B) {
 		return benchHash4{hash4.New[benchVal](hash4.WithSecret(benchSecret))}
 	}
 	impls := []benchImpl{
-		{"hash4", newUnsized},
-		{"hash4-sized", benchImpls[0].new},
-		{"syncmap", func(int) benchMap { return new(benchSyncMap) }},
-		{"xsync", func(int) benchMap { return benchXsync{xsync.NewMap[Tuple, *benchVal]()} }},
-		{"rwmutex", func(int) benchMap { return &benchRWMap{m: map[Tuple]*benchVal{}} }},
-		{"cmap", func(int) benchMap { return newBenchCmap() }},
+		{Name: "hash4", New: newUnsized},
+		{Name: "hash4-sized", New: benchImpls[0].New},
+		{Name: "syncmap", New: func(int) benchMap { return new(benchkit.SyncMap[Tuple]) }},
+		{Name: "xsync", New: func(int) benchMap { return benchXsync{xsync.NewMap[Tuple, *benchVal]()} }},
+		{Name: "rwmutex", New: func(int) benchMap { return &benchRWMap{m: map[Tuple]*benchVal{}} }},
+		{Name: "cmap", New: func(int) benchMap { return newBenchCmap() }},
 	}
-	for _, sz := range benchSizes {
-		ks := benchKeys(sz.n)
+	for _, sz := range benchkit.Sizes {
+		ks := benchkit.Keys[Tuple](sz.N)
 		for _, impl := range impls {
-			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl.name), func(b *testing.B) {
+			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.Name, impl.Name), func(b *testing.B) {
 				procs := runtime.GOMAXPROCS(0)
 				settled := 0
-				if impl.name == "hash4" {
+				if impl.Name == "hash4" {
 					b.StopTimer()
-					m := newUnsized(sz.n).(benchHash4)
+					m := newUnsized(sz.N).(benchHash4)
 					fillFrom(m, ks, 1)
 					settled = fillSettled(m.t)
 					b.StartTimer()
 				}
 				for b.Loop() {
-					m := impl.new(sz.n)
+					m := impl.New(sz.N)
 					fillFrom(m, ks, procs)
 					if h, ok := m.(benchHash4); ok && settled > 0 {
 						fillSettle(h.t, settled)
 					}
 				}
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.n), "ns/insert")
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.N), "ns/insert")
 			})
 		}
 	}
@@ -194,9 +132,9 @@ func fillFrom(m benchMap, ks *benchKeySet, procs int) {
 	for g := range procs {
 		go func() {
 			defer wg.Done()
-			for i := g; i < len(ks.fill); i += procs {
-				j := ks.fill[i]
-				m.Insert(ks.keys[j], &ks.vals[j])
+			for i := g; i < len(ks.Fill); i += procs {
+				j := ks.Fill[i]
+				m.Insert(ks.Keys[j], &ks.Vals[j])
 			}
 		}()
 	}
@@ -238,13 +176,13 @@ func fillSettle(t *hash4.Table[benchVal], settled int) {
 // Load (impl=xsync). Time per op is per tuple.
 func BenchmarkAppendLookups(b *testing.B) {
 	const burst = 16
-	for _, sz := range benchSizes {
+	for _, sz := range benchkit.Sizes {
 		for _, impl := range []string{"hash4-batch", "hash4", "xsync"} {
-			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.name, impl), func(b *testing.B) {
+			b.Run(fmt.Sprintf("n=%s/impl=%s", sz.Name, impl), func(b *testing.B) {
 				bi := benchImpls[slices.IndexFunc(benchImpls, func(bi benchImpl) bool {
-					return bi.name == strings.TrimSuffix(impl, "-batch")
+					return bi.Name == strings.TrimSuffix(impl, "-batch")
 				})]
-				m, ks := benchPrefilled(b, bi, sz.n, filledOnce)
+				m, ks := benchkit.Prefilled(b, bi, sz.N, benchkit.FilledOnce)
 				// One indirect call per burst; direct calls within it.
 				var lookupBurst func(vals []*benchVal, tups []Tuple) []*benchVal
 				switch m := m.(type) {
@@ -271,7 +209,7 @@ func BenchmarkAppendLookups(b *testing.B) {
 				b.ResetTimer()
 				var gid atomic.Uint64
 				b.RunParallel(func(pb *testing.PB) {
-					w, misses := newBenchWalk(&gid, ks), 0
+					w, misses := benchkit.NewWalk(&gid, ks), 0
 					var tups [burst]Tuple
 					vals := make([]*benchVal, 0, burst)
 					for more := true; more; {
@@ -280,7 +218,7 @@ func BenchmarkAppendLookups(b *testing.B) {
 							if more = pb.Next(); !more {
 								break
 							}
-							tups[n] = *w.next()
+							tups[n] = *w.Next()
 						}
 						vals = lookupBurst(vals[:0], tups[:n])
 						for _, v := range vals {
@@ -304,15 +242,15 @@ func BenchmarkAppendLookups(b *testing.B) {
 // same work per op; the difference is cache lines that move between the
 // cores writing them. At 1M, tables=own is also churn with no line to pass.
 func BenchmarkChurnSharing(b *testing.B) {
-	for _, sz := range benchSizes {
-		ks := benchKeys(sz.n)
+	for _, sz := range benchkit.Sizes {
+		ks := benchkit.Keys[Tuple](sz.N)
 		for _, impl := range benchImpls {
-			if impl.name != "hash4" && impl.name != "xsync" {
+			if impl.Name != "hash4" && impl.Name != "xsync" {
 				continue
 			}
 			for _, shared := range []bool{true, false} {
 				name := map[bool]string{true: "shared", false: "own"}[shared]
-				b.Run(fmt.Sprintf("n=%s/impl=%s/tables=%s", sz.name, impl.name, name), func(b *testing.B) {
+				b.Run(fmt.Sprintf("n=%s/impl=%s/tables=%s", sz.Name, impl.Name, name), func(b *testing.B) {
 					benchChurnTables(b, impl, ks, shared)
 				})
 			}
@@ -329,22 +267,22 @@ func benchChurnTables(b *testing.B, impl benchImpl, ks *benchKeySet, shared bool
 			maps[g] = maps[0]
 			continue
 		}
-		maps[g] = impl.new(len(ks.keys))
-		for _, i := range ks.fill {
-			maps[g].Insert(ks.keys[i], &ks.vals[i])
+		maps[g] = impl.New(len(ks.Keys))
+		for _, i := range ks.Fill {
+			maps[g].Insert(ks.Keys[i], &ks.Vals[i])
 		}
 	}
 	runtime.GC()
 	b.ResetTimer()
 	var gid atomic.Uint64
 	b.RunParallel(func(pb *testing.PB) {
-		w := newBenchWalk(&gid, ks)
+		w := benchkit.NewWalk(&gid, ks)
 		// N.B. the walk's own number, not gid.Load(): both goroutines
 		// may load gid after both have added to it, and then churn one
 		// table of the own ones.
-		m := maps[(w.g-1)%uint64(len(maps))]
+		m := maps[(w.G-1)%uint64(len(maps))]
 		for pb.Next() {
-			k := w.next()
+			k := w.Next()
 			if v, ok := m.Delete(*k); ok {
 				m.Insert(*k, v)
 			}

@@ -28,34 +28,16 @@ package bench
 import (
 	"encoding/binary"
 	"math/rand/v2"
-	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/dchest/siphash"
 	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/internal/benchkit"
 	"github.com/puzpuzpuz/xsync/v4"
 	"github.com/stretchr/testify/require"
 )
-
-var (
-	connBenchLocal  = netip.MustParseAddr("10.1.2.3")
-	connBenchRemote = netip.MustParseAddrPort("192.0.2.80:443")
-)
-
-// The allocator's keys: its port secret and perturb seed.
-const (
-	connBenchK0, connBenchK1 = 0x0123456789abcdef, 0xfedcba9876543210
-	connBenchSeed            = 7
-)
-
-// connBencher is one implementation of connect-and-delete.
-type connBencher interface {
-	connect() Tuple
-	delete(Tuple)
-	prefill(Tuple)
-}
 
 // connBenchTable is Table.Connect.
 type connBenchTable struct {
@@ -64,22 +46,22 @@ type connBenchTable struct {
 	v *int
 }
 
-func (c *connBenchTable) connect() Tuple {
-	tup, err := c.t.Connect(c.a, connBenchLocal, connBenchRemote, c.v)
+func (c *connBenchTable) Connect() uint16 {
+	tup, err := c.t.Connect(c.a, benchkit.ConnLocal, benchkit.ConnRemote, c.v)
 	if err != nil {
 		panic(err)
 	}
-	return tup
+	return tup.Local.Port()
 }
 
-func (c *connBenchTable) delete(tup Tuple) {
-	if _, ok := c.t.Delete(tup); !ok {
+func (c *connBenchTable) Delete(p uint16) {
+	if _, ok := c.t.Delete(benchkit.ConnTuple[Tuple](p)); !ok {
 		panic("not found")
 	}
 }
 
-func (c *connBenchTable) prefill(tup Tuple) {
-	if err := c.t.Insert(tup, c.v); err != nil {
+func (c *connBenchTable) Prefill(p uint16) {
+	if err := c.t.Insert(benchkit.ConnTuple[Tuple](p), c.v); err != nil {
 		panic(err)
 	}
 }
@@ -94,9 +76,9 @@ type connBenchXsync struct {
 	v *int
 }
 
-func (c *connBenchXsync) connect() Tuple {
+func (c *connBenchXsync) Connect() uint16 {
 	port, ok := c.s.selectPort(func(p uint16) bool {
-		k := connBenchTuple(p)
+		k := benchkit.ConnTuple[Tuple](p)
 		if _, taken := c.m.Load(k); taken {
 			return false
 		}
@@ -106,37 +88,37 @@ func (c *connBenchXsync) connect() Tuple {
 	if !ok {
 		panic("no port")
 	}
-	return connBenchTuple(port)
+	return port
 }
 
-func (c *connBenchXsync) delete(tup Tuple) {
-	if _, ok := c.m.LoadAndDelete(tup); !ok {
+func (c *connBenchXsync) Delete(p uint16) {
+	if _, ok := c.m.LoadAndDelete(benchkit.ConnTuple[Tuple](p)); !ok {
 		panic("not found")
 	}
 }
 
-func (c *connBenchXsync) prefill(tup Tuple) { c.m.Store(tup, c.v) }
+func (c *connBenchXsync) Prefill(p uint16) { c.m.Store(benchkit.ConnTuple[Tuple](p), c.v) }
 
 var connBenchImpls = []struct {
 	name string
-	new  func(rng hash4.PortRange, policy hash4.Policy, n int) connBencher
+	new  func(rng hash4.PortRange, policy hash4.Policy, n int) benchkit.Conn
 }{
-	{"hash4", func(rng hash4.PortRange, policy hash4.Policy, n int) connBencher {
+	{"hash4", func(rng hash4.PortRange, policy hash4.Policy, n int) benchkit.Conn {
 		a, err := hash4.NewPortAllocator(hash4.WithPortRange(rng), hash4.WithPolicy(policy),
-			hash4.WithPortSecret(connBenchK0, connBenchK1), hash4.WithPerturbSeed(connBenchSeed))
+			hash4.WithPortSecret(benchkit.ConnK0, benchkit.ConnK1), hash4.WithPerturbSeed(benchkit.ConnSeed))
 		if err != nil {
 			panic(err)
 		}
 		t := hash4.New[int](hash4.WithCapacity(n), hash4.WithSecret(hash4.Secret{Ehash: 0x9e3779b9, Ehash6Addr: 0x7f4a7c15, Seed: 1}))
 		return &connBenchTable{t: t, a: a, v: new(int)}
 	}},
-	{"xsync", func(rng hash4.PortRange, policy hash4.Policy, n int) connBencher {
+	{"xsync", func(rng hash4.PortRange, policy hash4.Policy, n int) benchkit.Conn {
 		return &connBenchXsync{m: xsync.NewMap[Tuple, *int](xsync.WithPresize(n)), s: newConnScan(rng, policy), v: new(int)}
 	}},
 }
 
 // connScan is the candidate scan of an allocator made with the benchmark's
-// keys, for flows from connBenchLocal to connBenchRemote, with no port
+// keys, for flows from benchkit.ConnLocal to benchkit.ConnRemote, with no port
 // reserved or bound: the scan of __inet_hash_connect as PortAllocator
 // documents it, written out here, as a map's user would, from the keys the
 // benchmark gives the allocator. It starts at the destination's keyed port
@@ -158,13 +140,13 @@ func newConnScan(rng hash4.PortRange, policy hash4.Policy) *connScan {
 	if policy == hash4.Flat {
 		s.step = 1
 	}
-	l, r := connBenchLocal.As16(), connBenchRemote.Addr().As16()
-	msg := append(append(l[:], r[:]...), byte(connBenchRemote.Port()>>8), byte(connBenchRemote.Port()))
-	off := siphash.Hash(connBenchK0, connBenchK1, msg)
+	l, r := benchkit.ConnLocal.As16(), benchkit.ConnRemote.Addr().As16()
+	msg := append(append(l[:], r[:]...), byte(benchkit.ConnRemote.Port()>>8), byte(benchkit.ConnRemote.Port()))
+	off := siphash.Hash(benchkit.ConnK0, benchkit.ConnK1, msg)
 	s.offset, s.index = uint32(off>>32), uint32(off&0xffff)
 	// The perturb table and the advance key, from the seed.
 	var seed [32]byte
-	binary.LittleEndian.PutUint64(seed[:8], connBenchSeed)
+	binary.LittleEndian.PutUint64(seed[:8], benchkit.ConnSeed)
 	copy(seed[8:], "hash4 perturb seed")
 	src := rand.NewChaCha8(seed)
 	for i := uint32(0); i < 1<<16; i += 2 {
@@ -227,23 +209,6 @@ func (s *connScan) selectPort(try func(uint16) bool) (uint16, bool) {
 	return p, true
 }
 
-// connBenchTuple returns the flow from local port p to the destination.
-func connBenchTuple(p uint16) Tuple {
-	return Tuple{Local: netip.AddrPortFrom(connBenchLocal, p), Remote: connBenchRemote}
-}
-
-// connBenchRand is xorshift64*, cheap enough not to show in the op.
-type connBenchRand uint64
-
-func (r *connBenchRand) next() uint64 {
-	x := uint64(*r)
-	x ^= x >> 12
-	x ^= x << 25
-	x ^= x >> 27
-	*r = connBenchRand(x)
-	return x * 0x2545f4914f6cdd1d
-}
-
 func BenchmarkConnect(b *testing.B) {
 	for _, policy := range []hash4.Policy{hash4.OddEven, hash4.Flat} {
 		for _, occ := range []int{0, 50, 90, 99} {
@@ -253,7 +218,7 @@ func BenchmarkConnect(b *testing.B) {
 					s := newConnBenchState(impl.new, hash4.DefaultPortRange, policy, occ)
 					b.ReportAllocs()
 					for b.Loop() {
-						s.op()
+						s.Op()
 					}
 				})
 			}
@@ -261,51 +226,12 @@ func BenchmarkConnect(b *testing.B) {
 	}
 }
 
-// connBenchState is an implementation with a range occupied to a fraction,
-// and the live flows.
-type connBenchState struct {
-	c connBencher
-	r connBenchRand
-	// The live flows, by local port: the only part that differs. (A slice
-	// of whole Tuples would be 1.8 MB for the default range, and reading a
-	// random victim from it would miss the cache on every op.)
-	live []uint16
-}
-
 // newConnBenchState returns an implementation made by newImpl for rng and
-// policy, with a random occ percent of rng in use.
-func newConnBenchState(newImpl func(hash4.PortRange, hash4.Policy, int) connBencher, rng hash4.PortRange, policy hash4.Policy, occ int) *connBenchState {
+// policy, with a random occ percent of rng in use (see
+// benchkit.NewConnState).
+func newConnBenchState(newImpl func(hash4.PortRange, hash4.Policy, int) benchkit.Conn, rng hash4.PortRange, policy hash4.Policy, occ int) *benchkit.ConnState {
 	size := rng.Size()
-	s := &connBenchState{c: newImpl(rng, policy, size), r: 0x9e3779b97f4a7c15, live: make([]uint16, 0, size+1)}
-	ports := make([]uint16, 0, size)
-	for p := int(rng.Low); p <= int(rng.High); p++ {
-		ports = append(ports, uint16(p))
-	}
-	for i := len(ports) - 1; i > 0; i-- {
-		j := int(s.r.next() % uint64(i+1))
-		ports[i], ports[j] = ports[j], ports[i]
-	}
-	for _, p := range ports[:size*occ/100] {
-		if policy == hash4.OddEven {
-			p = s.c.connect().Local.Port()
-		} else {
-			s.c.prefill(connBenchTuple(p))
-		}
-		s.live = append(s.live, p)
-	}
-	return s
-}
-
-// op connects one flow, then deletes a random live one, and returns the
-// local port taken.
-func (s *connBenchState) op() uint16 {
-	p := s.c.connect().Local.Port()
-	s.live = append(s.live, p)
-	j := int(uint64(uint32(s.r.next())) * uint64(len(s.live)) >> 32) // in [0, len)
-	s.c.delete(connBenchTuple(s.live[j]))
-	s.live[j] = s.live[len(s.live)-1]
-	s.live = s.live[:len(s.live)-1]
-	return p
+	return benchkit.NewConnState(newImpl(rng, policy, size), rng.Low, rng.High, policy == hash4.OddEven, size*occ/100)
 }
 
 // TestConnectBenchImplsAgree checks the premise of BenchmarkConnect: both
@@ -319,14 +245,14 @@ func TestConnectBenchImplsAgree(t *testing.T) {
 				s := newConnBenchState(impl.new, rng, policy, 90)
 				var got []uint16
 				for range 1000 {
-					got = append(got, s.op())
+					got = append(got, s.Op())
 				}
-				require.Len(t, s.live, rng.Size()*90/100, impl.name)
+				require.Len(t, s.Live, rng.Size()*90/100, impl.name)
 				// Then fill the range: the last ports come from the
 				// second pass and, in a range of odd size, the port the
 				// first pass leaves out.
-				for range rng.Size() - len(s.live) {
-					got = append(got, s.c.connect().Local.Port())
+				for range rng.Size() - len(s.Live) {
+					got = append(got, s.C.Connect())
 				}
 				if want == nil {
 					want = got

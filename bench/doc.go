@@ -9,5 +9,8 @@
 // lives here rather than in a module of its own for the same reason: it is
 // the one other test that needs an outside module, and one module keeps one
 // set of requirements and one command. Everything here uses hash4's public
-// API only. All code is in _test files; see README.md for the commands.
+// API only, and the harness it shares with the root package's benchmarks
+// (key sets, walks, the Connect benchmarks' state) is the root module's
+// internal/benchkit. All code is in _test files; see README.md for the
+// commands.
 package bench

@@ -46,6 +46,7 @@ import (
 	"testing"
 
 	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/internal/benchkit"
 	"github.com/puzpuzpuz/xsync/v4"
 )
 
@@ -240,18 +241,14 @@ type flowShare[K comparable] struct {
 	z     int
 	walk  []K // live shuffled, for uniform lookups (no turnover)
 	w     int
-	rng   uint64
+	rng   benchkit.Rand
 	val   benchVal
 }
 
 // turnover deletes a random flow of the share and inserts the flow at the
 // front of its queue in its place.
 func (s *flowShare[K]) turnover(m flowMap[K]) {
-	// xorshift64*
-	s.rng ^= s.rng >> 12
-	s.rng ^= s.rng << 25
-	s.rng ^= s.rng >> 27
-	j := int((s.rng * 0x2545f4914f6cdd1d >> 32) * uint64(len(s.live)) >> 32)
+	j := int((s.rng.Next() >> 32) * uint64(len(s.live)) >> 32)
 	m.delete(&s.live[j])
 	m.insert(&s.queue[s.q], &s.val)
 	s.live[j], s.queue[s.q] = s.queue[s.q], s.live[j]
@@ -296,7 +293,7 @@ func trafficTuples(n int) []Tuple {
 	r := rand.New(rand.NewPCG(46, uint64(n)))
 	tups := make([]Tuple, 2*n)
 	for i := range tups {
-		tups[i] = benchTuple(r, i, i%2 == 0)
+		tups[i] = benchkit.Key[Tuple](r, i, i%2 == 0)
 	}
 	return tups
 }
@@ -320,7 +317,7 @@ func flowPrepare[K comparable](b *testing.B, impl string, n int, bd trafficBody,
 	st := &flowState[K]{m: mk()}
 	per := n / procs
 	for g := range procs {
-		s := &flowShare[K]{live: make([]K, per), queue: make([]K, per), rng: uint64(g)*0x9e3779b97f4a7c15 + 1}
+		s := &flowShare[K]{live: make([]K, per), queue: make([]K, per), rng: benchkit.Rand(uint64(g)*0x9e3779b97f4a7c15 + 1)}
 		for i := range per {
 			s.live[i] = conv(tups[g*per+i])
 			s.queue[i] = conv(tups[n+g*per+i])
