@@ -39,14 +39,6 @@ func BenchmarkLookupChurned(b *testing.B) {
 	benchkit.Each(b, benchImpls, false, benchkit.FilledByChurn, benchkit.Lookups[Tuple])
 }
 
-// BenchmarkLookupChained measures lookup hits on one goroutine, in two
-// loops over the same keys: deps=none, where every key is known in advance,
-// and deps=chained, where the index of the next key takes in the value the
-// last lookup returned (it adds zero, which the processor cannot know), so a
-// lookup cannot begin before the one before it has answered. The loops take
-// equal time when the processor overlaps no memory reads of consecutive
-// lookups by itself; then each lookup waits out its own.
-
 // BenchmarkMixed measures 90% lookups and 10% delete+insert of the same key
 // (one op each), so that occupancy stays constant.
 func BenchmarkMixed(b *testing.B) {
