@@ -151,7 +151,8 @@ scan:
 				k.setPort(hash0, port, remote.Port())
 			}
 			c.tried++
-			if strategy != connectLocked && t.present(&k) && !t.mayReuse(c.allow) {
+			// N.B. the marks' count before the entry (see timewait.go).
+			if strategy != connectLocked && !t.mayReuse(c.allow) && t.present(&k) {
 				continue
 			}
 			if t.tryPort(&c, &k, port) {
@@ -184,7 +185,8 @@ done:
 
 // mayReuse reports whether a candidate that looks taken may yet be one a
 // Connect with policy allow takes over: whether the table has a flow in
-// TIME_WAIT. N.B. without a policy, one branch.
+// TIME_WAIT. The scan asks it before it looks the candidate up (see
+// timewait.go). N.B. without a policy, one branch.
 func (t *Table[T]) mayReuse(allow ReusePolicy) bool {
 	if allow == nil {
 		return false

@@ -59,8 +59,8 @@ func connFill(t testing.TB, tb *Table[int], a *PortAllocator, local netip.Addr, 
 }
 
 // connScenario is one random run for TestConnectProperties: an allocator
-// (range, policy, reserved ports), binds, and a sequence of operations on a
-// table.
+// (range, policy, reserved ports), binds, TIME_WAIT marks, and a sequence
+// of operations on a table.
 type connScenario struct {
 	Rng      PortRange
 	Policy   Policy
@@ -75,6 +75,7 @@ const (
 	connOpDelete
 	connOpBind
 	connOpRelease
+	connOpTimeWait
 )
 
 type connOp struct {
@@ -83,20 +84,32 @@ type connOp struct {
 	Dst    netip.AddrPort // connect
 	Sub    PortRange      // connect: WithConnectRange unless zero
 	Port   uint16         // bind
-	Victim int            // delete, release: index, modulo the live count
+	Victim int            // delete, release, timewait: index, modulo the live count (+1 for timewait: an absent flow)
+	// Reuse is a connect's TIME_WAIT policy: 0 none, 1 any mark, n > 1
+	// marks of since at most n-1 (see tblFuzzSince).
+	Reuse int
+	// Func makes a connect a ConnectFunc: 1 plain, 2 whose function
+	// deletes the flow, 3 whose function fails.
+	Func  int
+	Since int // timewait: since (see tblFuzzSince), 0 clears
 }
 
 func (o connOp) String() string {
 	switch o.Kind {
 	case connOpConnect:
-		return fmt.Sprintf("connect %v->%v sub=%v", o.Local, o.Dst, o.Sub)
+		return fmt.Sprintf("connect %v->%v sub=%v reuse=%d func=%d", o.Local, o.Dst, o.Sub, o.Reuse, o.Func)
 	case connOpDelete:
 		return fmt.Sprintf("delete #%d", o.Victim)
 	case connOpBind:
 		return fmt.Sprintf("bind %v", netip.AddrPortFrom(o.Local, o.Port))
+	case connOpTimeWait:
+		return fmt.Sprintf("timewait #%d since %d", o.Victim, o.Since)
 	}
 	return fmt.Sprintf("release #%d", o.Victim)
 }
+
+// connAbsent is a flow no scenario connects, for TimeWait of an absent flow.
+var connAbsent = Tuple{netip.AddrPortFrom(connLocal, 1), netip.MustParseAddrPort("203.0.113.1:1")}
 
 // connBindAddrs are the addresses binds hold ports for: the two locals
 // (one in mapped form), the IPv4 wildcard, which covers both, and the IPv6
@@ -128,7 +141,7 @@ func (connScenario) Generate(r *rand.Rand, _ int) reflect.Value {
 	}
 	for range 3*size + 10 + r.Intn(3*size+10) {
 		op := connOp{Victim: r.Intn(1 << 20)}
-		switch k := r.Intn(20); {
+		switch k := r.Intn(23); {
 		case k < 11:
 			op.Kind = connOpConnect
 		case k < 12:
@@ -143,12 +156,21 @@ func (connScenario) Generate(r *rand.Rand, _ int) reflect.Value {
 			op.Kind = connOpBind
 			op.Local = connBindAddrs[r.Intn(len(connBindAddrs))]
 			op.Port = near()
-		default:
+		case k < 20:
 			op.Kind = connOpRelease
+		default:
+			op.Kind = connOpTimeWait
+			op.Since = r.Intn(4)
 		}
 		if op.Kind == connOpConnect {
 			op.Local = locals[r.Intn(len(locals))]
 			op.Dst = connDsts[r.Intn(len(connDsts))]
+			if r.Intn(2) == 0 {
+				op.Reuse = 1 + r.Intn(3)
+			}
+			if r.Intn(4) == 0 {
+				op.Func = 1 + r.Intn(3)
+			}
 		}
 		s.Ops = append(s.Ops, op)
 	}
@@ -172,8 +194,9 @@ func connEffectiveRange(r, sub PortRange) PortRange {
 }
 
 // run executes s against a table and checks every Connect against a model
-// of the live tuples and held ports.
-func (s connScenario) run(t *testing.T) {
+// of the live tuples, their TIME_WAIT marks and the held ports. It returns
+// how many flows Connects took over.
+func (s connScenario) run(t *testing.T) (tookOver int) {
 	a, err := NewPortAllocator(WithPortRange(s.Rng), WithPolicy(s.Policy), WithReservedPorts(s.Reserved...),
 		WithPortSecret(uint64(s.Rng.Low), 5), WithPerturbSeed(uint64(len(s.Ops))))
 	require.NoError(t, err)
@@ -198,7 +221,9 @@ func (s connScenario) run(t *testing.T) {
 		return false
 	}
 	live := make(map[Tuple]*int)
-	var order []Tuple // live tuples, for picking victims
+	var order []Tuple        // live tuples, for picking victims
+	marks := map[Tuple]int{} // TIME_WAIT marks: since (see tblFuzzSince)
+	errF := errors.New("f failed")
 
 	for i, op := range s.Ops {
 		msg := fmt.Sprintf("op %d: %v (range %v, %v)", i, op, s.Rng, s.Policy)
@@ -208,19 +233,80 @@ func (s connScenario) run(t *testing.T) {
 			if op.Sub != (PortRange{}) {
 				opts = append(opts, WithConnectRange(op.Sub))
 			}
+			// reusable reports whether the policy allows the mark of tup.
+			reusable := func(tup Tuple) bool {
+				since, ok := marks[tup]
+				return ok && (op.Reuse == 1 || op.Reuse > 1 && since <= op.Reuse-1)
+			}
+			var old *int
+			if op.Reuse != 0 {
+				opts = append(opts, WithTimeWaitReuse(func(tup Tuple, since time.Time) bool {
+					require.Equal(t, tblFuzzSince(marks[tup]), since, msg)
+					return op.Reuse == 1 || since.Unix() <= int64(op.Reuse-1)
+				}, &old))
+			}
 			local := op.Local.Unmap()
 			eff := connEffectiveRange(s.Rng, op.Sub)
 			flat := s.Policy == Flat || op.Sub != (PortRange{})
-			var free []uint16 // candidates Connect may take
+			var free []uint16 // candidates Connect may take: free, or in TIME_WAIT and allowed
 			for p := int(eff.Low); p <= int(eff.High); p++ {
 				tup := Tuple{netip.AddrPortFrom(local, uint16(p)), op.Dst}
-				if !reserved[uint16(p)] && !held(local, uint16(p)) && live[tup] == nil {
+				if !reserved[uint16(p)] && !held(local, uint16(p)) && (live[tup] == nil || reusable(tup)) {
 					free = append(free, uint16(p))
 				}
 			}
 			v := new(int)
-			tup, err := tb.Connect(a, op.Local, op.Dst, v, opts...)
+			var tup, offered Tuple
+			var err error
+			calls := 0
+			if op.Func == 0 {
+				tup, err = tb.Connect(a, op.Local, op.Dst, v, opts...)
+			} else {
+				var got *int
+				tup, got, err = tb.ConnectFunc(a, op.Local, op.Dst, func(ft Tuple) (*int, error) {
+					calls++
+					offered = ft
+					// The old flow, if one is taken over, stays while f
+					// runs: a delete leaves the tuple held.
+					want := live[ft]
+					got, ok := tb.Lookup(ft)
+					require.Equal(t, want != nil, ok, msg)
+					require.Same(t, want, got, msg)
+					require.ErrorIs(t, tb.Insert(ft, new(int)), ErrExists, msg)
+					switch op.Func {
+					case 2:
+						got, ok := tb.Delete(ft)
+						require.Equal(t, want != nil, ok, msg)
+						require.Same(t, want, got, msg)
+						if want != nil {
+							delete(live, ft)
+							delete(marks, ft)
+							order = slices.DeleteFunc(order, func(o Tuple) bool { return o == ft })
+						}
+						_, ok = tb.Lookup(ft)
+						require.False(t, ok, msg)
+					case 3:
+						return nil, errF
+					}
+					return v, nil
+				}, opts...)
+				if err == nil {
+					require.Same(t, v, got, msg)
+				}
+			}
+			require.Equal(t, op.Func != 0 && (err == nil || errors.Is(err, errF)), calls == 1, msg)
+			if errors.Is(err, errF) {
+				// f failed: nothing changed, but what f did; a flow taken
+				// over keeps its mark.
+				require.Nil(t, old, msg)
+				require.Contains(t, free, offered.Local.Port(), msg)
+				got, ok := tb.Lookup(offered)
+				require.Equal(t, live[offered] != nil, ok, msg)
+				require.Same(t, live[offered], got, msg)
+				break
+			}
 			if err != nil {
+				require.Nil(t, old, msg)
 				require.ErrorIs(t, err, ErrNoPorts, msg)
 				require.ErrorIs(t, err, syscall.EADDRNOTAVAIL, msg)
 				// With step 2 and an odd range, one port of low's parity
@@ -239,13 +325,20 @@ func (s connScenario) run(t *testing.T) {
 			require.True(t, eff.Low <= p && p <= eff.High, "%s: port %d out of range %v", msg, p, eff)
 			require.False(t, reserved[p], "%s: reserved port %d", msg, p)
 			require.False(t, held(local, p), "%s: port %d held by Bind", msg, p)
-			require.Nil(t, live[tup], "%s: %v returned while live", msg, tup)
 			require.Contains(t, free, p, msg)
+			// A flow taken over hands its value back, once: its mark goes.
+			require.Same(t, live[tup], old, msg)
+			if old != nil {
+				tookOver++
+			}
 			got, ok := tb.Lookup(tup)
 			require.True(t, ok, msg)
 			require.Same(t, v, got, msg)
+			if live[tup] == nil {
+				order = append(order, tup)
+			}
 			live[tup] = v
-			order = append(order, tup)
+			delete(marks, tup)
 		case connOpDelete:
 			if len(order) == 0 {
 				break
@@ -258,8 +351,22 @@ func (s connScenario) run(t *testing.T) {
 			require.True(t, ok, msg)
 			require.Same(t, live[tup], got, msg)
 			delete(live, tup)
+			delete(marks, tup)
 			_, ok = tb.Lookup(tup)
 			require.False(t, ok, msg)
+		case connOpTimeWait:
+			tup := connAbsent
+			if j := op.Victim % (len(order) + 1); j < len(order) {
+				tup = order[j]
+			}
+			require.Equal(t, live[tup] != nil, tb.TimeWait(tup, tblFuzzSince(op.Since)), msg)
+			switch {
+			case live[tup] == nil:
+			case op.Since == 0:
+				delete(marks, tup)
+			default:
+				marks[tup] = op.Since
+			}
 		case connOpBind:
 			release, err := a.Bind(netip.AddrPortFrom(op.Local, op.Port))
 			if err == nil {
@@ -276,6 +383,9 @@ func (s connScenario) run(t *testing.T) {
 			binds = slices.Delete(binds, j, j+1)
 		}
 		require.Equal(t, len(live), tb.Len(), msg)
+		if tw := tb.timeWaits.Load(); tw != nil {
+			require.Equal(t, int64(len(marks)), tw.n.Load(), msg)
+		}
 	}
 	// The table holds exactly the model, each tuple once.
 	seen := make(map[Tuple]bool)
@@ -285,6 +395,7 @@ func (s connScenario) run(t *testing.T) {
 		require.Same(t, live[tup], v, "%v", tup)
 	}
 	require.Len(t, seen, len(live))
+	return tookOver
 }
 
 // TestConnectProperties checks Connect over random ranges, reserved ports,
@@ -293,12 +404,14 @@ func (s connScenario) run(t *testing.T) {
 // reserved, not held for that local address; the tuple is in the table with
 // the value given and unique among the live ones; and Connect fails only
 // when no candidate port is free for that flow, so a port in use toward one
-// destination is reused toward the others.
+// destination is reused toward the others. Flows marked in TIME_WAIT count
+// as free for a Connect or ConnectFunc whose policy allows them, which
+// takes them over, handing back the old value.
 func TestConnectProperties(t *testing.T) {
 	cfg := &quick.Config{MaxCount: 400, Rand: rand.New(rand.NewSource(1))}
-	var runs, connects int
+	var runs, connects, tookOver int
 	require.NoError(t, quick.Check(func(s connScenario) bool {
-		s.run(t)
+		tookOver += s.run(t)
 		runs++
 		for _, op := range s.Ops {
 			if op.Kind == connOpConnect {
@@ -308,7 +421,9 @@ func TestConnectProperties(t *testing.T) {
 		return true
 	}, cfg))
 	require.Equal(t, 400, runs)
+	t.Logf("%d connects, %d takeovers", connects, tookOver)
 	require.Greater(t, connects, 400*20)
+	require.Greater(t, tookOver, 100)
 }
 
 // connFuzzSource is a rand.Source that plays back fuzz input: each draw

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -62,6 +63,29 @@ func tblFuzzSpell(k Tuple, i, alt int) Tuple {
 	}
 }
 
+// tblFuzzOps is the number of FuzzTable's ops: an input byte names op
+// byte % tblFuzzOps.
+const tblFuzzOps = 19
+
+// tblFuzzAlloc is the allocator of FuzzTable's Connects, each of which
+// narrows the range to the port of its key: its ports are all ports.
+var tblFuzzAlloc = sync.OnceValue(func() *PortAllocator {
+	a, err := NewPortAllocator(WithPortRange(PortRange{1, 65535}), WithPortSecret(1, 2), WithPerturbSeed(3))
+	if err != nil {
+		panic(err)
+	}
+	return a
+})
+
+// tblFuzzSince returns the time of TIME_WAIT mark s of FuzzTable: second s,
+// or the zero time (no mark) for 0.
+func tblFuzzSince(s int) time.Time {
+	if s == 0 {
+		return time.Time{}
+	}
+	return time.Unix(int64(s), 0)
+}
+
 var tblFuzzInvalid = []Tuple{
 	{},
 	tblTuple("0.0.0.0:1", "10.0.0.1:2"),
@@ -73,7 +97,9 @@ var tblFuzzInvalid = []Tuple{
 
 // FuzzTable runs a sequence of operations decoded from the input against
 // five tables (one per hasher, one with home groups, one whose home bitmap
-// is a run of words, one that grows itself) and a map model.
+// is a run of words, one that grows itself) and a map model, which holds
+// the keys' TIME_WAIT marks too: the Connects of ops 17 and 18 may take a
+// marked key over.
 func FuzzTable(f *testing.F) {
 	f.Add([]byte{})
 	var all []byte
@@ -97,6 +123,22 @@ func FuzzTable(f *testing.F) {
 		13, 9, 13, 11, 13, 64 | 13, 13, 64 | 11, 5, 0,
 		0, 20, 0, 22, 0, 24, 0, 26, 0, 28, 14, 0, 5, 0, 6, 1, 14, 1, 5, 0,
 		0, 40, 0, 42, 10, 44, 15, 0, 5, 0, 6, 0, 10, 40, 2, 40,
+	})
+	// TIME_WAIT (key 2, arg 4, or 5 for its other spelling; the marks' since
+	// and the policies' cut in arg's top bits): marks, cleared or kept by a
+	// Store and a CompareAndSwap, dropped by each delete, and Connects and
+	// ConnectFuncs taking the key free, over, or not at all.
+	f.Add([]byte{
+		0, 4, 16, 64 | 4, 17, 64 | 4, 2, 4, 5, 0, 6, 0,
+		16, 128 | 4, 17, 128 | 4, 17, 4, 17, 192 | 5, 2, 5,
+		3, 4, 17, 4, 2, 4, 16, 64 | 4, 3, 4, 0, 4, 17, 64 | 4,
+		16, 64 | 4, 10, 4, 9, 128 | 4, 17, 64 | 4, 16, 4, 16, 64 | 5, 16, 4, 17, 64 | 4, 6, 0,
+		16, 64 | 4, 18, 4, 16, 64 | 4, 18, 64 | 4, 2, 4, 16, 64 | 4, 18, 128 | 4, 18, 128 | 5, 18, 4,
+		16, 64 | 4, 18, 192 | 4, 2, 4, 18, 192 | 4, 18, 4, 18, 4, 5, 0, 6, 0,
+		16, 64 | 4, 9, 4, 0, 4, 17, 64 | 4, 16, 64 | 4, 12, 128 | 4, 0, 4, 17, 64 | 4,
+		16, 64 | 4, 14, 2, 0, 4, 17, 64 | 4, 16, 64 | 4, 15, 0, 0, 4, 17, 64 | 4,
+		16, 64 | 4, 6, 64, 17, 64 | 4, 0, 40, 16, 192 | 40, 6, 64 | 32, 17, 192 | 40, 6, 0,
+		16, 64 | 7, 16, 64 | 35, 0, 40, 16, 64 | 40, 6, 1, 5, 0,
 	})
 	r := rand.New(rand.NewPCG(2024, 7))
 	for range 6 {
@@ -128,6 +170,9 @@ func FuzzTable(f *testing.F) {
 		// pointer inserted (each table gets its own pointer; both point to
 		// the same content).
 		models := []map[int]*int{{}, {}, {}, {}, {}}
+		// marks[i] are tabs[i]'s TIME_WAIT marks: key index -> since
+		// (see tblFuzzSince).
+		marks := []map[int]int{{}, {}, {}, {}, {}}
 		// reserved[i] counts the home slots tabs[i]'s arrays reserved,
 		// grows[i] its Grows.
 		reserved := make([]int, len(tabs))
@@ -168,9 +213,14 @@ func FuzzTable(f *testing.F) {
 			tup := tblFuzzSpell(keys[ki], ki, alt)
 			serial++
 			for ti, tab := range tabs {
-				model := models[ti]
-				msg := tblStep{ti, step, op % 16, tup}
-				switch op % 16 {
+				model, mark := models[ti], marks[ti]
+				// remove is a delete of key i in the model: its mark goes.
+				remove := func(i int) {
+					delete(model, i)
+					delete(mark, i)
+				}
+				msg := tblStep{ti, step, op % tblFuzzOps, tup}
+				switch op % tblFuzzOps {
 				case 0, 1: // Insert
 					v := valPtr(serial)
 					err := tab.Insert(tup, v)
@@ -195,7 +245,7 @@ func FuzzTable(f *testing.F) {
 					want, ok := model[ki]
 					got, gok := tab.Delete(tup)
 					check(want, ok, got, gok, msg)
-					delete(model, ki)
+					remove(ki)
 				case 5: // All
 					got := tblCollect(t, tab)
 					require.Len(rt, got, len(model), msg)
@@ -246,6 +296,7 @@ func FuzzTable(f *testing.F) {
 						tab.Compact()
 					}
 					require.Equal(rt, len(model), tab.Len(), msg)
+					tblCheckMarks(rt, tab, mark, msg)
 					st := tab.Stats()
 					require.Equal(rt, len(model), st.Entries, msg)
 					// Beyond the home slots, a stripe carves a new batch
@@ -304,7 +355,7 @@ func FuzzTable(f *testing.F) {
 					}
 					require.Equal(rt, ok, tab.CompareAndDelete(tup, old), msg)
 					if ok {
-						delete(model, ki)
+						remove(ki)
 					}
 				case 10: // Store
 					v := valPtr(serial)
@@ -335,7 +386,7 @@ func FuzzTable(f *testing.F) {
 					case op == DeleteOp:
 						require.NoError(rt, err, msg)
 						check(nil, false, got, gok, msg)
-						delete(model, ki)
+						remove(ki)
 					case op == CancelOp:
 						require.NoError(rt, err, msg)
 						check(want, wok, got, gok, msg)
@@ -393,7 +444,7 @@ func FuzzTable(f *testing.F) {
 					want := 0
 					for i := range model {
 						if i%3 == arg%3 {
-							delete(model, i)
+							remove(i)
 							want++
 						}
 					}
@@ -401,7 +452,114 @@ func FuzzTable(f *testing.F) {
 				case 15: // Clear
 					tab.Clear()
 					clear(model)
+					clear(mark)
 					require.Zero(rt, tab.Len(), msg)
+				case 16: // TimeWait: since arg>>6 (see tblFuzzSince), 0 clears
+					want, ok := model[ki]
+					require.Equal(rt, ok, tab.TimeWait(tup, tblFuzzSince(arg>>6)), msg)
+					switch {
+					case !ok:
+					case arg>>6 == 0:
+						delete(mark, ki)
+					default:
+						mark[ki] = arg >> 6
+					}
+					got, gok := tab.Lookup(tup)
+					check(want, ok, got, gok, msg)
+				case 17: // Connect to the key's port: without reuse for arg>>6 == 0, else with a policy that allows marks up to arg>>6 - 1, any for 1
+					want, wok := model[ki]
+					since, marked := mark[ki]
+					cut := arg>>6 - 1
+					takes := !wok || marked && (cut == 0 || 0 < cut && since <= cut)
+					opts := []ConnectOption{WithConnectRange(PortRange{tup.Local.Port(), tup.Local.Port()})}
+					old := valPtr(-1) // overwritten with reuse
+					if cut >= 0 {
+						opts = append(opts, WithTimeWaitReuse(func(got Tuple, s time.Time) bool {
+							require.Equal(rt, tblCanon(keys[ki]), got, msg)
+							require.Equal(rt, tblFuzzSince(since), s, msg)
+							return cut == 0 || s.Unix() <= int64(cut)
+						}, &old))
+					}
+					v := valPtr(serial)
+					got, err := tab.Connect(tblFuzzAlloc(), tup.Local.Addr(), tup.Remote, v, opts...)
+					switch {
+					case !takes:
+						require.ErrorIs(rt, err, ErrNoPorts, msg)
+						v = want // unchanged
+					default:
+						require.NoError(rt, err, msg)
+						require.Equal(rt, tblCanon(keys[ki]), got, msg)
+						model[ki] = v
+						delete(mark, ki)
+					}
+					if cut >= 0 {
+						// The value taken over, if any.
+						check(want, takes && wok, old, old != nil, msg)
+					} else {
+						require.Equal(rt, -1, *old, msg)
+					}
+					got2, gok := tab.Lookup(tup)
+					check(v, takes || wok, got2, gok, msg)
+				case 18: // ConnectFunc to the key's port taking any mark: f deletes the flow with arg&64, fails with arg&128, and clears the mark if it fails for the key's other spelling
+					want, wok := model[ki]
+					_, marked := mark[ki]
+					over := wok && marked // a takeover, else a free port
+					del, fail := arg&64 != 0, arg&128 != 0
+					v := valPtr(serial)
+					errF := errors.New("f failed")
+					calls := 0
+					var old *int
+					got, gv, err := tab.ConnectFunc(tblFuzzAlloc(), tup.Local.Addr(), tup.Remote, func(ft Tuple) (*int, error) {
+						calls++
+						require.Equal(rt, tblCanon(keys[ki]), ft, msg)
+						// While f runs the old value stays, and the
+						// tuple is held.
+						got, gok := tab.Lookup(tup)
+						check(want, over, got, gok, msg)
+						require.ErrorIs(rt, tab.Insert(tup, valPtr(-1)), ErrExists, msg)
+						require.Equal(rt, over, tab.TimeWait(tup, tblFuzzSince(3)), msg)
+						if del {
+							got, gok := tab.Delete(tup)
+							check(want, over, got, gok, msg)
+							got, gok = tab.Lookup(tup)
+							check(nil, false, got, gok, msg)
+						}
+						if fail && alt == 1 {
+							require.Equal(rt, over && !del, tab.TimeWait(tup, time.Time{}), msg)
+						}
+						if fail {
+							return nil, errF
+						}
+						return v, nil
+					}, WithConnectRange(PortRange{tup.Local.Port(), tup.Local.Port()}), WithTimeWaitReuse(func(Tuple, time.Time) bool { return true }, &old))
+					switch {
+					case wok && !marked:
+						require.ErrorIs(rt, err, ErrNoPorts, msg)
+						require.Zero(rt, calls, msg)
+					case fail:
+						require.ErrorIs(rt, err, errF, msg)
+						require.Equal(rt, 1, calls, msg)
+						require.Nil(rt, gv, msg)
+						switch {
+						case del:
+							remove(ki)
+						case over && alt == 1:
+							delete(mark, ki)
+						case over:
+							mark[ki] = 3 // f's mark
+						}
+					default:
+						require.NoError(rt, err, msg)
+						require.Equal(rt, 1, calls, msg)
+						require.Equal(rt, tblCanon(keys[ki]), got, msg)
+						require.Same(rt, v, gv, msg)
+						model[ki] = v
+						delete(mark, ki)
+					}
+					check(want, over && !del && !fail && err == nil, old, old != nil, msg)
+					want, wok = model[ki]
+					got2, gok := tab.Lookup(tup)
+					check(want, wok, got2, gok, msg)
 				}
 				// The table that grows itself has grown before the next
 				// step: the fuzzer needs each input to run the same code
@@ -417,6 +575,7 @@ func FuzzTable(f *testing.F) {
 				require.NoError(t, finish[ti]())
 			}
 			require.Equal(t, len(models[ti]), tab.Len())
+			tblCheckMarks(t, tab, marks[ti], "the end")
 			got := tblCollect(t, tab)
 			require.Len(t, got, len(models[ti]))
 			for i, want := range models[ti] {
@@ -425,6 +584,36 @@ func FuzzTable(f *testing.F) {
 			tab.growers.Wait()
 		}
 	})
+}
+
+// tblCheckMarks checks that tab has exactly the TIME_WAIT marks of model:
+// key index -> since (see tblFuzzSince), of the keys tblFuzzKeys.
+func tblCheckMarks(t require.TestingT, tab *Table[int], model map[int]int, msg any) {
+	tw := tab.timeWaits.Load()
+	if tw == nil {
+		require.Empty(t, model, msg)
+		return
+	}
+	require.Equal(t, int64(len(model)), tw.n.Load(), msg)
+	n := 0
+	for s := range tw.stripes {
+		for k, m := range tw.stripes[s].marks {
+			require.False(t, m.claimed, msg)
+			n++
+			found := false
+			for i, since := range model {
+				var want key
+				tup := tblFuzzKeys()[i]
+				tab.tupleKey(&want, &tup)
+				if want == k {
+					require.Equal(t, tblFuzzSince(since), m.since, msg)
+					found = true
+				}
+			}
+			require.True(t, found, "%v: a mark the model does not have", msg)
+		}
+	}
+	require.Equal(t, len(model), n, msg)
 }
 
 // tblStep names a step of FuzzTable in failure messages.

@@ -208,10 +208,14 @@ func (t *Table[T]) buildIndex(d destKey) {
 			}
 			k.setPort(d.hash0, uint16(port), d.rport)
 			if _, l := t.findLocked(a, &k); !l.isNulls() {
-				p.note(uint16(port), true)
+				// N.B. the reuse bit first: taken loads the reuse
+				// bits before the used ones, so a Connect sees a flow
+				// in TIME_WAIT as one in use only if both stores fall
+				// between its two loads.
 				if m, ok := marks[k]; ok && !m.claimed {
 					p.noteReuse(uint16(port), true)
 				}
+				p.note(uint16(port), true)
 			}
 		}
 		st.mu.Unlock()
@@ -302,11 +306,13 @@ func (p *portIndex) freeBit(port uint32, reuse bool) bool {
 // taken returns word w of the ports that are not candidates by p's
 // bitmaps: those in use, but with reuse those in TIME_WAIT.
 func (p *portIndex) taken(w uint32, reuse bool) uint64 {
-	used := p.used[w].Load()
 	if reuse {
-		used &^= p.reuse[w].Load()
+		// N.B. the reuse bits first, as the scan loads the marks' count
+		// before the entry (see timewait.go).
+		r := p.reuse[w].Load()
+		return p.used[w].Load() &^ r
 	}
-	return used
+	return p.used[w].Load()
 }
 
 // search calls try, in order, for the ports from, from+step, ... of the

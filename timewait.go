@@ -28,6 +28,16 @@ import (
 //     tuple is marked and not claimed, under the same rules as its used
 //     bit: so once writers quiesce an indexed Connect sees the marks a scan
 //     would.
+//   - A Connect's scan skips a candidate without its lock if the table has
+//     no mark (timeWaits.n) and then the tuple is present: so that such a
+//     tuple was taken (present and unmarked) at some moment of the two
+//     loads, a mark is dropped, from n and from the index's reuse bits,
+//     only after the change it goes with is visible to lock-free readers:
+//     after a deleted entry is unlinked, after a takeover's new value is
+//     stored. (A mark dropped before its entry is unlinked would let a
+//     Connect that loaded the entry before and n after skip a tuple that
+//     was reusable, then free, and fail with ErrNoPorts.) Indexed Connects
+//     load the reuse bits before the used ones likewise.
 
 // ReusePolicy reports whether a Connect may take over the flow tup, in
 // TIME_WAIT since since (see [Table.TimeWait]). It is called under a
@@ -190,11 +200,12 @@ func (t *Table[T]) takeOver(k *key, v *T, tup Tuple, allow ReusePolicy) (*T, ins
 	if !ok {
 		return nil, insertExists
 	}
-	t.timeWaits.Load().drop(ms, k)
-	t.noteReuse(k, false)
 	old := e.val.Load()
 	// N.B. seq stays odd, as in CompareAndSwap: a Lookup finds old or v.
 	e.val.Store(v)
+	// N.B. the mark goes once v is in (see the invariants).
+	t.timeWaits.Load().drop(ms, k)
+	t.noteReuse(k, false)
 	return old, insertTakenOver
 }
 
@@ -227,14 +238,16 @@ func (t *Table[T]) publishTakeover(k *key, v *T) (old *T) {
 	_, l := t.findLocked(a, k)
 	e := t.nodes.at(l.index()) // N.B. the claim keeps the tuple: l is not nulls
 	tw := t.timeWaits.Load()
-	tw.drop(&tw.stripes[s], k)
 	if e.reserved() {
+		tw.drop(&tw.stripes[s], k)
 		st.mu.Unlock()
 		t.publish(k, v)
 		return nil
 	}
 	old = e.val.Load()
 	e.val.Store(v) // N.B. seq stays odd, as in CompareAndSwap
+	// N.B. the mark goes once v is in (see the invariants).
+	tw.drop(&tw.stripes[s], k)
 	st.mu.Unlock()
 	return old
 }
@@ -263,25 +276,25 @@ func (t *Table[T]) unclaim(k *key) {
 	t.noteReuse(k, true)
 }
 
-// forgetTimeWait drops the mark of e, a live entry of stripe s about to be
-// removed, if it has one, and reports whether a claim holds it: then it
-// makes e a reservation in place, with the stripe's count as a remove
-// leaves it, and returns its value for the remove to return. The caller
-// holds the stripe's lock.
-func (t *Table[T]) forgetTimeWait(tw *timeWaits, st *stripe, s uint32, e *entry[T]) (*T, bool) {
-	ms := &tw.stripes[s]
+// forgetTimeWait is remove's part for the marks: if e, a live entry of
+// stripe s about to be removed, is marked, it returns the stripe of its
+// mark, with its key in *k, for remove to drop once e is unlinked (see the
+// invariants); if a claim holds the mark, it makes e a reservation in
+// place, with the stripe's count as a remove leaves it, and returns its
+// value and held = true for the remove to return. The caller holds the
+// stripe's lock.
+func (t *Table[T]) forgetTimeWait(tw *timeWaits, st *stripe, s uint32, e *entry[T], k *key) (ms *timeWaitStripe, v *T, held bool) {
+	ms = &tw.stripes[s]
 	if len(ms.marks) == 0 {
-		return nil, false
+		return nil, nil, false
 	}
-	k := e.key.load()
-	m, ok := ms.marks[k]
+	*k = e.key.load()
+	m, ok := ms.marks[*k]
 	if !ok {
-		return nil, false
+		return nil, nil, false
 	}
 	if !m.claimed {
-		tw.drop(ms, &k)
-		t.noteReuse(&k, false)
-		return nil, false
+		return ms, nil, false
 	}
 	// N.B. as a recycling: seq even (readers restart), the reservation's
 	// key and nil value, then odd again; the chain is the same, and so
@@ -289,11 +302,18 @@ func (t *Table[T]) forgetTimeWait(tw *timeWaits, st *stripe, s uint32, e *entry[
 	seq := e.seq.Load()
 	e.seq.Store(seq + 1)
 	e.key.meta.Store(k.meta &^ lportMask)
-	v := e.val.Load()
+	v = e.val.Load()
 	e.val.Store(nil)
 	e.seq.Store(seq + 2)
 	st.count.Store(st.count.Load() - 1)
-	return v, true
+	return nil, v, true
+}
+
+// dropRemoved drops the mark of a removed entry, of key k, from ms (see
+// forgetTimeWait).
+func (t *Table[T]) dropRemoved(ms *timeWaitStripe, k *key) {
+	t.timeWaits.Load().drop(ms, k)
+	t.noteReuse(k, false)
 }
 
 // reuseOut returns the *T of cc's WithTimeWaitReuse, or an error if its

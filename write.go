@@ -354,11 +354,16 @@ func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
 // remove deletes the entry of link l, linked by prev, from stripe st,
 // whose lock the caller holds, frees its node and returns its value.
 func (t *Table[T]) remove(a *tableArray[T], st *stripe, prev *linkField, l link) *T {
+	// The stripe of the entry's mark, if it has one, and the entry's key.
+	var marked *timeWaitStripe
+	var k key
 	if tw := t.timeWaits.Load(); tw != nil { // N.B. without marks, a load and a branch
 		e := t.nodes.at(l.index())
-		if v, held := t.forgetTimeWait(tw, st, uint32(e.key.meta.Load()>>32)&a.b.stripeMask, e); held {
+		ms, v, held := t.forgetTimeWait(tw, st, uint32(e.key.meta.Load()>>32)&a.b.stripeMask, e, &k)
+		if held {
 			return v
 		}
+		marked = ms
 	}
 	if t.alloc != nil {
 		t.unuseEntry(t.nodes.at(l.index()))
@@ -369,5 +374,8 @@ func (t *Table[T]) remove(a *tableArray[T], st *stripe, prev *linkField, l link)
 	v := t.unlinkLocked(prev, l)
 	t.free(a, st, l.index())
 	st.count.Store(st.count.Load() - 1)
+	if marked != nil {
+		t.dropRemoved(marked, &k) // N.B. once unlinked (timewait.go)
+	}
 	return v
 }

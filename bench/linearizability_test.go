@@ -33,11 +33,18 @@ const (
 	linClear
 	linDeleteFuncSaw
 	linDeleteFuncDel
+	linTimeWait
+	linConnect
+	linConnectBusy
+	linConnectFunc // as called; recorded as a claim and a publish, or as busy
+	linClaim
+	linPublish
 )
 
 func (o linOp) String() string {
 	return [...]string{"insert", "lookup", "delete", "lookupOrInsert", "compareAndDelete", "compareAndSwap",
-		"store", "swap", "compute", "lookupOrCompute", "clear", "deleteFunc.saw", "deleteFunc.del"}[o]
+		"store", "swap", "compute", "lookupOrCompute", "clear", "deleteFunc.saw", "deleteFunc.del",
+		"timeWait", "connect", "connect.busy", "connectFunc", "connectFunc.claim", "connectFunc.publish"}[o]
 }
 
 // linInput is one call: val is the value's id for an insert,
@@ -57,11 +64,26 @@ func (o linOp) String() string {
 // the key, a deleteFunc.del of it with the value the function saw (val):
 // DeleteFunc deletes the entry only if its value is still that one, as a
 // compareAndDelete does.
+//
+// TIME_WAIT: a timeWait marks the key in TIME_WAIT since second val, or
+// clears its mark for val 0. A Connect with WithTimeWaitReuse over the
+// ports of the connect keys (linKeys) is a connect of the key it took,
+// with val the new value's id; its policy allows a mark of since at most
+// cut, any mark for cut 0. A Connect that found no port is one
+// connect.busy per connect key, spanning the call: it tries each port
+// once, each under its own lock, so each key was taken (present and not
+// reusable, or held) at some moment of the call. A ConnectFunc that took a
+// key is a connectFunc.claim, from its call to its function's start, when
+// it held the key (free, or marked and allowed, which it then claims), and
+// a connectFunc.publish of val, from its function's end to its return.
+// Which key a Connect takes is the scan's business: the model takes any
+// that it could.
 type linInput struct {
 	op   linOp
 	key  int
 	val  int
 	swap int
+	cut  int
 	cop  hash4.ComputeOp
 	fail bool
 }
@@ -73,7 +95,10 @@ type linInput struct {
 // compareAndSwap, swapped; for swap, loaded and the old value. For compute,
 // saw and sawOK are what its function was given, val and ok what Compute
 // returned; for lookupOrCompute, val and ok (loaded) as returned, called
-// whether its function ran and err whether an error was returned.
+// whether its function ran and err whether an error was returned. err is
+// also the ErrExists of a lookupOrInsert, swap or compute of a key a
+// ConnectFunc holds. For timeWait, ok reports the key present; for connect
+// and connectFunc.publish, val is the old value handed back (0: none).
 type linOutput struct {
 	ok     bool
 	val    int
@@ -83,8 +108,46 @@ type linOutput struct {
 	err    bool
 }
 
+// linState is a key's state in the model: its value id (0 when absent), the
+// second its TIME_WAIT mark dates from (0 when unmarked), and the hold of a
+// ConnectFunc on it.
+type linState struct {
+	val, since int
+	hold       linHold
+}
+
+// linHold is a ConnectFunc's hold on a key: none, a claim of the flow it
+// takes over (whose value stays visible until the publish), or a
+// reservation (invisible, but the key is taken: a free key the ConnectFunc
+// took, or a claimed flow deleted meanwhile).
+type linHold uint8
+
+const (
+	linUnheld linHold = iota
+	linClaimed
+	linReserved
+)
+
+// removed is the state after a delete of s, present: gone, with its mark,
+// but a claimed key stays held.
+func (s linState) removed() linState {
+	if s.hold == linClaimed {
+		return linState{hold: linReserved}
+	}
+	return linState{}
+}
+
+// reusable reports whether a Connect whose policy allows marks up to cut
+// (any, for 0) may take the key over.
+func (s linState) reusable(cut int) bool {
+	return s.val != 0 && s.hold == linUnheld && s.since != 0 && (cut == 0 || s.since <= cut)
+}
+
+// free reports whether a Connect may take the key as a free port.
+func (s linState) free() bool { return s.val == 0 && s.hold == linUnheld }
+
 // linModel is a map from key to value id, partitioned by key: a partition's
-// state is the key's value id, 0 when absent.
+// state is the key's linState.
 var linModel = porcupine.Model{
 	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
 		return groupByKey(history, func(op porcupine.Operation) int { return op.Input.(linInput).key })
@@ -98,59 +161,117 @@ var linModel = porcupine.Model{
 		}
 		return groupByKey(history, func(e porcupine.Event) int { return keyOf[e.Id] })
 	},
-	Init: func() any { return 0 },
+	Init: func() any { return linState{} },
 	Step: func(state, input, output any) (bool, any) {
-		s, in, out := state.(int), input.(linInput), output.(linOutput)
+		s, in, out := state.(linState), input.(linInput), output.(linOutput)
+		held := s.hold == linReserved
+		set := func(v int) linState { s.val = v; return s }
 		switch in.op {
 		case linInsert:
-			if s == 0 {
-				return out.ok, in.val
+			if s.free() {
+				return out.ok, linState{val: in.val}
 			}
 			return !out.ok, s
 		case linLookup, linDeleteFuncSaw:
-			return out.ok == (s != 0) && out.val == s, s
+			return out.ok == (s.val != 0) && out.val == s.val, s
 		case linDelete:
-			return out.ok == (s != 0) && out.val == s, 0
-		case linLookupOrInsert:
-			if s == 0 {
-				return !out.ok && out.val == in.val, in.val
+			if s.val == 0 {
+				return !out.ok && out.val == 0, s
 			}
-			return out.ok && out.val == s, s
+			return out.ok && out.val == s.val, s.removed()
+		case linLookupOrInsert:
+			switch {
+			case held:
+				return out.err && !out.ok && out.val == 0, s
+			case s.val == 0:
+				return !out.err && !out.ok && out.val == in.val, linState{val: in.val}
+			}
+			return !out.err && out.ok && out.val == s.val, s
 		case linCompareAndDelete, linDeleteFuncDel:
-			if s != 0 && s == in.val {
-				return out.ok, 0
+			if s.val != 0 && s.val == in.val {
+				return out.ok, s.removed()
 			}
 			return !out.ok, s
 		case linCompareAndSwap:
-			if s != 0 && s == in.val {
-				return out.ok, in.swap
+			if s.val != 0 && s.val == in.val {
+				return out.ok, set(in.swap)
 			}
 			return !out.ok, s
 		case linStore:
-			return out.ok, in.val
+			if held {
+				return !out.ok, s
+			}
+			return out.ok, set(in.val)
 		case linSwap:
-			return out.ok == (s != 0) && out.val == s, in.val
+			if held {
+				return out.err && !out.ok && out.val == 0, s
+			}
+			return !out.err && out.ok == (s.val != 0) && out.val == s.val, set(in.val)
 		case linCompute:
-			if out.sawOK != (s != 0) || out.saw != s {
+			if held {
+				return out.err && !out.sawOK && out.saw == 0 && !out.ok && out.val == 0, s
+			}
+			if out.err || out.sawOK != (s.val != 0) || out.saw != s.val {
 				return false, s
 			}
 			switch in.cop {
 			case hash4.UpdateOp:
-				return out.ok && out.val == in.val, in.val
+				return out.ok && out.val == in.val, set(in.val)
 			case hash4.DeleteOp:
-				return !out.ok && out.val == 0, 0
+				if s.val != 0 {
+					s = s.removed()
+				}
+				return !out.ok && out.val == 0, s
 			}
-			return out.ok == (s != 0) && out.val == s, s
+			return out.ok == (s.val != 0) && out.val == s.val, s
 		case linLookupOrCompute:
 			switch {
-			case s != 0:
-				return out.ok && out.val == s && !out.called && !out.err, s
+			case s.val != 0:
+				return out.ok && out.val == s.val && !out.called && !out.err, s
+			case held:
+				return !out.ok && out.val == 0 && !out.called && out.err, s
 			case in.fail:
-				return !out.ok && out.val == 0 && out.called && out.err, 0
+				return !out.ok && out.val == 0 && out.called && out.err, s
 			}
-			return !out.ok && out.val == in.val && out.called && !out.err, in.val
+			return !out.ok && out.val == in.val && out.called && !out.err, linState{val: in.val}
 		case linClear:
-			return true, 0
+			if s.val == 0 {
+				return true, s
+			}
+			return true, s.removed()
+		case linTimeWait:
+			if s.val == 0 {
+				return !out.ok, s
+			}
+			s.since = in.val
+			return out.ok, s
+		case linConnect:
+			switch {
+			case s.free():
+				return out.ok && out.val == 0, linState{val: in.val}
+			case s.reusable(in.cut):
+				return out.ok && out.val == s.val, linState{val: in.val}
+			}
+			return false, s
+		case linConnectBusy:
+			return !s.free() && !s.reusable(in.cut), s
+		case linClaim:
+			switch {
+			case s.free():
+				return out.ok, linState{hold: linReserved}
+			case s.reusable(in.cut):
+				s.hold = linClaimed
+				return out.ok, s
+			}
+			return false, s
+		case linPublish:
+			switch s.hold {
+			case linReserved:
+				return out.ok && out.val == 0, linState{val: in.val}
+			case linClaimed:
+				return out.ok && out.val == s.val, linState{val: in.val}
+			}
+			return false, s
 		}
 		return false, s
 	},
@@ -160,13 +281,19 @@ var linModel = porcupine.Model{
 		case linCompareAndSwap:
 			return fmt.Sprintf("%v(k%d, %d, %d) -> %v", in.op, in.key, in.val, in.swap, out.ok)
 		case linCompute:
-			return fmt.Sprintf("%v(k%d, op %d, %d) -> saw %d %v, %d %v", in.op, in.key, in.cop, in.val, out.saw, out.sawOK, out.val, out.ok)
+			return fmt.Sprintf("%v(k%d, op %d, %d) -> saw %d %v, %d %v, err %v", in.op, in.key, in.cop, in.val, out.saw, out.sawOK, out.val, out.ok, out.err)
 		case linLookupOrCompute:
 			return fmt.Sprintf("%v(k%d, %d, fail %v) -> %d %v, called %v, err %v", in.op, in.key, in.val, in.fail, out.val, out.ok, out.called, out.err)
 		case linClear:
 			return fmt.Sprintf("%v(k%d)", in.op, in.key)
+		case linConnect, linConnectBusy, linClaim:
+			return fmt.Sprintf("%v(k%d, %d, cut %d) -> %v %d", in.op, in.key, in.val, in.cut, out.ok, out.val)
 		}
-		return fmt.Sprintf("%v(k%d, %d) -> %v %d", in.op, in.key, in.val, out.ok, out.val)
+		return fmt.Sprintf("%v(k%d, %d) -> %v %d, err %v", in.op, in.key, in.val, out.ok, out.val, out.err)
+	},
+	DescribeState: func(state any) string {
+		s := state.(linState)
+		return fmt.Sprintf("%d since %d hold %d", s.val, s.since, s.hold)
 	},
 }
 
@@ -213,28 +340,45 @@ func linAs16(tup Tuple) Tuple {
 	return tup
 }
 
+// linConnectPort is the local port of the first connect key (linKeys).
+const linConnectPort = 40000
+
+// linTimeWaitShare is the share of the ops on the connect keys (timeWait,
+// Connect, ConnectFunc and more lookups), in hundredths of the others.
+const linTimeWaitShare = 30
+
 // linKeys returns the nKeys keys of a run: the first half in bucket
 // linChainBucket of a table of the given bucket count (a long chain), the
-// rest anywhere. A tuple's hash is that of the tuple with local port 0 plus
-// the local port (HashTuple), so a local port puts a key in the bucket
-// chosen.
+// rest, the connect keys, anywhere: the flows from one local address to
+// one peer on the consecutive local ports from linConnectPort, the ports
+// of the run's Connects, of one family or the other as the seed goes. A
+// tuple's hash is that of the tuple with local port 0 plus the local port
+// (HashTuple), so a local port puts a key in the bucket chosen.
 func linKeys(t *testing.T, seed uint64, buckets, nKeys int) []Tuple {
 	mask := uint32(buckets - 1)
 	var keys []Tuple
-	for i := 0; len(keys) < nKeys; i++ {
+	for i := 0; len(keys) < nKeys/2; i++ {
 		k := linKey(int(seed)*1000+i, i%2 == 1)
-		if len(keys) < nKeys/2 {
-			k.Local = netip.AddrPortFrom(k.Local.Addr(), 0)
-			port := uint16((linChainBucket - hash4.HashTuple(k, hash4.LinuxHasher, linSecret)) & mask)
-			if port == 0 {
-				continue
-			}
-			k.Local = netip.AddrPortFrom(k.Local.Addr(), port)
-			require.Equal(t, uint32(linChainBucket), hash4.HashTuple(k, hash4.LinuxHasher, linSecret)&mask)
+		k.Local = netip.AddrPortFrom(k.Local.Addr(), 0)
+		port := uint16((linChainBucket - hash4.HashTuple(k, hash4.LinuxHasher, linSecret)) & mask)
+		if port == 0 {
+			continue
 		}
+		k.Local = netip.AddrPortFrom(k.Local.Addr(), port)
+		require.Equal(t, uint32(linChainBucket), hash4.HashTuple(k, hash4.LinuxHasher, linSecret)&mask)
+		keys = append(keys, k)
+	}
+	k := linKey(int(seed)*1000+999, seed%3 == 0)
+	for j := range nKeys - nKeys/2 {
+		k.Local = netip.AddrPortFrom(k.Local.Addr(), linConnectPort+uint16(j))
 		keys = append(keys, k)
 	}
 	return keys
+}
+
+// linAllow returns the reuse policy of a connect of cut (see linInput).
+func linAllow(cut int) hash4.ReusePolicy {
+	return func(_ Tuple, since time.Time) bool { return cut == 0 || !since.After(time.Unix(int64(cut), 0)) }
 }
 
 // linRun records a history of nClients goroutines doing opsPerClient random
@@ -245,6 +389,9 @@ func linKeys(t *testing.T, seed uint64, buckets, nKeys int) []Tuple {
 // each followed by a Compact, or with linGrowItself, while another inserts
 // 2048 keys that no client uses, into a table filled with such keys to
 // just under two per bucket (less 128 keys) if large, so that the table grows itself.
+//
+// A client's ops include TIME_WAIT marks of the connect keys (linKeys), and
+// Connects and ConnectFuncs with WithTimeWaitReuse over their ports.
 //
 // Each client yields now and then between ops, and, to make the ops of
 // different clients overlap where the clients take turns on one processor
@@ -266,6 +413,13 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 	require.Equal(t, buckets, tab.Stats().Buckets)
 	// The keys, each spelled two ways (linAs16).
 	keys := linKeys(t, seed, buckets, nKeys)
+	// The Connects' allocator, whose range is the connect keys' ports, and
+	// their flow.
+	connKeys := keys[nKeys/2:]
+	alloc, err := hash4.NewPortAllocator(hash4.WithPolicy(hash4.Flat),
+		hash4.WithPortRange(hash4.PortRange{Low: linConnectPort, High: linConnectPort + uint16(len(connKeys)-1)}))
+	require.NoError(t, err)
+	connLocal, connRemote := connKeys[0].Local.Addr(), connKeys[0].Remote
 	// The index of each key in the form the table gives it (DeleteFunc).
 	keyIndex := make(map[Tuple]int, nKeys)
 	for i, k := range keys {
@@ -331,8 +485,28 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 				in := linInput{key: ki}
 				var out linOutput
 				var got *int
-				expect := 0 // the value a DeleteFunc approves, 0 for any
-				switch p := r.IntN(100); {
+				expect := 0     // the value a DeleteFunc approves, 0 for any
+				linger := false // yield inside the op's interval, both sides
+				switch p := r.IntN(100 + linTimeWaitShare); {
+				case p >= 100:
+					// TIME_WAIT: a mark or a lookup of a connect key, or
+					// a Connect over the connect keys' ports.
+					ki = nKeys/2 + r.IntN(len(connKeys))
+					k, in.key = keys[ki], ki
+					if r.IntN(2) == 0 {
+						k = linAs16(k)
+					}
+					switch q := p - 100; {
+					case q < 10:
+						in.op, in.val = linTimeWait, r.IntN(4)
+					case q < 18:
+						in.op, in.val, in.cut = linConnect, fresh, r.IntN(3)
+					case q < 24:
+						in.op, in.val, in.cut = linConnectFunc, fresh, r.IntN(3)
+					default:
+						// Lookups that linger, to meet the takeovers.
+						in.op, linger = linLookup, true
+					}
 				case p < 17:
 					in.op, in.val = linInsert, fresh
 				case p < 30:
@@ -389,15 +563,24 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 						}
 					}
 				}
-				var sights [][2]int // a DeleteFunc's: key, value id seen
+				var sights [][2]int          // a DeleteFunc's: key, value id seen
+				var claimed, published int64 // a ConnectFunc's function's start and end
 				call := clock.Add(1)
-				if r.IntN(8) == 0 {
+				if r.IntN(8) == 0 || linger {
 					runtime.Gosched()
+				}
+				// expectErr reports an error that is not ErrExists, the
+				// error of a write of a key a ConnectFunc holds.
+				expectErr := func(err error) {
+					if err != nil && !errors.Is(err, hash4.ErrExists) {
+						bad.Store(fmt.Sprintf("%v %v: %v", in.op, k, err))
+					}
 				}
 				switch in.op {
 				case linInsert:
 					err := tab.Insert(k, vals[in.val])
 					out.ok = err == nil
+					expectErr(err)
 				case linLookup:
 					got, out.ok = tab.Lookup(k)
 				case linDelete:
@@ -409,9 +592,8 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 					} else {
 						got, out.ok, err = tab.LookupOrInsert(k, vals[in.val])
 					}
-					if err != nil {
-						bad.Store(fmt.Sprintf("%v %v: %v", in.op, k, err))
-					}
+					out.err = err != nil
+					expectErr(err)
 				case linCompareAndDelete:
 					out.ok = tab.CompareAndDelete(k, vals[in.val])
 				case linCompareAndSwap:
@@ -419,6 +601,7 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 				case linStore:
 					err := tab.Store(k, vals[in.val])
 					out.ok = err == nil
+					expectErr(err)
 				case linCompute:
 					calls := 0
 					var err error
@@ -430,7 +613,9 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 						}
 						return old, in.cop
 					})
-					if err != nil || calls != 1 {
+					out.err = err != nil
+					expectErr(err)
+					if calls != 1 && !out.err || calls != 0 && out.err {
 						bad.Store(fmt.Sprintf("compute %v: %d calls, %v", k, calls, err))
 					}
 				case linLookupOrCompute:
@@ -444,7 +629,7 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 						return vals[in.val], nil
 					})
 					out.called, out.err = calls > 0, err != nil
-					if calls > 1 || (err != nil && !errors.Is(err, errLinCompute)) {
+					if calls > 1 || (err != nil && !errors.Is(err, errLinCompute) && !errors.Is(err, hash4.ErrExists)) {
 						bad.Store(fmt.Sprintf("lookupOrCompute %v: %d calls, %v", k, calls, err))
 					}
 				case linDeleteFuncDel:
@@ -471,13 +656,54 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 					}
 				case linClear:
 					tab.Clear()
+				case linTimeWait:
+					since := time.Time{}
+					if in.val != 0 {
+						since = time.Unix(int64(in.val), 0)
+					}
+					out.ok = tab.TimeWait(k, since)
+				case linConnect, linConnectFunc:
+					local := connLocal
+					if r.IntN(2) == 0 {
+						local = netip.AddrFrom16(local.As16())
+					}
+					reuse := hash4.WithTimeWaitReuse(linAllow(in.cut), &got)
+					var tup Tuple
+					var err error
+					if in.op == linConnect {
+						tup, err = tab.Connect(alloc, local, connRemote, vals[in.val], reuse)
+					} else {
+						calls := 0
+						var v *int
+						tup, v, err = tab.ConnectFunc(alloc, local, connRemote, func(Tuple) (*int, error) {
+							calls++
+							claimed = clock.Add(1)
+							// Let others meet the key held.
+							runtime.Gosched()
+							published = clock.Add(1)
+							return vals[in.val], nil
+						}, reuse)
+						if calls != 1 && err == nil || calls != 0 && err != nil || err == nil && v != vals[in.val] {
+							bad.Store(fmt.Sprintf("connectFunc: %d calls, %v, %v", calls, v, err))
+						}
+					}
+					switch j, ok := keyIndex[tup]; {
+					case err == nil && ok:
+						in.key, out.ok = j, true
+					case errors.Is(err, hash4.ErrNoPorts) && got == nil:
+						in.op = linConnectBusy
+					default:
+						bad.Store(fmt.Sprintf("%v took %v, handing back %v: %v", in.op, tup, got, err))
+					}
 				}
-				if r.IntN(8) == 0 {
+				if r.IntN(8) == 0 || linger {
 					runtime.Gosched()
 				}
 				ret := clock.Add(1)
 				switch {
-				case in.op == linInsert && out.ok, in.op == linStore, in.op == linSwap:
+				case in.op == linConnect, in.op == linConnectFunc:
+					seen[in.key] = in.val
+				case in.op == linInsert && out.ok, in.op == linStore && out.ok, in.op == linSwap && !out.err:
 					seen[ki] = in.val
 				case in.op == linCompareAndSwap && out.ok:
 					seen[ki] = in.swap
@@ -486,6 +712,14 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 				}
 				out.val = id(in.op.String(), got)
 				switch in.op {
+				case linConnectBusy:
+					for j := nKeys / 2; j < nKeys; j++ {
+						ops = append(ops, porcupine.Operation{ClientId: c, Input: linInput{op: linConnectBusy, key: j, cut: in.cut}, Call: call, Output: linOutput{}, Return: ret})
+					}
+				case linConnectFunc:
+					ops = append(ops,
+						porcupine.Operation{ClientId: c, Input: linInput{op: linClaim, key: in.key, cut: in.cut}, Call: call, Output: linOutput{ok: true}, Return: claimed},
+						porcupine.Operation{ClientId: c, Input: linInput{op: linPublish, key: in.key, val: in.val}, Call: published, Output: out, Return: ret})
 				case linClear:
 					for j := range nKeys {
 						ops = append(ops, porcupine.Operation{ClientId: c, Input: linInput{op: linClear, key: j}, Call: call, Output: linOutput{}, Return: ret})
@@ -609,7 +843,7 @@ func TestLinearizability(t *testing.T) {
 	if testing.Short() {
 		runs = 8
 	}
-	overlapping := 0
+	overlapping, duringTakeover := 0, 0
 	outcomes := map[string]int{}
 	// On a loaded machine the clients may happen to run one at a time; keep
 	// going (bounded) until some history is really concurrent.
@@ -620,11 +854,14 @@ func TestLinearizability(t *testing.T) {
 		// interval; each call has a call time of its own.
 		calls := map[int64]bool{}
 		for _, op := range hist {
-			calls[op.Call] = true
+			if op.Input.(linInput).op != linPublish { // a ConnectFunc's second
+				calls[op.Call] = true
+			}
 			outcomes[linOutcome(op)]++
 		}
 		require.Len(t, calls, 4*ops)
 		overlapping += linOverlapping(hist)
+		duringTakeover += linDuringTakeover(hist)
 		res := porcupine.CheckOperationsTimeout(linModel, hist, 30*time.Second)
 		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v, growth %v): history not linearizable", run, stripes, grouped, grow)
 		if run%5 == 0 {
@@ -633,13 +870,19 @@ func TestLinearizability(t *testing.T) {
 	}
 	// The histories are concurrent, not a sequence of isolated calls, and
 	// hold each op with each of its outcomes that change or find a value.
-	t.Logf("%d operations overlap another client's; outcomes %v", overlapping, outcomes)
+	t.Logf("%d operations overlap another client's, %d lookups a takeover; outcomes %v", overlapping, duringTakeover, outcomes)
 	require.Positive(t, overlapping)
+	require.Positive(t, duringTakeover, "lookups concurrent with a takeover of their key")
+	require.GreaterOrEqual(t, outcomes["connect takeover"], runs)
+	require.GreaterOrEqual(t, outcomes["connectFunc.publish takeover"], runs)
 	for _, o := range []string{
 		"compareAndSwap true", "store", "swap true", "swap false",
 		"compute update true", "compute delete true", "compute cancel true", "compute cancel false",
 		"lookupOrCompute true", "lookupOrCompute called", "lookupOrCompute failed",
 		"deleteFunc.del true", "deleteFunc.saw true", "deleteFunc.saw false", "clear",
+		"timeWait true", "timeWait false", "connect free", "connect takeover", "connect.busy",
+		"connectFunc.claim", "connectFunc.publish free", "connectFunc.publish takeover",
+		"a write failing on a held key",
 	} {
 		require.Positive(t, outcomes[o], "the histories hold %s", o)
 	}
@@ -650,9 +893,26 @@ func TestLinearizability(t *testing.T) {
 func linOutcome(op porcupine.Operation) string {
 	in, out := op.Input.(linInput), op.Output.(linOutput)
 	switch in.op {
-	case linStore, linClear:
+	case linStore, linClaim:
+		if in.op == linStore && !out.ok {
+			return "a write failing on a held key"
+		}
 		return in.op.String()
+	case linClear, linConnectBusy:
+		return in.op.String()
+	case linConnect, linPublish:
+		if out.val != 0 {
+			return in.op.String() + " takeover"
+		}
+		return in.op.String() + " free"
+	case linLookupOrInsert, linSwap:
+		if out.err {
+			return "a write failing on a held key"
+		}
 	case linCompute:
+		if out.err {
+			return "a write failing on a held key"
+		}
 		return fmt.Sprintf("%v %v %v", in.op, [...]string{"cancel", "update", "delete"}[in.cop], out.sawOK)
 	case linLookupOrCompute:
 		switch {
@@ -672,6 +932,27 @@ func linOverlapping(hist []porcupine.Operation) int {
 	for i, a := range hist {
 		for j, b := range hist {
 			if i != j && a.ClientId != b.ClientId && a.Call < b.Return && b.Call < a.Return {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// linDuringTakeover counts lookups whose interval overlaps that of a
+// takeover of their key by a Connect, or by a ConnectFunc's publish.
+func linDuringTakeover(hist []porcupine.Operation) int {
+	n := 0
+	for _, a := range hist {
+		in := a.Input.(linInput)
+		if in.op != linLookup {
+			continue
+		}
+		for _, b := range hist {
+			tin := b.Input.(linInput)
+			if (tin.op == linConnect || tin.op == linPublish) && tin.key == in.key && b.Output.(linOutput).val != 0 &&
+				a.Call < b.Return && b.Call < a.Return {
 				n++
 				break
 			}
@@ -848,6 +1129,71 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 		require.Equal(t, c.want, porcupine.CheckOperationsTimeout(linModel, ops, 10*time.Second), c.name)
 	}
 
+	// TIME_WAIT: each case follows insert(k1, 7) at [0, 1], and mostly a
+	// mark of k1 at [2, 3] (marked).
+	tw := func(since int) linInput { return linInput{op: linTimeWait, key: 1, val: since} }
+	conn := func(cut, v int) linInput { return linInput{op: linConnect, key: 1, cut: cut, val: v} }
+	busy := func(cut int) linInput { return linInput{op: linConnectBusy, key: 1, cut: cut} }
+	claim := linInput{op: linClaim, key: 1}
+	publish := linInput{op: linPublish, key: 1, val: 8}
+	ok, none := linOutput{ok: true}, linOutput{}
+	old := func(v int) linOutput { return linOutput{ok: true, val: v} }
+	marked := at(1, tw(1), ok, 2, 3)
+	ins9 := linInput{op: linInsert, key: 1, val: 9}
+	for _, c := range []struct {
+		name string
+		ops  []porcupine.Operation
+		want porcupine.CheckResult
+	}{
+		{"timeWait of a present key", then(marked, at(0, look, found, 4, 5)), porcupine.Ok},
+		{"timeWait reporting a present key absent", at(1, tw(1), none, 2, 3), porcupine.Illegal},
+		{"timeWait reporting an absent key present", then(at(0, del, found, 2, 3), at(1, tw(1), ok, 4, 5)), porcupine.Illegal},
+
+		{"takeover", then(marked, at(1, conn(0, 8), old(7), 4, 5), at(0, look, has8, 6, 7)), porcupine.Ok},
+		{"takeover handing back a value the key never had", then(marked, at(1, conn(0, 8), old(9), 4, 5)), porcupine.Illegal},
+		{"takeover handing back nothing", then(marked, at(1, conn(0, 8), ok, 4, 5)), porcupine.Illegal},
+		{"takeover of an unmarked key", at(1, conn(0, 8), old(7), 2, 3), porcupine.Illegal},
+		{"takeover of a key whose mark was cleared", then(marked, at(1, tw(0), ok, 4, 5), at(1, conn(0, 8), old(7), 6, 7)), porcupine.Illegal},
+		{"takeover of a mark the policy allows", then(at(1, tw(2), ok, 2, 3), at(1, conn(2, 8), old(7), 4, 5)), porcupine.Ok},
+		{"takeover of a mark the policy refuses", then(at(1, tw(3), ok, 2, 3), at(1, conn(2, 8), old(7), 4, 5)), porcupine.Illegal},
+		{"lookup of the old value during a takeover", then(marked, at(1, conn(0, 8), old(7), 4, 7), at(0, look, found, 5, 6)), porcupine.Ok},
+		{"lookup of the new value during a takeover", then(marked, at(1, conn(0, 8), old(7), 4, 7), at(0, look, has8, 5, 6)), porcupine.Ok},
+		{"lookup finding nothing during a takeover", then(marked, at(1, conn(0, 8), old(7), 4, 7), at(0, look, absent, 5, 6)), porcupine.Illegal},
+		{"lookup finding nothing between the mark and the takeover", then(marked, at(0, look, absent, 4, 5), at(1, conn(0, 8), old(7), 6, 7)), porcupine.Illegal},
+		{"lookup of the old value after a takeover", then(marked, at(1, conn(0, 8), old(7), 4, 5), at(0, look, found, 6, 7)), porcupine.Illegal},
+		{"takeover of the value a store put in", then(marked, at(0, store, ok, 4, 5), at(1, conn(0, 9), old(8), 6, 7)), porcupine.Ok},
+		{"takeover after a delete and an insert", then(marked, at(0, del, found, 4, 5), at(0, ins9, ok, 6, 7), at(1, conn(0, 8), old(9), 8, 9)), porcupine.Illegal},
+		{"takeover after a delete, an insert and a mark", then(marked, at(0, del, found, 4, 5), at(0, ins9, ok, 6, 7), at(1, tw(1), ok, 8, 9), at(1, conn(0, 8), old(9), 10, 11)), porcupine.Ok},
+		{"two takeovers of one mark", then(marked, at(1, conn(0, 8), old(7), 4, 7), at(0, conn(0, 9), old(8), 5, 6)), porcupine.Illegal},
+		{"connect of a free key", then(at(0, del, found, 2, 3), at(1, conn(0, 8), ok, 4, 5), at(0, look, has8, 6, 7)), porcupine.Ok},
+		{"connect of a free key handing back a value", then(at(0, del, found, 2, 3), at(1, conn(0, 8), old(7), 4, 5)), porcupine.Illegal},
+		{"connect of a present unmarked key as free", at(1, conn(0, 8), ok, 2, 3), porcupine.Illegal},
+		{"no port: the key present and unmarked", at(1, busy(0), none, 2, 3), porcupine.Ok},
+		{"no port: the mark refused", then(at(1, tw(3), ok, 2, 3), at(1, busy(2), none, 4, 5)), porcupine.Ok},
+		{"no port: the key marked and allowed", then(marked, at(1, busy(0), none, 4, 5)), porcupine.Illegal},
+		{"no port: the key free", then(at(0, del, found, 2, 3), at(1, busy(0), none, 4, 5)), porcupine.Illegal},
+		{"no port: the key deleted meanwhile", then(at(1, busy(0), none, 2, 5), at(0, del, found, 3, 4)), porcupine.Ok},
+
+		{"connectFunc taking over", then(marked, at(1, claim, ok, 4, 5), at(0, look, found, 6, 7), at(1, publish, old(7), 8, 9), at(0, look, has8, 10, 11)), porcupine.Ok},
+		{"connectFunc taking over an unmarked key", at(1, claim, ok, 2, 3), porcupine.Illegal},
+		{"lookup finding nothing during a claim", then(marked, at(1, claim, ok, 4, 5), at(0, look, absent, 6, 7), at(1, publish, old(7), 8, 9)), porcupine.Illegal},
+		{"connectFunc handing back a value the key never had", then(marked, at(1, claim, ok, 4, 5), at(1, publish, old(9), 6, 7)), porcupine.Illegal},
+		{"connectFunc handing back the value a store put in meanwhile", then(marked, at(1, claim, ok, 4, 5), at(0, linInput{op: linStore, key: 1, val: 9}, ok, 6, 7), at(1, publish, old(9), 8, 9)), porcupine.Ok},
+		{"connect taking a claimed key over", then(marked, at(1, claim, ok, 4, 5), at(0, conn(0, 9), old(7), 6, 7)), porcupine.Illegal},
+		{"no port: the key claimed", then(marked, at(1, claim, ok, 4, 5), at(0, busy(0), none, 6, 7)), porcupine.Ok},
+		{"a claimed key deleted meanwhile stays held", then(marked, at(1, claim, ok, 4, 5), at(0, del, found, 6, 7), at(0, ins9, none, 8, 9), at(0, look, absent, 10, 11), at(1, publish, ok, 12, 13)), porcupine.Ok},
+		{"connectFunc handing back the value deleted meanwhile", then(marked, at(1, claim, ok, 4, 5), at(0, del, found, 6, 7), at(1, publish, old(7), 8, 9)), porcupine.Illegal},
+		{"insert of a claimed key deleted meanwhile", then(marked, at(1, claim, ok, 4, 5), at(0, del, found, 6, 7), at(0, ins9, ok, 8, 9), at(1, publish, ok, 10, 11)), porcupine.Illegal},
+		{"connectFunc taking a free key", then(at(0, del, found, 2, 3), at(1, claim, ok, 4, 5), at(0, look, absent, 6, 7), at(0, ins9, none, 8, 9), at(1, publish, ok, 10, 11)), porcupine.Ok},
+		{"lookup of a key connectFunc holds", then(at(0, del, found, 2, 3), at(1, claim, ok, 4, 5), at(0, look, linOutput{ok: true, val: 8}, 6, 7), at(1, publish, ok, 8, 9)), porcupine.Illegal},
+		{"swap of a key connectFunc holds", then(at(0, del, found, 2, 3), at(1, claim, ok, 4, 5), at(0, swap, linOutput{}, 6, 7), at(1, publish, ok, 8, 9)), porcupine.Illegal},
+		{"swap failing on a key connectFunc holds", then(at(0, del, found, 2, 3), at(1, claim, ok, 4, 5), at(0, swap, linOutput{err: true}, 6, 7), at(1, publish, ok, 8, 9)), porcupine.Ok},
+		{"connectFunc handing back a value for a free key", then(at(0, del, found, 2, 3), at(1, claim, ok, 4, 5), at(1, publish, old(7), 6, 7)), porcupine.Illegal},
+	} {
+		ops := append([]porcupine.Operation{linOpAt(0, ins, linOutput{ok: true}, 0, 1)}, c.ops...)
+		require.Equal(t, c.want, porcupine.CheckOperationsTimeout(linModel, ops, 10*time.Second), c.name)
+	}
+
 	// A real history made wrong by one edit: the last lookup that found a
 	// value is changed to return a value never inserted.
 	hist := linRun(t, 99, 1, false, linFixed, 3, 60, 2)
@@ -860,6 +1206,23 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 		}
 	}
 	require.True(t, edited)
+	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, hist, 10*time.Second))
+
+	// And a real history whose first takeover hands back a value never
+	// inserted (the first of a few seeds whose run has one).
+	edited = false
+	for seed := uint64(100); seed < 120 && !edited; seed++ {
+		hist = linRun(t, seed, 1, false, linFixed, 3, 60, 2)
+		require.True(t, porcupine.CheckOperations(linModel, hist))
+		for i := range hist {
+			if in := hist[i].Input.(linInput); (in.op == linConnect || in.op == linPublish) && hist[i].Output.(linOutput).val != 0 {
+				hist[i].Output = linOutput{ok: true, val: 1 << 30}
+				edited = true
+				break
+			}
+		}
+	}
+	require.True(t, edited, "no run took a flow over")
 	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(linModel, hist, 10*time.Second))
 }
 
