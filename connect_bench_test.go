@@ -29,7 +29,6 @@ package hash4
 // which the next Connect finds after a scan of half of it on average.
 
 import (
-	"strconv"
 	"strings"
 	"testing"
 
@@ -84,13 +83,10 @@ func connBenchNewTable(a *PortAllocator, n int, s connectStrategy) benchkit.Conn
 
 func BenchmarkConnect(b *testing.B) {
 	for _, policy := range []Policy{OddEven, Flat} {
-		for _, occ := range []int{0, 500, 900, 990, 999} { // per mille
+		for _, occ := range benchkit.ConnOccupancies {
 			for _, impl := range connBenchImpls {
-				pct := strconv.Itoa(occ / 10)
-				if occ%10 != 0 {
-					pct += "." + strconv.Itoa(occ%10)
-				}
-				name := "policy=" + strings.ToLower(policy.String()) + "/occupancy=" + pct + "%/impl=" + impl.name
+				occName, _ := benchkit.ConnOccupancy(occ, DefaultPortRange.Size())
+				name := "policy=" + strings.ToLower(policy.String()) + "/" + occName + "/impl=" + impl.name
 				b.Run(name, func(b *testing.B) {
 					s := newConnBenchState(impl.new, DefaultPortRange, policy, occ)
 					b.ReportAllocs()
@@ -114,8 +110,8 @@ func newConnBenchState(newImpl func(*PortAllocator, int) benchkit.Conn, rng Port
 	if err != nil {
 		panic(err)
 	}
-	size := rng.Size()
-	s := benchkit.NewConnState(newImpl(a, size), rng.Low, rng.High, policy == OddEven, size*occ/1000)
+	_, inUse := benchkit.ConnOccupancy(occ, rng.Size())
+	s := benchkit.NewConnState(newImpl(a, rng.Size()), rng.Low, rng.High, policy == OddEven, inUse)
 	for range connBenchWarmup {
 		s.Op()
 	}

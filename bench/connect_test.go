@@ -4,7 +4,8 @@ package bench
 // (__inet_hash_connect), against the baseline a Go user would write with a
 // concurrent map, e.g. BenchmarkConnect/policy=odd-even/occupancy=90%/impl=xsync.
 // (The root package's BenchmarkConnect compares Connect with the strategies
-// it replaced, impl=rehash and impl=locked.) Compare with
+// it replaced: impl=scan, the kernel's walk, and the older impl=rehash and
+// impl=locked.) Compare with
 //
 //	go test -run '^$' -bench Connect -count=6 ./bench > connect.txt
 //	benchstat -col /impl connect.txt
@@ -28,7 +29,6 @@ package bench
 import (
 	"encoding/binary"
 	"math/rand/v2"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -211,9 +211,10 @@ func (s *connScan) selectPort(try func(uint16) bool) (uint16, bool) {
 
 func BenchmarkConnect(b *testing.B) {
 	for _, policy := range []hash4.Policy{hash4.OddEven, hash4.Flat} {
-		for _, occ := range []int{0, 50, 90, 99} {
+		for _, occ := range benchkit.ConnOccupancies {
 			for _, impl := range connBenchImpls {
-				name := "policy=" + strings.ToLower(policy.String()) + "/occupancy=" + strconv.Itoa(occ) + "%/impl=" + impl.name
+				occName, _ := benchkit.ConnOccupancy(occ, hash4.DefaultPortRange.Size())
+				name := "policy=" + strings.ToLower(policy.String()) + "/" + occName + "/impl=" + impl.name
 				b.Run(name, func(b *testing.B) {
 					s := newConnBenchState(impl.new, hash4.DefaultPortRange, policy, occ)
 					b.ReportAllocs()
@@ -227,11 +228,11 @@ func BenchmarkConnect(b *testing.B) {
 }
 
 // newConnBenchState returns an implementation made by newImpl for rng and
-// policy, with a random occ percent of rng in use (see
+// policy, with a random occ per mille of rng in use (see
 // benchkit.NewConnState).
 func newConnBenchState(newImpl func(hash4.PortRange, hash4.Policy, int) benchkit.Conn, rng hash4.PortRange, policy hash4.Policy, occ int) *benchkit.ConnState {
-	size := rng.Size()
-	return benchkit.NewConnState(newImpl(rng, policy, size), rng.Low, rng.High, policy == hash4.OddEven, size*occ/100)
+	_, inUse := benchkit.ConnOccupancy(occ, rng.Size())
+	return benchkit.NewConnState(newImpl(rng, policy, rng.Size()), rng.Low, rng.High, policy == hash4.OddEven, inUse)
 }
 
 // TestConnectBenchImplsAgree checks the premise of BenchmarkConnect: both
@@ -242,12 +243,12 @@ func TestConnectBenchImplsAgree(t *testing.T) {
 		for _, rng := range []hash4.PortRange{{Low: 40000, High: 41999}, {Low: 40000, High: 40998}, {Low: 50001, High: 50005}} {
 			var want []uint16
 			for _, impl := range connBenchImpls {
-				s := newConnBenchState(impl.new, rng, policy, 90)
+				s := newConnBenchState(impl.new, rng, policy, 900)
 				var got []uint16
 				for range 1000 {
 					got = append(got, s.Op())
 				}
-				require.Len(t, s.Live, rng.Size()*90/100, impl.name)
+				require.Len(t, s.Live, rng.Size()*900/1000, impl.name)
 				// Then fill the range: the last ports come from the
 				// second pass and, in a range of odd size, the port the
 				// first pass leaves out.

@@ -177,6 +177,12 @@ func xKeyCharts(rep *report, gd *groupData) []chartFile {
 		}
 		if unit == "" {
 			lc.xLabel = gd.spec.xKey
+		} else if pts[len(pts)-1].x < 100 && pts[0].x >= 0 {
+			// Percentages below 100: on a log scale of the share left
+			// free (a port in 10, 100 or 1000 at 90, 99 and 99.9%), so
+			// that the occupancies near full stand apart.
+			lc.xFree = true
+			lc.xLabel = gd.spec.xKey + " of the port range (log scale of the share left free)"
 		}
 		lc.title = gd.spec.title
 		file := gd.spec.name

@@ -41,8 +41,16 @@ func (g *groupSpec) headline() string { return g.impls[0] }
 // used only to size the progress bar when -policies is not given.
 var connectPolicies = []string{"odd-even", "flat"}
 
-// connectOccupancies is the number of occupancies BenchmarkConnect runs.
-const connectOccupancies = 4
+// connectOccupancies is the number of occupancies BenchmarkConnect runs
+// (0, 50, 90, 99 and 99.9%).
+const connectOccupancies = 5
+
+// connectRootImpls are the Connect strategies the report runs in the root
+// package's BenchmarkConnect, as they are unexported: the kernel's scan,
+// which Connect used before it found a busy destination's ports in a
+// bitmap, and older steps. Connect itself (hash4) and its map baseline
+// (xsync) run in bench/.
+var connectRootImpls = []string{"scan", "rehash", "locked"}
 
 var groupSpecs = []*groupSpec{
 	{
@@ -90,10 +98,13 @@ var groupSpecs = []*groupSpec{
 	},
 	{
 		name: "connect", bench: "BenchmarkConnect", title: "Connect: pick a free source port",
-		implKey: "impl", impls: []string{"hash4", "rehash", "locked", "xsync"},
-		xKey: "occupancy", perRow: 4 * connectOccupancies,
+		implKey: "impl", impls: []string{"hash4", "scan", "rehash", "locked", "xsync"},
+		xKey: "occupancy", perRow: 5 * connectOccupancies,
 		what: "One Connect to a fixed destination plus one Delete of a random live flow, with the " +
-			"ephemeral range 32768-60999 occupied to a fixed fraction.",
+			"ephemeral range 32768-60999 occupied to a fixed fraction. hash4 is Table.Connect, which finds " +
+			"a busy destination's free ports in a bitmap; scan is the kernel's walk it used before, a " +
+			"lock-free lookup per candidate port; rehash (a full hash per candidate) and locked (no lock-free " +
+			"pre-check) are older forms of the walk; xsync runs the walk over an xsync.Map.",
 		meaning: "Every new outbound flow of a NAT gateway or proxy needs a free source port toward its " +
 			"destination: this is what opening a connection costs as the port range toward a busy upstream fills.",
 	},

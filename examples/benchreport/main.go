@@ -24,7 +24,8 @@
 //   - throughput-<group>-<size>.svg: million ops/s against goroutines, a line
 //     per implementation (lookup, mixed, churn, batch);
 //   - connect-<policy>.svg: time per Connect against the occupancy of the port
-//     range, a line per strategy;
+//     range (0 to 99.9%, on a log scale of the share left free), a line per
+//     strategy;
 //   - sharing.svg: time per delete+insert of 1K and 1M keys in one table shared by
 //     the goroutines and in a table per goroutine, which tells whether the
 //     processors shared caches while the report ran;

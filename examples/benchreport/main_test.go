@@ -117,17 +117,17 @@ func TestPlan(t *testing.T) {
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^Benchmark(Lookup|Mixed|Churn|AppendLookups)$/^n=(1K)$' -cpu 1,2 ./bench`,
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkChurnSharing$' ./bench`,
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkConnect$/^(policy=(flat)|occupancy=.*)$' ./bench`,
-		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkConnect$/^policy=(flat)$/./^impl=(rehash|locked)$' .`,
+		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkConnect$/^policy=(flat)$/./^impl=(scan|rehash|locked)$' .`,
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkUDPLookup$' .`,
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("plan\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	// 3 groups x 1 size x 2 cpus x 5 impls + 1 size x 2 cpus x 3 batch
-	// impls + 2 impls x 2 kinds of tables + 1 policy x 4 occupancies x 4
+	// impls + 2 impls x 2 kinds of tables + 1 policy x 5 occupancies x 5
 	// impls + 5 cases x 2.
-	if total != 30+6+4+16+10 {
-		t.Errorf("expect %d results, want 66", total)
+	if total != 30+6+4+25+10 {
+		t.Errorf("expect %d results, want 75", total)
 	}
 
 	o, err = parseFlags([]string{"-groups", "churn,connect", "-count", "3", "-cpu", "1,2,4"}, 4, &bytes.Buffer{})
@@ -137,11 +137,11 @@ func TestPlan(t *testing.T) {
 	// One round: each benchmark once per invocation, whatever -count.
 	invs := plan(o)
 	// Connect runs in two packages: bench/ (hash4, xsync) and the root
-	// (rehash, locked).
-	if len(invs) != 3 || invs[0].expect != 2*3*5 || invs[1].expect != 2*8 || invs[2].expect != 2*8 ||
+	// (scan, rehash, locked), each at 2 policies x 5 occupancies.
+	if len(invs) != 3 || invs[0].expect != 2*3*5 || invs[1].expect != 2*5*2 || invs[2].expect != 2*5*3 ||
 		invs[0].dir != "bench" || invs[1].dir != "bench" || invs[2].dir != "" ||
 		!slices.Contains(invs[1].args, "-test.bench=^BenchmarkConnect$") ||
-		!slices.Contains(invs[2].args, "-test.bench=^BenchmarkConnect$/././^impl=(rehash|locked)$") ||
+		!slices.Contains(invs[2].args, "-test.bench=^BenchmarkConnect$/././^impl=(scan|rehash|locked)$") ||
 		!slices.Contains(invs[0].args, "-test.count=1") || !slices.Contains(invs[1].args, "-test.count=1") {
 		t.Errorf("plan %+v", invs)
 	}
@@ -390,8 +390,8 @@ func TestCommandQuick(t *testing.T) {
 	}
 	// A line per finished benchmark (stderr is not a terminal here), the
 	// last one at the planned total.
-	if !regexp.MustCompile(`\[66/66\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
-		t.Errorf("progress lacks [66/66]:\n%s", stderr.String())
+	if !regexp.MustCompile(`\[75/75\] BenchmarkUDPLookup/`).MatchString(stderr.String()) {
+		t.Errorf("progress lacks [75/75]:\n%s", stderr.String())
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
 	for _, s := range []string{"`go run ./examples/benchreport -quick -out ", "## Lookup hits", "## UDP socket lookup", "GOMAXPROCS"} {

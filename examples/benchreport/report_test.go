@@ -15,8 +15,9 @@ var update = flag.Bool("update", false, "rewrite testdata/bench.golden.md")
 //
 //	go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn)$/^n=(1K|1M)$' -benchtime 50ms -count 2 -cpu 1,2 -benchmem
 //
-// and of Connect (policy flat, and odd-even at 0 and 50%) and UDPLookup
-// with the same flags but -cpu, on a 2-core machine.
+// and of Connect (policy flat, and odd-even at 0 and 50%; hash4 and xsync
+// from bench/, scan, rehash and locked from the root package) and
+// UDPLookup with the same flags but -cpu, on a 2-core machine.
 func recorded(t *testing.T) *report {
 	t.Helper()
 	f, err := os.Open(filepath.Join("testdata", "bench.txt"))
@@ -107,13 +108,18 @@ func TestParseRecorded(t *testing.T) {
 	}
 
 	connect := rep.group("connect")
-	if got := strings.Join(connect.impls, ","); got != "hash4,rehash,locked,xsync" {
+	if got := strings.Join(connect.impls, ","); got != "hash4,scan,rehash,locked,xsync" {
 		t.Errorf("connect impls %s", got)
 	}
-	if len(connect.rows) != 6 { // flat x 4 occupancies, odd-even x 2
-		t.Errorf("connect has %d rows, want 6", len(connect.rows))
+	if len(connect.rows) != 7 { // flat x 5 occupancies, odd-even x 2
+		t.Errorf("connect has %d rows, want 7", len(connect.rows))
 	}
 	findRow(t, connect, 2, "policy=odd-even", "occupancy=50%")
+	// Both packages' results in one row: hash4 from bench/, scan from
+	// the root.
+	if r := findRow(t, connect, 2, "policy=flat", "occupancy=99.9%"); r.cells["hash4"] == nil || r.cells["scan"] == nil {
+		t.Errorf("connect flat 99.9%% cells %v", r.cells)
+	}
 
 	sharing := rep.group("sharing")
 	if got := strings.Join(sharing.impls, ","); got != "tables=shared,tables=own" {
@@ -163,7 +169,7 @@ func TestMarkdownRecorded(t *testing.T) {
 		// Lookup 1K at 2 goroutines: hash4 44.0 ns, xsync 23.8 ns is the
 		// fastest; 43.985/23.815 = 1.85.
 		"| 1K | 2 | 44.0 ns (1.85×, 0 allocs) | 34.9 ns (1.47×, 0 allocs) | **23.8 ns** (1.00×, 0 allocs) | 45.8 ns (1.92×, 0 allocs) | 1.85× slower than xsync |\n",
-		"| policy | occupancy | hash4 | rehash | locked | xsync | hash4 vs fastest peer |\n",
+		"| policy | occupancy | hash4 | scan | rehash | locked | xsync | hash4 vs fastest peer |\n",
 		// UDP connected: 55.665 vs 2943.5 ns, 52.9x.
 		"| connected | **55.7 ns** (1.00×, 0 allocs) | 2.94 µs (52.9×, 0 allocs) | **52.9× faster** than hash4=off |\n",
 		"![Connect: pick a free source port (policy=flat)](connect-flat.svg)\n",

@@ -95,12 +95,12 @@ func plan(o options) []invocation {
 			if o.policies != nil {
 				policy = "^policy=(" + strings.Join(o.policies, "|") + ")$"
 			}
+			root := n / len(g.impls) * len(connectRootImpls)
 			args := append(common[:len(common):len(common)], "-test.bench="+re)
-			// Two implementations of the four in each.
-			invs = append(invs, invocation{args: args, expect: n / 2, dir: peersDir})
-			re = "^" + g.bench + "$/" + policy + "/./^impl=(rehash|locked)$"
+			invs = append(invs, invocation{args: args, expect: n - root, dir: peersDir})
+			re = "^" + g.bench + "$/" + policy + "/./^impl=(" + strings.Join(connectRootImpls, "|") + ")$"
 			args = append(common[:len(common):len(common)], "-test.bench="+re)
-			invs = append(invs, invocation{args: args, expect: n / 2})
+			invs = append(invs, invocation{args: args, expect: root})
 			continue
 		}
 		args := append(common[:len(common):len(common)], "-test.bench="+re)

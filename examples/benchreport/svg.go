@@ -256,6 +256,9 @@ type lineChart struct {
 	xFmt, yFmt      func(float64) string
 	allowLog        bool
 	series          []series
+	// xFree places x, a percentage below 100, on a log scale of what is
+	// left, 100 - x: 0, 90, 99 and 99.9% of a port range equally far apart.
+	xFree bool
 }
 
 // legendWidth is the width of a legend of names.
@@ -375,7 +378,11 @@ func (lc *lineChart) render() []byte {
 
 	xs := slices.Clone(lc.xTicks)
 	slices.Sort(xs)
-	xa := axis{lo: xs[0], hi: xs[len(xs)-1]}
+	pos := func(x float64) float64 { return x }
+	if lc.xFree {
+		pos = func(x float64) float64 { return -math.Log10(100 - x) }
+	}
+	xa := axis{lo: pos(xs[0]), hi: pos(xs[len(xs)-1])}
 	pad := (xa.hi - xa.lo) * 0.06
 	if pad == 0 {
 		pad = 1
@@ -387,7 +394,7 @@ func (lc *lineChart) render() []byte {
 	// x ticks, dropping any whose label would touch the previous one.
 	lastRight := math.Inf(-1)
 	for _, t := range xs {
-		x := xa.px(t)
+		x := xa.px(pos(t))
 		s := lc.xFmt(t)
 		w := textWidth(s, fontTick)
 		if x-w/2 < lastRight+6 {
@@ -407,7 +414,7 @@ func (lc *lineChart) render() []byte {
 		var px, py []float64
 		for j := range s.xs {
 			if s.ys[j] > 0 && !math.IsInf(s.ys[j], 0) {
-				px = append(px, xa.px(s.xs[j]))
+				px = append(px, xa.px(pos(s.xs[j])))
 				py = append(py, ya.px(s.ys[j]))
 			}
 		}

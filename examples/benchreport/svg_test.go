@@ -199,7 +199,7 @@ func TestChartsRecorded(t *testing.T) {
 		case strings.HasPrefix(c.name, "throughput-"):
 			want = append(want, "goroutines (GOMAXPROCS)", "throughput (million ops/s)", "1", "2")
 		case strings.HasPrefix(c.name, "connect-"):
-			want = append(want, "occupancy of the port range (%)", "time per op (Connect + Delete), log scale", "0%", "50%")
+			want = append(want, "occupancy of the port range (log scale of the share left free)", "time per op (Connect + Delete), log scale", "0%", "50%")
 		case c.name == "udp.svg":
 			want = append(want, "kind of packet", "time per lookup, log scale", "connected", "2.94 µs", "55.7 ns")
 		case c.name == "sharing.svg":
@@ -207,13 +207,46 @@ func TestChartsRecorded(t *testing.T) {
 		}
 		checkChart(t, c, want...)
 	}
-	// connect-flat has ticks at every occupancy, 90% and 99% included.
+	// connect-flat has ticks at every occupancy, 90, 99 and 99.9%
+	// included, in order from left to right.
 	i := slices.IndexFunc(cs, func(c chartFile) bool { return c.name == "connect-flat.svg" })
 	_, _, texts, _ := parseSVG(cs[i].svg)
-	for _, s := range []string{"0%", "50%", "90%", "99%"} {
-		if !slices.Contains(textSet(texts), s) {
+	last := math.Inf(-1)
+	for _, s := range []string{"0%", "50%", "90%", "99%", "99.9%"} {
+		j := slices.IndexFunc(texts, func(t svgText) bool { return t.s == s })
+		if j < 0 {
 			t.Errorf("connect-flat.svg lacks tick %q", s)
+			continue
 		}
+		if texts[j].anchorX <= last {
+			t.Errorf("connect-flat.svg: tick %q at x %v, not right of the one before (%v)", s, texts[j].anchorX, last)
+		}
+		last = texts[j].anchorX
+	}
+}
+
+// On the scale of the share free, 0, 90, 99 and 99.9% stand equally far
+// apart.
+func TestChartsFreeScale(t *testing.T) {
+	lc := &lineChart{
+		title: "t", subtitle: "s", xLabel: "occupancy", yLabel: "time",
+		xTicks: []float64{0, 50, 90, 99, 99.9}, xFree: true,
+		xFmt: func(v float64) string { return trimFloat(v) + "%" }, yFmt: fmtTickNs, allowLog: true,
+		series: []series{{name: "a", xs: []float64{0, 50, 90, 99, 99.9}, ys: []float64{100, 200, 300, 1000, 10000}}},
+	}
+	c := chartFile{name: "free", alt: "t", svg: lc.render()}
+	checkChart(t, c, "0%", "50%", "90%", "99%", "99.9%")
+	_, _, texts, _ := parseSVG(c.svg)
+	x := map[string]float64{}
+	for _, tx := range texts {
+		x[tx.s] = tx.anchorX
+	}
+	gap := x["90%"] - x["0%"]
+	if gap <= 0 || math.Abs(x["99%"]-x["90%"]-gap) > 0.2 || math.Abs(x["99.9%"]-x["99%"]-gap) > 0.2 {
+		t.Errorf("ticks at x %v: want 0, 90, 99 and 99.9%% equally far apart", x)
+	}
+	if x["50%"] <= x["0%"] || x["50%"] >= x["90%"] {
+		t.Errorf("50%% at x %v, not between 0 and 90%%", x["50%"])
 	}
 }
 

@@ -1,6 +1,9 @@
 package benchkit
 
-import "net/netip"
+import (
+	"net/netip"
+	"strconv"
+)
 
 // ConnLocal is the local address of every flow of the Connect benchmarks,
 // and ConnRemote their one destination.
@@ -15,6 +18,21 @@ const (
 	ConnK0, ConnK1 = 0x0123456789abcdef, 0xfedcba9876543210
 	ConnSeed       = 7
 )
+
+// ConnOccupancies are the occupancies of the port range the Connect
+// benchmarks run at, in per mille: 0, 50, 90, 99 and 99.9%.
+var ConnOccupancies = []int{0, 500, 900, 990, 999}
+
+// ConnOccupancy returns the name of occupancy perMille in a Connect
+// benchmark's name, e.g. occupancy=99.9%, and the number of ports of a range
+// of size ports that it puts in use (NewConnState's inUse).
+func ConnOccupancy(perMille, size int) (name string, inUse int) {
+	pct := strconv.Itoa(perMille / 10)
+	if perMille%10 != 0 {
+		pct += "." + strconv.Itoa(perMille%10)
+	}
+	return "occupancy=" + pct + "%", size * perMille / 1000
+}
 
 // ConnTuple returns the flow from ConnLocal port p to ConnRemote.
 func ConnTuple[K Tuple](p uint16) K {
