@@ -209,7 +209,7 @@ func capacityBeyond(n int) string {
 
 // Grow sizes the table for about n entries, as WithCapacity sizes a new
 // one: if n rounded up to a power of two is more buckets than the table
-// has, it replaces the bucket array (see [Table] for its size); else it does
+// has, it replaces the bucket array (60 bytes per bucket); else it does
 // nothing. Every method may run meanwhile and finds every entry; a writer
 // waits at most for one lock stripe's entries to move. It panics if n is
 // negative, and changes nothing and returns an error matching [ErrTooLarge]
@@ -253,7 +253,7 @@ func (t *Table[T]) Grow(n int) error {
 // made at the large size; WithLockStripes gives a small table that is to
 // grow large the stripes of a large one.
 //
-// Memory: the new array reserves as much per bucket as New does. Once
+// Memory: the new array reserves 60 bytes per bucket, as New does. Once
 // every entry has moved, the old array's home slots go back to the heap
 // (as soon as no lookup still reads them), and the nodes beyond them that
 // the moves free serve the new array's entries beyond its home slots; the
@@ -274,7 +274,7 @@ func (t *Table[T]) grow(n int) error {
 	// cost Grow, rather than each stripe's move, whose entries lie in
 	// pages of their own. (A move into unwritten pages made a writer that
 	// waited for one wait up to 10 ms in a table of a million entries.)
-	// 64 entries of 64 bytes are the smallest page, 4 KiB. On
+	// 64 entries of 56 bytes are less than the smallest page, 4 KiB. On
 	// Linux the slots are first advised for huge pages, which take one
 	// fault each instead of 512 (hugepage_linux.go).
 	if t.groups.hugePages {
@@ -344,7 +344,7 @@ const migrateAhead = 8
 // slot, and the heads and home slots of the two buckets of a that most of
 // ob's entries go to, ob and ob+len(o.b.heads) (all of them when a is
 // twice o's size). N.B. a stripe's buckets are a stride apart, 64 entries
-// of 64 bytes for the default stripe count, a page apart or more in a
+// of 56 bytes for the default stripe count, a page apart or more in a
 // large table, too far apart for the processor's own prefetcher: asked
 // for 8 buckets ahead, they made a Grow of a million entries 9.6% faster
 // (6 interleaved rounds; 16 ahead measured the same as 8). Only for

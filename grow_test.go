@@ -1187,7 +1187,7 @@ func heapAfterGC() int64 {
 // hasher, with keys chosen (the secret known) to share the stripe bits of
 // their hashes, so that one stripe holds them all in every array: the
 // table grows on its total load, to at most twice as many buckets as
-// entries, so that it holds at most 230 bytes per entry, where growing for
+// entries, so that it holds at most 200 bytes per entry, where growing for
 // the one stripe took it to 2^21 buckets and 2.5 KB per entry. The entry
 // count is one past a power of two, the worst case: the table has just
 // doubled. Inserts into the full stripe check the table a few times per
@@ -1223,7 +1223,7 @@ func TestTableGrowthBoundedByEntries(t *testing.T) {
 			// Grown to the least power of two past the entries, however
 			// the checks raced the inserts (see postpone).
 			require.Equal(t, 1<<16, st.Buckets, "grown to about the entries")
-			require.LessOrEqual(t, perEntry, 230.0)
+			require.LessOrEqual(t, perEntry, 200.0)
 			// At most 6 growths, from 2^10 to 2^16 buckets (fewer
 			// where one lagged behind the inserts and skipped a size);
 			// at each size a check that postpones and one that grows.

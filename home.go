@@ -75,7 +75,7 @@ type homeSlots struct {
 const homeGroupSize = 4
 
 // homeGroupMinBuckets is the smallest bucket count whose tables have home
-// groups: beyond it a table's home slots (64 bytes per bucket, 4 MB here)
+// groups: beyond it a table's home slots (56 bytes per bucket, 3.5 MB here)
 // outgrow a core's L2 cache, and a chain walk costs misses that reading the
 // group saves.
 const homeGroupMinBuckets = 1 << 16

@@ -83,8 +83,10 @@ func (t *Table[T]) requestLines(a *tableArray[T], bs *[lookupBatch]uint32, valid
 			continue
 		}
 		var h lineHints
+		e := a.homeAt(b)
 		addLineHint(&h, &a.b.heads[b])
-		addLineHint(&h, &a.homeAt(b).seq) // the entry's line (see entry)
+		addLineHint(&h, &e.seq)
+		addLineHint(&h, &e.val) // on the next line when the entry straddles two
 		for _, x := range a.home.group[:a.home.groupOthers()] {
 			addLineHint(&h, &a.homeAt(b^x).seq)
 		}

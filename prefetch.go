@@ -20,9 +20,9 @@ type lineHints struct {
 
 // maxLineHints is the most lines a list names: for Table.touch, a home
 // bitmap word, a move count and, for each of the other three buckets of a
-// group, the line of its home slot and, for a delete, its chain head; for
+// group, two lines of its home slot and, for a delete, its chain head; for
 // a lookup, fewer (Table.requestLines, requestGroupLines).
-const maxLineHints = 2 + 2*(homeGroupSize-1)
+const maxLineHints = 2 + 3*(homeGroupSize-1)
 
 // addLineHint adds the line of *p to h.
 func addLineHint[P any](h *lineHints, p *P) {

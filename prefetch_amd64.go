@@ -28,28 +28,28 @@ func hasPrefetchW() bool {
 	return ecx&(1<<8) != 0
 }
 
-// touchForWrite brings the lines of a chain head and of an entry (the
-// line its seq is in, which holds all of it: see entry) toward the cache
-// before the caller writes them under a lock (see Table.touch). With
-// PREFETCHW the lines come in the state a store needs, and the call does
-// not wait for them; without it, it loads the two words that readers load
-// atomically.
-func touchForWrite(head *linkField, seq *relUint32) {
+// touchForWrite brings the lines of a chain head and of both halves of an
+// entry (its seq and its val, 48 bytes apart, on two lines when the
+// 56-byte entry straddles a boundary) toward the cache before the caller
+// writes them under a lock (see Table.touch). With PREFETCHW the lines
+// come in the state a store needs, and the call does not wait for them;
+// without it, it loads the two words that readers load atomically.
+func touchForWrite(head *linkField, seq *relUint32, val *unsafe.Pointer) {
 	if canPrefetchW {
-		prefetchw2(head, seq)
+		prefetchw3(head, seq, val)
 		return
 	}
 	head.load()
 	seq.Load()
 }
 
-// prefetchw2 asks for the cache lines of head and seq with PREFETCHW, and
-// returns without waiting for them. It is a hint: it neither reads nor
+// prefetchw3 asks for the cache lines of head, seq and val with PREFETCHW,
+// and returns without waiting for them. It is a hint: it neither reads nor
 // writes memory as far as the program is concerned. Only for processors
 // with canPrefetchW.
 //
 //go:noescape
-func prefetchw2(head *linkField, seq *relUint32)
+func prefetchw3(head *linkField, seq *relUint32, val *unsafe.Pointer)
 
 // prefetch4 asks for the cache lines of a, b, c and d with PREFETCHT0
 // (requestGroupLines).

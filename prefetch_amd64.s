@@ -1,14 +1,16 @@
 #include "textflag.h"
 
-// func prefetchw2(head *linkField, seq *relUint32)
+// func prefetchw3(head *linkField, seq *relUint32, val *unsafe.Pointer)
 //
 // PREFETCHW is 0F 0D /1; the Go assembler has no mnemonic for it, so it is
-// written as bytes, with ModRM 0x08 and 0x0B for (AX) and (BX).
-TEXT ·prefetchw2(SB), NOSPLIT|NOFRAME, $0-16
+// written as bytes, with ModRM 0x08, 0x0B and 0x09 for (AX), (BX), (CX).
+TEXT ·prefetchw3(SB), NOSPLIT|NOFRAME, $0-24
 	MOVQ head+0(FP), AX
 	MOVQ seq+8(FP), BX
+	MOVQ val+16(FP), CX
 	BYTE $0x0F; BYTE $0x0D; BYTE $0x08 // PREFETCHW (AX)
 	BYTE $0x0F; BYTE $0x0D; BYTE $0x0B // PREFETCHW (BX)
+	BYTE $0x0F; BYTE $0x0D; BYTE $0x09 // PREFETCHW (CX)
 	RET
 
 // func prefetch(addrs []unsafe.Pointer, write bool)

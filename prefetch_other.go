@@ -5,10 +5,10 @@ package hash4
 import "unsafe"
 
 // touchForWrite loads a chain head and an entry's seq, to bring their
-// lines, the entry's whole (see entry), into the cache before the caller
-// writes them under a lock (see Table.touch); there is no prefetch for
-// writing here (prefetch_amd64.go).
-func touchForWrite(head *linkField, seq *relUint32) {
+// lines into the cache before the caller writes them under a lock (see
+// Table.touch). Without a prefetch for writing here (prefetch_amd64.go),
+// val's line is left to the write.
+func touchForWrite(head *linkField, seq *relUint32, _ *unsafe.Pointer) {
 	head.load()
 	seq.Load()
 }

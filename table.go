@@ -13,8 +13,8 @@ import (
 // allocation. Make one with [New]; all methods are safe for concurrent use.
 //
 // Cost: [Table.Lookup] takes no lock and never allocates; writes lock one
-// stripe and allocate only when the table needs more nodes: about 68 bytes
-// per bucket, made or grown, and 64 per entry beyond one per bucket. It
+// stripe and allocate only when the table needs more nodes: about 60 bytes
+// per bucket, made or grown, and 56 per entry beyond one per bucket. It
 // grows past about two entries per bucket, to at most two buckets per
 // entry whatever the keys (see [WithMaxBuckets], [WithFixedBuckets]).
 //
@@ -184,24 +184,12 @@ func (a *tableArray[T]) flipped() bool { return a.b.nullsBase&arrayNullsFlip != 
 // matches it with the tuple's key, and moves copy it as any entry. It goes
 // live to readers in place, under the lock: the value is stored, then meta,
 // so a reader that matches the new meta loads the new value.
-//
-// N.B. an entry is padded to a cache line, its pad at its end, so that the
-// fields of every entry lie in one line and a lookup that finds its key in
-// its home slot reads one line (56 bytes unpadded, a slot straddled two
-// lines for 6 buckets in 8). The heap places the home slots and node chunks
-// of up to 32 KiB 8 bytes past a line boundary (its allocation header, as
-// they hold pointers) and larger ones on a boundary: the fields take
-// bytes 0 to 55, or 8 to 63, of a line either way (TestEntryLines).
 type entry[T any] struct {
 	seq  relUint32
 	next linkField
 	key  entryKey
 	val  relPointer[T]
-	_    [entryPad]byte
 }
-
-// entryPad pads an entry to one cache line (see entry).
-const entryPad = cacheLineSize - 4 - 4 - 40 - ptrSize
 
 // reserved reports whether e, live in a chain of a Table, is a reservation
 // (see entry). The caller holds the chain's stripe lock.
@@ -283,11 +271,11 @@ func (c *tableConfig) stripeCount() int {
 // WithCapacity sizes the table for about n entries: the bucket count is n
 // rounded up to a power of two (at least 16), so that a full table holds
 // one entry per bucket on average, as Linux sizes its established table.
-// 0 means the default, 1024. New reserves the buckets at once (see
-// [Table]), as make(map[K]V, n) reserves room for n entries, and panics if
-// n is negative or beyond 2^29 buckets or the bound set by
-// [WithMaxBuckets]. Past about twice as many entries as buckets the table
-// grows, unless made [WithFixedBuckets].
+// 0 means the default, 1024. New reserves 60 bytes per bucket at once, as
+// make(map[K]V, n) reserves room for n entries, and panics if n is
+// negative or beyond 2^29 buckets or the bound set by [WithMaxBuckets].
+// Past about twice as many entries as buckets the table grows, unless
+// made [WithFixedBuckets].
 func WithCapacity(n int) Option {
 	return func(c *tableConfig) {
 		if n < 0 {
@@ -304,8 +292,8 @@ func WithCapacity(n int) Option {
 // can have): the table does not grow itself past it, [Table.Grow] beyond it
 // returns [ErrTooLarge], and New panics if [WithCapacity] asks for more, or
 // if n is negative; without WithCapacity a table starts at the bound if it
-// is below the default size. The bound caps the bucket array's memory (see
-// [Table]); entries past two per bucket lengthen the chains.
+// is below the default size. At 60 bytes per bucket, the bound caps the
+// bucket array's memory; entries past two per bucket lengthen the chains.
 func WithMaxBuckets(n int) Option { return func(c *tableConfig) { c.maxBuckets = n } }
 
 // WithFixedBuckets keeps the bucket count that New sets: the table grows

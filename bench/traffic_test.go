@@ -103,13 +103,6 @@ var trafficImpls = []trafficImpl{
 			return flowHash4{hash4.New[benchVal](hash4.WithCapacity(n)), true}
 		})
 	}},
-	// hash4 under a fixed secret, so that every process places the
-	// flows alike: for BenchmarkCounted only.
-	{"hash4-secret", func(b *testing.B, n int, bd trafficBody) {
-		flowRun(b, "hash4-secret", n, bd, func(t Tuple) Tuple { return t }, func() flowMap[Tuple] {
-			return flowHash4{hash4.New[benchVal](hash4.WithCapacity(n), hash4.WithSecret(benchSecret)), false}
-		})
-	}},
 	{"xsync", func(b *testing.B, n int, bd trafficBody) {
 		flowRun(b, "xsync", n, bd, flowKeyOf, func() flowMap[flowKey] {
 			return flowXsync{xsync.NewMap[flowKey, *benchVal](xsync.WithPresize(n))}
@@ -470,19 +463,6 @@ func BenchmarkZipf(b *testing.B) { trafficEach(b, bodyZipf, "", trafficPeers...)
 // BenchmarkNATMix measures 98 Zipf lookups and one turnover (two ops) in
 // every 100 ops.
 func BenchmarkNATMix(b *testing.B) { trafficEach(b, bodyNATMix, "", trafficPeers...) }
-
-// BenchmarkCounted runs Zipf lookups (mix=zipf) and lookups of uniformly
-// random flows (mix=uniform, a loop of Lookup per burst of 16) for counts
-// of instructions and cache misses under callgrind, with one goroutine
-// (-test.cpu 1): hash4 under a fixed secret, whose placement of the flows,
-// and so which of them sit in their home slots, is the same in every
-// process (under a fresh secret, the slots of the few flows that take
-// most Zipf lookups moved a process's count by about 20 instructions per
-// lookup), and xsync. The commands are in docs/cachegrind.txt.
-func BenchmarkCounted(b *testing.B) {
-	trafficEach(b, bodyZipf, "mix=zipf/", "hash4-secret", "xsync")
-	trafficEach(b, bodyBurstUniform, "mix=uniform/", "hash4-secret", "xsync")
-}
 
 // BenchmarkBurst measures lookups in bursts of 16, of uniformly random
 // flows (mix=uniform) or as NATMix (mix=nat).
