@@ -103,6 +103,7 @@ func TestDemo(t *testing.T) {
 	if !res.ok(4) || !strings.Contains(out.String(), "PASS") {
 		t.Fatalf("demo failed: %+v", res)
 	}
+	skipWithoutTimestamps(t, out.String())
 	if res.clients != 8 || res.livePorts != 4 || res.heldTuples != 8 || res.proxy.Forwarded != 9 {
 		t.Errorf("clients %d over %d ports, %d held, %d forwarded; want 8, 4, 8, 9", res.clients, res.livePorts, res.heldTuples, res.proxy.Forwarded)
 	}
@@ -134,6 +135,7 @@ func TestDemoIPv6(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
 	}
+	skipWithoutTimestamps(t, stdout.String())
 	for _, want := range []string{"PASS", "proxy [::1]:", "source ::1 ", "8 4-tuples over 4 source ports",
 		"asked for [::1]:", "client connection 10: forwarded on a held 4-tuple, [::1]:"} {
 		if !strings.Contains(stdout.String(), want) {
@@ -303,6 +305,13 @@ func TestTimeWaitReuseRate(t *testing.T) {
 	)
 	echo := listen(t)
 	go echoServer(echo)
+	if c, err := net.DialTCP("tcp", nil, echo.Addr().(*net.TCPAddr)); err == nil {
+		used := usedTimestamps(c)
+		c.Close()
+		if !used {
+			t.Skip("this host's loopback connections negotiate no TCP timestamps now, though net.ipv4.tcp_timestamps is on: the kernel would take no TIME_WAIT socket over, nor does the proxy")
+		}
+	}
 	measure := func(reuse time.Duration) (Stats, int) {
 		cfg := testConfig(porttest.Ports(ports), addrOf(echo))
 		cfg.reuse = reuse
@@ -632,5 +641,16 @@ func TestDrain(t *testing.T) {
 	eventually(t, "the forward to a client that does not read ended", func() bool { return p.stats().Active == 0 })
 	if s := p.stats(); s.BytesDown >= 64<<20 {
 		t.Errorf("forwarded %d bytes to a client that read none", s.BytesDown)
+	}
+}
+
+// skipWithoutTimestamps skips a demo test whose summary says that the
+// upstream connections negotiated no TCP timestamps (seen once while other
+// packages' tests ran beside these): the demo then rightly takes no
+// TIME_WAIT socket over, and the counts its test wants do not apply.
+func skipWithoutTimestamps(t *testing.T, summary string) {
+	t.Helper()
+	if strings.Contains(summary, "did not use TCP timestamps") {
+		t.Skipf("the upstream connections negotiated no TCP timestamps: no takeover to check")
 	}
 }
