@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -185,11 +186,15 @@ func TestConnectFuncReaders(t *testing.T) {
 			t.Errorf("%s: flow %v seen before its f returned: %+v", how, tup, v)
 		}
 	}
-	var wg, ww sync.WaitGroup
+	var wg, ww, readersUp sync.WaitGroup
+	readersUp.Add(readers)
 	for w := range writers {
 		ww.Add(1)
 		go func() {
 			defer ww.Done()
+			// N.B. the readers run before the writers begin: on a
+			// loaded machine the writers could otherwise be done first.
+			readersUp.Wait()
 			var mine []Tuple
 			for i := range flows {
 				slot := &offered[(w*32+i)%len(offered)]
@@ -220,6 +225,7 @@ func TestConnectFuncReaders(t *testing.T) {
 			defer wg.Done()
 			var dst []*connFlow
 			var tups []Tuple
+			readersUp.Done()
 			for i := 0; !stop.Load(); i++ {
 				tups = tups[:0]
 				for j := range offered {
@@ -255,11 +261,16 @@ func TestConnectFuncReaders(t *testing.T) {
 		}
 	}()
 	ww.Wait()
+	// The flows left in the table stay for the readers to find, unless
+	// a Clear came last: give them a moment.
+	for deadline := time.Now().Add(time.Second); seen.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	stop.Store(true)
 	wg.Wait()
 	tab.growers.Wait()
 	require.Zero(t, bad.Load())
-	require.Positive(t, seen.Load())
+	require.Positive(t, seen.Load(), "the readers found no flow")
 	require.Equal(t, tab.Len(), tab.Stats().Entries, "no reservation left")
 }
 
