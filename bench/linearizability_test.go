@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"sync"
@@ -862,7 +864,14 @@ func TestLinearizability(t *testing.T) {
 		require.Len(t, calls, 4*ops)
 		overlapping += linOverlapping(hist)
 		duringTakeover += linDuringTakeover(hist)
-		res := porcupine.CheckOperationsTimeout(linModel, hist, 30*time.Second)
+		res, info := porcupine.CheckOperationsVerbose(linModel, hist, 30*time.Second)
+		if res == porcupine.Illegal {
+			// The history, drawn, for whoever looks into it.
+			path := filepath.Join(os.TempDir(), fmt.Sprintf("hash4-linearizability-run%d-%d.html", run, time.Now().UnixNano()))
+			if err := porcupine.VisualizePath(linModel, info, path); err == nil {
+				t.Logf("the rejected history: %s", path)
+			}
+		}
 		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v, growth %v): history not linearizable", run, stripes, grouped, grow)
 		if run%5 == 0 {
 			require.Equal(t, porcupine.Ok, porcupine.CheckEventsTimeout(linModel, linEvents(hist), 30*time.Second), "run %d as events", run)
