@@ -88,7 +88,12 @@ func (t *Table[T]) TimeWait(tup Tuple, since time.Time) bool {
 	tw := t.timeWaits.Load()
 	if tw == nil {
 		if since.IsZero() {
-			return t.present(&k)
+			// N.B. lookup, not Connect's present: a present flow
+			// whose entry moved under present's walk may be missed,
+			// and this answer must be exact. A reservation is
+			// matched by neither, as by the locked path below.
+			_, ok := t.lookup(&k, false)
+			return ok
 		}
 		tw = t.makeTimeWaits()
 	}

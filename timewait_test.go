@@ -318,3 +318,54 @@ func TestTimeWaitConnectRacesDelete(t *testing.T) {
 	}
 	require.Zero(t, tb.timeWaits.Load().n.Load(), "marks left")
 }
+
+// TestTimeWaitClearExact: TimeWait with the zero time, on a table without
+// marks, answers whether the flow is present exactly, while writers move
+// entries (home slot refills) and the table grows under it. Its answer
+// once came from Connect's pre-check, which may miss a present flow.
+func TestTimeWaitClearExact(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		tb := New[int](WithCapacity(16), WithLockStripes(2))
+		pinned := make([]Tuple, 8)
+		for i := range pinned {
+			pinned[i] = stressKey(i)
+			require.NoError(t, tb.Insert(pinned[i], valPtr(i)))
+		}
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		for w := 0; w < 2; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Grow the table from 16 buckets, deleting as much as
+				// is inserted, so that chains shrink and their heads
+				// move into freed home slots.
+				for i := 0; i < 4096; i++ {
+					k := stressKey(1000 + w*100000 + i)
+					if err := tb.Insert(k, valPtr(i)); err != nil {
+						panic(err)
+					}
+					if i%2 == 1 {
+						tb.Delete(stressKey(1000 + w*100000 + i - 1))
+					}
+					if i%64 == 0 {
+						runtime.Gosched()
+					}
+				}
+			}()
+		}
+		go func() { wg.Wait(); stop.Store(true) }()
+		checks, missed := 0, 0
+		for !stop.Load() {
+			for _, p := range pinned {
+				checks++
+				if !tb.TimeWait(p, time.Time{}) {
+					missed++
+				}
+			}
+		}
+		wg.Wait()
+		require.Zero(t, missed, "round %d: TimeWait said %d times in %d that a present flow was absent", round, missed, checks)
+		require.Positive(t, checks)
+	}
+}

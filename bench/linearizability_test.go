@@ -848,8 +848,9 @@ func TestLinearizability(t *testing.T) {
 	overlapping, duringTakeover := 0, 0
 	outcomes := map[string]int{}
 	// On a loaded machine the clients may happen to run one at a time; keep
-	// going (bounded) until some history is really concurrent.
-	for run := 0; run < runs || (overlapping == 0 && run < 10*runs); run++ {
+	// going (bounded) until some history is really concurrent, with a
+	// lookup overlapping a takeover.
+	for run := 0; run < runs || ((overlapping == 0 || duringTakeover == 0) && run < 10*runs); run++ {
 		stripes, grouped, grow := 1+run%2, run%4 >= 2, linGrowth(run%12/4)
 		hist := linRun(t, uint64(run+1), stripes, grouped, grow, 4, ops, 4)
 		// A Clear or DeleteFunc is recorded as several operations of one
