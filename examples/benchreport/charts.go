@@ -218,8 +218,8 @@ func xKeyCharts(rep *report, gd *groupData) []chartFile {
 }
 
 // barCharts charts a comparison without sizes or an x parameter (UDP,
-// sharing) as bars: a group per case, a bar per implementation, y = time per
-// op.
+// sharing, the traffic benchmarks) as bars: a group per case, a bar per
+// implementation, y = time per op.
 func barCharts(rep *report, gd *groupData) []chartFile {
 	procs := 0
 	for _, r := range gd.rows {
@@ -242,6 +242,13 @@ func barCharts(rep *report, gd *groupData) []chartFile {
 		bc.subtitle = rep.subtitle(strconv.Itoa(procs) + " goroutines")
 		bc.xLabel = "entries, implementation"
 		bc.yLabel = "time per delete+insert"
+	case "turnover", "zipf", "natmix", "burst":
+		bc.subtitle = rep.subtitle(strconv.Itoa(procs) + " goroutines")
+		var heads []string
+		for _, k := range gd.paramKeys() {
+			heads = append(heads, paramHeader(k))
+		}
+		bc.xLabel = strings.Join(heads, ", ")
 	}
 	var rows []*row
 	for _, r := range gd.rows {

@@ -75,11 +75,18 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 	fs.SetOutput(out)
 	var groups, sizes, cpus, policies string
 	names := make([]string, len(groupSpecs))
+	var quickNames, slowNames []string
 	for i, g := range groupSpecs {
 		names[i] = g.name
+		if g.slow {
+			slowNames = append(slowNames, g.name)
+		} else {
+			quickNames = append(quickNames, g.name)
+		}
 	}
-	fs.StringVar(&groups, "groups", strings.Join(names, ","), "comma-separated comparisons to run: "+strings.Join(names, ", "))
-	fs.StringVar(&sizes, "sizes", strings.Join(defaultSizes, ","), "comma-separated table sizes of lookup, mixed, churn and batch (the n= of their sub-benchmarks)")
+	fs.StringVar(&groups, "groups", strings.Join(names, ","), "comma-separated comparisons to run: "+strings.Join(names, ", ")+
+		" (-quick leaves out "+strings.Join(slowNames, ", ")+" unless named here)")
+	fs.StringVar(&sizes, "sizes", strings.Join(defaultSizes, ","), "comma-separated table sizes of lookup, mixed, churn and batch (the n= of their sub-benchmarks; turnover, zipf, natmix and burst have 1M flows)")
 	fs.StringVar(&o.benchtime, "benchtime", defaultBenchtime, "run time of each benchmark: a duration (300ms) or an iteration count (2000x)")
 	fs.IntVar(&o.count, "count", defaultCount, "runs of each benchmark, in as many rounds of the whole plan; the report shows the median")
 	fs.StringVar(&cpus, "cpu", joinInts(defaultCPUs(gomaxprocs)), "comma-separated goroutine counts (GOMAXPROCS) of lookup, mixed, churn and batch; the others run at GOMAXPROCS")
@@ -88,7 +95,8 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 	fs.StringVar(&o.pkg, "pkg", "", "directory of the one package whose benchmarks run (default: each in its package of the repository: bench/ for the comparisons with other maps, the root for the rest)")
 	fs.StringVar(&o.from, "from", "", "render the report from this recorded benchmark output instead of running")
 	fs.BoolVar(&o.quick, "quick", false, "a first look in under a minute: sizes "+quickSize+", benchtime "+quickBenchtime+
-		", count 1, connect policy "+quickPolicy+", output in "+quickOut()+" (flags given explicitly still apply)")
+		", count 1, connect policy "+quickPolicy+", output in "+quickOut()+"; leaves out "+strings.Join(slowNames, ", ")+
+		" (flags given explicitly still apply)")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "usage: benchreport [flags]\n\nRuns hash4's comparison benchmarks and writes benchmarks.md and SVG charts.\n\n")
 		fs.PrintDefaults()
@@ -116,6 +124,11 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 		}
 		if !set["policies"] {
 			policies = quickPolicy
+		}
+		if !set["groups"] {
+			// The traffic groups fill 1M flows in every process,
+			// whatever -sizes says.
+			groups = strings.Join(quickNames, ",")
 		}
 		if !set["out"] {
 			// Not docs/: a first look must not overwrite the report.

@@ -4,7 +4,7 @@ package main
 // part of the sub-benchmark name names the implementations compared, and how
 // it is charted.
 type groupSpec struct {
-	name  string // flag name: lookup, mixed, churn, batch, sharing, connect, udp
+	name  string // flag name: lookup, mixed, churn, batch, turnover, zipf, natmix, burst, sharing, connect, udp
 	bench string // benchmark function, e.g. BenchmarkLookup
 	title string // heading and chart title
 	// implKey is the sub-name key whose values are the implementations
@@ -14,6 +14,10 @@ type groupSpec struct {
 	// impls are the implementations in the order shown, the one whose
 	// ratio is the headline first; any others found are appended.
 	impls []string
+	// variants are other forms of the headline implementation (hash4's
+	// loop of Lookup beside its AppendLookups): shown, but not its peers,
+	// so the headline does not compare with them.
+	variants []string
 	// dir is the package that holds bench, relative to the repository's
 	// root: peersDir for the comparisons with other maps, "" for the root
 	// package. Sized groups are all in peersDir.
@@ -25,8 +29,19 @@ type groupSpec struct {
 	// xKey, if set, is the sub-name key charted on the x axis (Connect's
 	// occupancy), one chart per value of the other keys.
 	xKey string
+	// processPerImpl groups run each implementation in a test process of
+	// its own, as the traffic benchmarks ask: a process fills 1M flows,
+	// and one implementation's heap and GC must not weigh on the next's.
+	// levels is then the -test.bench pattern of the sub-name levels above
+	// impl=, e.g. "^n=1M$".
+	processPerImpl bool
+	levels         string
+	// slow groups are left out of -quick unless -groups names them: the
+	// traffic benchmarks fill 1M flows whatever -sizes says.
+	slow bool
 	// perRow is the number of results per run (per count) for each size,
-	// -cpu value or Connect policy; used for the progress bar's total.
+	// -cpu value or Connect policy, or of all implementations of a
+	// processPerImpl group; used for the progress bar's total.
 	perRow int
 	// what says what the operation is; meaning says in one sentence what
 	// the comparison means for a NAT gateway or proxy.
@@ -79,12 +94,52 @@ var groupSpecs = []*groupSpec{
 	},
 	{
 		name: "batch", bench: "BenchmarkAppendLookups", title: "Lookups in bursts of 16",
-		implKey: "impl", impls: []string{"hash4-batch", "hash4", "xsync"},
+		implKey: "impl", impls: []string{"hash4-batch", "hash4", "xsync"}, variants: []string{"hash4"},
 		sized: true, perRow: 3,
 		what: "Lookups of present keys, 16 at a time: Table.AppendLookups (hash4-batch) against a loop of " +
 			"Lookup (hash4) and of xsync's Load; time per lookup.",
 		meaning: "A gateway that reads packets in bursts (recvmmsg, AF_XDP) has their tuples at once; looking " +
 			"them up together overlaps their memory misses, which is what a table beyond the caches waits on.",
+	},
+	{
+		name: "turnover", bench: "BenchmarkTurnover", title: "Turnover: a cold delete and insert among 1M flows",
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"}, dir: peersDir,
+		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: 4,
+		what: "Each op deletes a random live flow and inserts a new one, unrelated to it, that left the table " +
+			"long ago: both cold. The 1M flows, half IPv4 and half IPv6, are split between the goroutines as " +
+			"receive-side scaling splits them between cores.",
+		meaning: "Flows on a NAT gateway or proxy do not end in the order they began, and the flow that opens " +
+			"next is not the one that just closed: this is what a new flow costs when nothing of it is in the " +
+			"caches, and allocations here become GC pauses under load.",
+	},
+	{
+		name: "zipf", bench: "BenchmarkZipf", title: "Zipf lookups among 1M flows",
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"}, dir: peersDir,
+		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: 4,
+		what: "Lookups of flows drawn from a Zipf law (s = 1.1), the hot flows at random places in the table " +
+			"and in memory.",
+		meaning: "A few flows carry most of a gateway's packets while most flows idle: this is the per-packet " +
+			"cost when the hot flows' lines stay in the caches and the rest miss.",
+	},
+	{
+		name: "natmix", bench: "BenchmarkNATMix", title: "NAT mix: 98 Zipf lookups to one turnover",
+		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"}, dir: peersDir,
+		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: 4,
+		what: "Of every 100 ops, 98 Zipf lookups and one turnover (its delete and its insert, one op each), " +
+			"among 1M flows.",
+		meaning: "A NAT gateway forwards the packets of its flows while new flows replace old ones: this is its " +
+			"per-packet cost with the writes among the reads, as a NAT's traffic mixes them.",
+	},
+	{
+		name: "burst", bench: "BenchmarkBurst", title: "Bursts of 16 among 1M flows",
+		implKey: "impl", impls: []string{"hash4-batch", "hash4", "syncmap", "xsync", "rwmutex"}, variants: []string{"hash4"},
+		dir: peersDir, processPerImpl: true, levels: "^n=1M$/.", slow: true, perRow: 2 * 5, // mix=uniform and nat
+		what: "Lookups 16 at a time, of uniformly random flows (mix=uniform) or as in the NAT mix (mix=nat, " +
+			"the turnover between bursts): Table.AppendLookups (hash4-batch) against loops of Lookup (hash4) " +
+			"and of each peer's lookup, the RWMutex map's under one RLock per burst; time per lookup (or write).",
+		meaning: "A gateway that reads packets in bursts (recvmmsg, AF_XDP) has their tuples at once: this is " +
+			"what looking them up together saves on real traffic, where the flows of a burst are scattered " +
+			"over a table far beyond the caches.",
 	},
 	{
 		name: "sharing", bench: "BenchmarkChurnSharing", title: "Churn: one shared table or one per goroutine",

@@ -13,6 +13,13 @@
 //
 //	go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn|AppendLookups)$/^n=(1K|1M)$' -benchtime 1s -count 3 -cpu 1,2 -benchmem
 //
+// The benchmarks on the shapes of real traffic (turnover, zipf, natmix and
+// burst, of 1M flows in bench/traffic_test.go) run at GOMAXPROCS with each
+// implementation in a process of its own, one implementation after the
+// other, so that one's heap and GC do not weigh on the next's:
+//
+//	go test -run '^$' -bench '^BenchmarkZipf$/^n=1M$/^impl=xsync$' -benchtime 1s -count 1 -benchmem ./bench
+//
 // The Connect strategies compared are unexported, so the benchmarks, not
 // this command, drive them. While they run, a progress bar on stderr (when
 // it is a terminal; otherwise a line per finished benchmark) counts the
@@ -20,7 +27,8 @@
 //
 //   - benchmarks.md: per comparison a table of the median ns/op, its ratio to
 //     the fastest implementation in the row and allocs/op, with hash4's ratio
-//     to its fastest peer as the headline;
+//     to its fastest peer as the headline (for AppendLookups, the fastest
+//     other map: hash4's own loop of Lookup is no peer);
 //   - throughput-<group>-<size>.svg: million ops/s against goroutines, a line
 //     per implementation (lookup, mixed, churn, batch);
 //   - connect-<policy>.svg: time per Connect against the occupancy of the port
@@ -30,13 +38,16 @@
 //     the goroutines and in a table per goroutine, which tells whether the
 //     processors shared caches while the report ran;
 //   - udp.svg: time per UDP socket lookup, hash4 on and off, per case;
+//   - turnover.svg, zipf.svg, natmix.svg, burst.svg: time per op on the
+//     shapes of real traffic, a bar per implementation (per mix for burst);
 //   - benchmarks.txt: the raw output, for benchstat or -from.
 //
 // # Flags
 //
-//	-groups list     comparisons to run: lookup, mixed, churn, batch, sharing, connect, udp
-//	                 (default all)
-//	-sizes list      table sizes of lookup, mixed, churn and batch (default 1K,1M)
+//	-groups list     comparisons to run: lookup, mixed, churn, batch, turnover, zipf,
+//	                 natmix, burst, sharing, connect, udp (default all)
+//	-sizes list      table sizes of lookup, mixed, churn and batch (default 1K,1M);
+//	                 turnover, zipf, natmix and burst have 1M flows
 //	-benchtime t     run time of each benchmark, a duration or Nx (default 1s)
 //	-count n         runs of each benchmark; the report shows the median (default 3)
 //	-cpu list        goroutine counts of lookup, mixed, churn and batch (default 1, 2, 4, ...
@@ -49,7 +60,9 @@
 //	-from file       render from recorded benchmark output; run nothing
 //	-quick           sizes 1K, benchtime 100ms, count 1, policy flat, output in
 //	                 $TMPDIR/benchreport-quick (not docs/): under a minute on two
-//	                 cores; flags given explicitly still apply
+//	                 cores; flags given explicitly still apply. It leaves out
+//	                 turnover, zipf, natmix and burst, which fill 1M flows in
+//	                 every process, unless -groups names them
 //
 // Invalid flags print a message and exit with status 2; a failed build or
 // benchmark prints its output and exits with status 1.

@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -21,6 +23,7 @@ func TestBadFlags(t *testing.T) {
 	}{
 		{[]string{"-groups", "lookup,bogus"}, `-groups: unknown group "bogus"`},
 		{[]string{"-groups", ","}, "-groups: empty"},
+		{[]string{"-quick", "-groups", "zipf,bogus"}, "(want some of lookup, mixed, churn, batch, turnover, zipf, natmix, burst, sharing, connect, udp)"},
 		{[]string{"-sizes", "1Q"}, `-sizes: bad size "1Q"`},
 		{[]string{"-sizes", ""}, "-sizes: empty"},
 		{[]string{"-benchtime", "0s"}, `-benchtime: bad value "0s"`},
@@ -59,7 +62,7 @@ func TestHelp(t *testing.T) {
 	if code := realMain(context.Background(), []string{"-h"}, &stdout, &stderr); code != 0 {
 		t.Errorf("exit %d, want 0", code)
 	}
-	for _, s := range []string{"-quick", "-groups", "-from", "-benchtime"} {
+	for _, s := range []string{"-quick", "-groups", "-from", "-benchtime", "-quick leaves out turnover, zipf, natmix, burst unless named"} {
 		if !strings.Contains(stderr.String(), s) {
 			t.Errorf("usage lacks %s:\n%s", s, stderr.String())
 		}
@@ -71,7 +74,8 @@ func TestFlagsQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(o.groups) != len(groupSpecs) || !slices.Equal(o.sizes, []string{"1K"}) || o.benchtime != "100ms" ||
+	// Not the traffic groups, which fill 1M flows in every process.
+	if groupNames(o.groups) != "lookup,mixed,churn,batch,sharing,connect,udp" || !slices.Equal(o.sizes, []string{"1K"}) || o.benchtime != "100ms" ||
 		o.count != 1 || !slices.Equal(o.cpus, []int{1, 2}) || !slices.Equal(o.policies, []string{"flat"}) ||
 		o.out != filepath.Join(os.TempDir(), "benchreport-quick") {
 		t.Errorf("-quick: %+v", o)
@@ -85,10 +89,21 @@ func TestFlagsQuick(t *testing.T) {
 		len(o.groups) != 2 || o.groups[0].name != "lookup" || o.groups[1].name != "udp" {
 		t.Errorf("-quick with flags: %+v", o)
 	}
+	// Named, they run with -quick too.
+	o, err = parseFlags([]string{"-quick", "-groups", "burst,lookup"}, 2, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if groupNames(o.groups) != "lookup,burst" {
+		t.Errorf("-quick -groups burst,lookup: groups %s", groupNames(o.groups))
+	}
 	// Defaults.
 	o, err = parseFlags(nil, 12, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if groupNames(o.groups) != "lookup,mixed,churn,batch,turnover,zipf,natmix,burst,sharing,connect,udp" {
+		t.Errorf("default groups %s", groupNames(o.groups))
 	}
 	if o.benchtime != "1s" || o.count != 3 || !slices.Equal(o.sizes, []string{"1K", "1M"}) ||
 		!slices.Equal(o.cpus, []int{1, 2, 4, 8, 12}) || o.policies != nil || o.out != "" {
@@ -102,17 +117,24 @@ func TestFlagsQuick(t *testing.T) {
 	}
 }
 
+// planCommands returns the go test commands of the plan of o, and the
+// number of results they print.
+func planCommands(o options) ([]string, int) {
+	var cmds []string
+	total := 0
+	for _, inv := range plan(o) {
+		cmds = append(cmds, inv.goTestCommand())
+		total += inv.expect
+	}
+	return cmds, total
+}
+
 func TestPlan(t *testing.T) {
 	o, err := parseFlags([]string{"-quick"}, 2, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
-	total := 0
-	for _, inv := range plan(o) {
-		got = append(got, inv.goTestCommand())
-		total += inv.expect
-	}
+	got, total := planCommands(o)
 	want := []string{
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^Benchmark(Lookup|Mixed|Churn|AppendLookups)$/^n=(1K)$' -cpu 1,2 ./bench`,
 		`go test -run '^$' -benchtime 100ms -count 1 -benchmem -bench '^BenchmarkChurnSharing$' ./bench`,
@@ -143,6 +165,57 @@ func TestPlan(t *testing.T) {
 		!slices.Contains(invs[1].args, "-test.bench=^BenchmarkConnect$") ||
 		!slices.Contains(invs[2].args, "-test.bench=^BenchmarkConnect$/././^impl=(scan|rehash|locked)$") ||
 		!slices.Contains(invs[0].args, "-test.count=1") || !slices.Contains(invs[1].args, "-test.count=1") {
+		t.Errorf("plan %+v", invs)
+	}
+}
+
+// groupNames joins the names of gs with commas.
+func groupNames(gs []*groupSpec) string {
+	var names []string
+	for _, g := range gs {
+		names = append(names, g.name)
+	}
+	return strings.Join(names, ",")
+}
+
+// The traffic groups run a process per implementation, the
+// implementations one after the other.
+func TestPlanProcessPerImpl(t *testing.T) {
+	o, err := parseFlags([]string{"-groups", "udp,burst,turnover", "-benchtime", "1x", "-cpu", "1,2"}, 2, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, total := planCommands(o)
+	const flags = `go test -run '^$' -benchtime 1x -count 1 -benchmem -bench `
+	want := []string{
+		flags + `'^BenchmarkTurnover$/^n=1M$/^impl=hash4$' ./bench`,
+		flags + `'^BenchmarkTurnover$/^n=1M$/^impl=syncmap$' ./bench`,
+		flags + `'^BenchmarkTurnover$/^n=1M$/^impl=xsync$' ./bench`,
+		flags + `'^BenchmarkTurnover$/^n=1M$/^impl=rwmutex$' ./bench`,
+		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=hash4-batch$' ./bench`,
+		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=hash4$' ./bench`,
+		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=syncmap$' ./bench`,
+		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=xsync$' ./bench`,
+		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=rwmutex$' ./bench`,
+		flags + `'^BenchmarkUDPLookup$' .`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("plan\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Turnover: a result per process; burst: one per mix; UDP: 5 cases x
+	// on and off.
+	if total != 4*1+5*2+10 {
+		t.Errorf("expect %d results, want 24", total)
+	}
+
+	// With -pkg, in that one package.
+	o, err = parseFlags([]string{"-groups", "zipf", "-pkg", "."}, 2, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	invs := plan(o)
+	if len(invs) != 4 || invs[0].dir != "" || invs[0].expect != 1 ||
+		!slices.Contains(invs[3].args, "-test.bench=^BenchmarkZipf$/^n=1M$/^impl=rwmutex$") {
 		t.Errorf("plan %+v", invs)
 	}
 }
@@ -289,10 +362,36 @@ func BenchmarkUDPLookup(b *testing.B) {
 	}
 }
 
+// runRounds runs the command on a package made of files, for groups, in 2
+// rounds of one iteration of each benchmark. It checks that the progress
+// counted results results, no more, and returns the output directory and
+// its benchmarks.txt.
+func runRounds(t *testing.T, files map[string]string, groups string, results int) (string, []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	writeFiles(t, dir, files)
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := realMain(context.Background(), []string{"-pkg", dir, "-groups", groups, "-count", "2",
+		"-benchtime", "1x", "-out", out}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), fmt.Sprintf("running %d benchmarks, in 2 rounds of", results)) ||
+		!strings.Contains(stderr.String(), fmt.Sprintf("[%d/%d]", results, results)) ||
+		strings.Contains(stderr.String(), fmt.Sprintf("[%d/", results+1)) {
+		t.Errorf("stderr:\n%s", stderr.String())
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "benchmarks.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, raw
+}
+
 // With -count 2 the plan runs twice, a round after the other, each
 // benchmark once per round.
 func TestCommandRounds(t *testing.T) {
-	dir := t.TempDir()
 	files := map[string]string{
 		"go.mod": "module example.com/rounds\n\ngo 1.26\n",
 		"rounds_test.go": `package rounds
@@ -321,22 +420,7 @@ func BenchmarkUDPLookup(b *testing.B) {
 }
 `,
 	}
-	writeFiles(t, dir, files)
-	out := t.TempDir()
-	var stdout, stderr bytes.Buffer
-	code := realMain(context.Background(), []string{"-pkg", dir, "-groups", "sharing,udp", "-count", "2",
-		"-benchtime", "1x", "-out", out}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d\nstderr:\n%s", code, stderr.String())
-	}
-	if !strings.Contains(stderr.String(), "running 28 benchmarks, in 2 rounds of") ||
-		!strings.Contains(stderr.String(), "[28/28]") {
-		t.Errorf("stderr:\n%s", stderr.String())
-	}
-	raw, err := os.ReadFile(filepath.Join(out, "benchmarks.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	out, raw := runRounds(t, files, "sharing,udp", 28)
 	// The top-level benchmark of each result line, runs of one merged.
 	var order []string
 	for _, line := range strings.Split(string(raw), "\n") {
@@ -355,6 +439,86 @@ func BenchmarkUDPLookup(b *testing.B) {
 	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
 	if !strings.Contains(string(md), "the median of 2 runs") {
 		t.Errorf("benchmarks.md does not say the median of 2 runs:\n%s", md)
+	}
+}
+
+// The patterns of a process per implementation select it alone, and the
+// rounds alternate the implementations: a package with the sub-benchmarks
+// of the traffic benchmarks fails when two run in one process.
+func TestCommandProcessPerImpl(t *testing.T) {
+	files := map[string]string{
+		"go.mod": "module example.com/traffic\n\ngo 1.26\n",
+		"traffic_test.go": `package traffic
+
+import "testing"
+
+var ran string // the implementation this process runs
+
+func each(b *testing.B, prefix string, impls ...string) {
+	for _, impl := range impls {
+		b.Run("n=1M/"+prefix+"impl="+impl, func(b *testing.B) {
+			if ran != "" && ran != impl {
+				b.Fatalf("impl=%s ran in the process of impl=%s", impl, ran)
+			}
+			ran = impl
+			for b.Loop() {
+			}
+		})
+	}
+}
+
+func BenchmarkZipf(b *testing.B) { each(b, "", "hash4", "xsync", "rwmutex", "syncmap") }
+
+func BenchmarkBurst(b *testing.B) {
+	for _, mix := range []string{"mix=uniform/", "mix=nat/"} {
+		each(b, mix, "hash4", "hash4-batch", "xsync", "rwmutex", "syncmap")
+	}
+}
+`,
+	}
+	// (4 zipf + 5 burst x 2 mixes) x 2 rounds.
+	out, raw := runRounds(t, files, "zipf,burst", 28)
+	// The benchmark and implementation of each result line, runs of one
+	// merged.
+	var order []string
+	procs := fmt.Sprintf("-%d", runtime.GOMAXPROCS(0))
+	for _, line := range strings.Split(string(raw), "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), "\t")
+		bench, _, _ := strings.Cut(name, "/")
+		_, impl, ok := strings.Cut(strings.TrimSpace(name), "/impl=")
+		if !ok {
+			continue
+		}
+		if s := bench + " " + strings.TrimSuffix(impl, procs); len(order) == 0 || order[len(order)-1] != s {
+			order = append(order, s)
+		}
+	}
+	round := []string{
+		"BenchmarkZipf hash4", "BenchmarkZipf syncmap", "BenchmarkZipf xsync", "BenchmarkZipf rwmutex",
+		"BenchmarkBurst hash4-batch", "BenchmarkBurst hash4", "BenchmarkBurst syncmap", "BenchmarkBurst xsync", "BenchmarkBurst rwmutex",
+	}
+	if want := append(slices.Clone(round), round...); !slices.Equal(order, want) {
+		t.Errorf("ran in the order\n%s\nwant\n%s", strings.Join(order, "\n"), strings.Join(want, "\n"))
+	}
+	if n := strings.Count(string(raw), "\nPASS\n"); n != 2*9 {
+		t.Errorf("%d processes, want 18", n)
+	}
+
+	// -from renders what they wrote.
+	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
+	from := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	if code := realMain(context.Background(), []string{"-from", filepath.Join(out, "benchmarks.txt"), "-out", from}, &stdout, &stderr); code != 0 {
+		t.Fatalf("-from: exit %d\nstderr:\n%s", code, stderr.String())
+	}
+	mdFrom, _ := os.ReadFile(filepath.Join(from, "benchmarks.md"))
+	if !bytes.Equal(md, mdFrom) || !strings.Contains(string(md), "| entries | mix | hash4-batch | hash4 | syncmap | xsync | rwmutex | hash4-batch vs fastest peer |\n") {
+		t.Errorf("benchmarks.md\n%s\nfrom its benchmarks.txt\n%s", md, mdFrom)
+	}
+	for _, f := range []string{"zipf.svg", "burst.svg"} {
+		if _, err := os.Stat(filepath.Join(from, f)); err != nil {
+			t.Error(err)
+		}
 	}
 }
 

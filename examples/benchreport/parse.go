@@ -228,13 +228,15 @@ func (r *row) fastest(impls []string, except string) (string, float64) {
 
 // headline returns the ratio of the headline implementation's ns/op to that
 // of its fastest peer in the row (below 1: the headline is faster), and the
-// peer; ok is false if either is missing.
+// peer; ok is false if either is missing. The headline's own variants are
+// not its peers.
 func (gd *groupData) headline(r *row) (ratio float64, peer string, ok bool) {
 	h := r.cells[gd.spec.headline()]
 	if h == nil {
 		return 0, "", false
 	}
-	peer, peerNs := r.fastest(gd.impls, gd.spec.headline())
+	others := slices.DeleteFunc(slices.Clone(gd.impls), func(i string) bool { return slices.Contains(gd.spec.variants, i) })
+	peer, peerNs := r.fastest(others, gd.spec.headline())
 	if peer == "" || peerNs == 0 {
 		return 0, "", false
 	}

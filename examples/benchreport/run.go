@@ -51,10 +51,11 @@ func shellQuote(s string) string {
 // plan returns one round of the runs of the test binary that the options
 // ask for, each benchmark once: the sized comparisons in one run at every
 // -cpu value, then each other comparison in a run of its own at
-// GOMAXPROCS. The report runs -count rounds, one after another, rather
-// than -test.count repetitions in one process: the processors of a VM move
-// between cores from time to time, and a move then changes one round of
-// every implementation, not several runs of one.
+// GOMAXPROCS, or, for a processPerImpl group, a run per implementation,
+// one after the other. The report runs -count rounds, one after another,
+// rather than -test.count repetitions in one process: the processors of a
+// VM move between cores from time to time, and a move then changes one
+// round of every implementation, not several runs of one.
 func plan(o options) []invocation {
 	common := []string{"-test.run=^$", "-test.benchtime=" + o.benchtime, "-test.count=1", "-test.benchmem"}
 	var invs []invocation
@@ -73,6 +74,15 @@ func plan(o options) []invocation {
 	}
 	for _, g := range o.groups {
 		if g.sized {
+			continue
+		}
+		if g.processPerImpl {
+			// The sub-names of these groups end in impl=.
+			for _, impl := range g.impls {
+				re := "^" + g.bench + "$/" + g.levels + "/^impl=" + impl + "$"
+				args := append(common[:len(common):len(common)], "-test.bench="+re)
+				invs = append(invs, invocation{args: args, expect: g.perRow / len(g.impls), dir: o.dirOf(g.dir)})
+			}
 			continue
 		}
 		re := "^" + g.bench + "$"

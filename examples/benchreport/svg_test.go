@@ -175,13 +175,19 @@ func checkChart(t *testing.T, c chartFile, want ...string) {
 	}
 }
 
-func TestChartsRecorded(t *testing.T) {
-	rep := recorded(t)
-	cs := charts(rep)
+// chartNames returns the file names of cs.
+func chartNames(cs []chartFile) []string {
 	var names []string
 	for _, c := range cs {
 		names = append(names, c.name)
 	}
+	return names
+}
+
+func TestChartsRecorded(t *testing.T) {
+	rep := recorded(t)
+	cs := charts(rep)
+	names := chartNames(cs)
 	wantNames := []string{
 		"throughput-lookup-1K.svg", "throughput-lookup-1M.svg",
 		"throughput-mixed-1K.svg", "throughput-mixed-1M.svg",
@@ -222,6 +228,28 @@ func TestChartsRecorded(t *testing.T) {
 			t.Errorf("connect-flat.svg: tick %q at x %v, not right of the one before (%v)", s, texts[j].anchorX, last)
 		}
 		last = texts[j].anchorX
+	}
+}
+
+// The traffic benchmarks are charted as bars at GOMAXPROCS, a group per
+// row of the table.
+func TestChartsTraffic(t *testing.T) {
+	rep := recordedTraffic(t)
+	cs := charts(rep)
+	names := chartNames(cs)
+	if want := []string{"turnover.svg", "zipf.svg", "natmix.svg", "burst.svg"}; !slices.Equal(names, want) {
+		t.Fatalf("charts %q, want %q", names, want)
+	}
+	for _, c := range cs {
+		want := append(slices.Clone(rep.group(c.group).impls), "time per op", rep.subtitle("2 goroutines"))
+		switch c.name {
+		case "burst.svg":
+			// hash4-batch uniform and nat: 45.09 and 29.89 ns.
+			want = append(want, "entries, mix", "1M, uniform", "1M, nat", "45.1 ns", "29.9 ns")
+		case "zipf.svg":
+			want = append(want, "entries", "1M", "60.5 ns", "150 ns")
+		}
+		checkChart(t, c, want...)
 	}
 }
 
