@@ -310,9 +310,10 @@ func NewSecret() Secret {
 type Hasher uint8
 
 const (
-	// LinuxHasher, the default, hashes like the kernel's established table:
-	// InetEhashfn when both addresses are IPv4 or IPv4-mapped, Inet6Ehashfn
-	// otherwise. Its buckets are the kernel's for the same secret.
+	// LinuxHasher hashes like the kernel's established table: InetEhashfn
+	// when both addresses are IPv4 or IPv4-mapped, Inet6Ehashfn otherwise.
+	// Its buckets are the kernel's for the same secret. It is the default
+	// of NewTCPTable.
 	LinuxHasher Hasher = iota
 	// XXH3Hasher hashes the whole remote address, the remote port and the
 	// whole local address with seeded XXH3. Unlike the Linux IPv6 form it
@@ -323,7 +324,7 @@ const (
 	// 128-bit product XORed, as wyhash and foldhash do), keyed by four
 	// words drawn from the secret's Seed. It is the fastest of the three,
 	// for IPv6 flows most of all, and like them unpredictable to anyone
-	// without the secret.
+	// without the secret. It is the default of New.
 	FoldHasher
 )
 

@@ -336,10 +336,10 @@ func WithLockStripes(n int) Option {
 // within its bound per entry whatever the flows (see [Table]).
 func WithSecret(s Secret) Option { return func(c *tableConfig) { c.secret = &s } }
 
-// WithHasher chooses the tuple hasher; the default is LinuxHasher, whose
-// buckets are the kernel's for the same secret. A table whose placement
-// need not match the kernel's is faster with [FoldHasher], for IPv6 flows
-// most of all. New panics for a value that names no hasher.
+// WithHasher chooses the tuple hasher. New's default is [FoldHasher], the
+// fastest; [NewTCPTable]'s is [LinuxHasher], whose buckets are the
+// kernel's for the same secret, as its reuseport pick must be. New panics
+// for a value that names no hasher.
 func WithHasher(h Hasher) Option {
 	return func(c *tableConfig) {
 		if !h.valid() {
@@ -349,8 +349,9 @@ func WithHasher(h Hasher) Option {
 	}
 }
 
-// defaultHasher is the hasher of a table made without WithHasher.
-const defaultHasher = LinuxHasher
+// defaultHasher is the hasher of a table made by New without WithHasher
+// (docs/performance.md, "The hasher", measures the choice).
+const defaultHasher = FoldHasher
 
 // New returns an empty table. It panics, naming the option, for an option
 // value that is negative, out of range or names nothing (as make does for a

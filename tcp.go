@@ -154,7 +154,9 @@ func (f tcpFast) update(l *tcpListener, had bool) tcpFast {
 }
 
 // NewTCPTable returns an empty table. Its options are those of New and
-// apply to the established Table; the listener table gets as many buckets
+// apply to the established Table, whose hasher is [LinuxHasher] unless
+// [WithHasher] says otherwise (its reuseport pick is then not the
+// kernel's); the listener table gets as many buckets
 // and lock stripes, and Secret.Seed, folded to 32 bits, stands for
 // net_hash_mix in its port+address hash (IPv4PortaddrHash,
 // IPv6PortaddrHash). [WithPortAllocator](a) also makes the listeners hold
@@ -167,7 +169,10 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 			ok = append(ok, o)
 		}
 	}
-	t := &TCPTable[T]{est: New[T](ok...)}
+	// N.B. LinuxHasher first, so that a WithHasher in opts overrides it:
+	// the reuseport pick (pickListener) uses the established table's hash,
+	// which must be the kernel's flow hash for the kernel's pick.
+	t := &TCPTable[T]{est: New[T](append([]Option{WithHasher(LinuxHasher)}, ok...)...)}
 	a := t.est.arr.Load()
 	t.lb.init(len(a.b.heads), len(a.b.stripes), listenerNullsBase)
 	t.est.listenerStripes = t.lb.stripes

@@ -103,6 +103,17 @@ var trafficImpls = []trafficImpl{
 			return flowHash4{hash4.New[benchVal](hash4.WithCapacity(n)), true}
 		})
 	}},
+	// The table with each hasher named, for BenchmarkTrafficHasher.
+	{"hash4-linux", func(b *testing.B, n int, bd trafficBody) {
+		flowRun(b, "hash4-linux", n, bd, func(t Tuple) Tuple { return t }, func() flowMap[Tuple] {
+			return flowHash4{hash4.New[benchVal](hash4.WithCapacity(n), hash4.WithHasher(hash4.LinuxHasher)), bd >= bodyBurstUniform}
+		})
+	}},
+	{"hash4-fold", func(b *testing.B, n int, bd trafficBody) {
+		flowRun(b, "hash4-fold", n, bd, func(t Tuple) Tuple { return t }, func() flowMap[Tuple] {
+			return flowHash4{hash4.New[benchVal](hash4.WithCapacity(n), hash4.WithHasher(hash4.FoldHasher)), bd >= bodyBurstUniform}
+		})
+	}},
 	{"xsync", func(b *testing.B, n int, bd trafficBody) {
 		flowRun(b, "xsync", n, bd, flowKeyOf, func() flowMap[flowKey] {
 			return flowXsync{xsync.NewMap[flowKey, *benchVal](xsync.WithPresize(n))}
@@ -470,4 +481,14 @@ func BenchmarkBurst(b *testing.B) {
 	impls := append([]string{"hash4-batch"}, trafficPeers...)
 	trafficEach(b, bodyBurstUniform, "mix=uniform/", impls...)
 	trafficEach(b, bodyBurstNAT, "mix=nat/", impls...)
+}
+
+// BenchmarkTrafficHasher runs every workload above on a table with
+// LinuxHasher and one with FoldHasher, bursts through AppendLookups: the
+// measure by which New's default hasher is chosen (docs/performance.md,
+// "The hasher").
+func BenchmarkTrafficHasher(b *testing.B) {
+	for _, bd := range []trafficBody{bodyTurnover, bodyZipf, bodyNATMix, bodyBurstUniform, bodyBurstNAT} {
+		trafficEach(b, bd, fmt.Sprintf("body=%v/", bd), "hash4-linux", "hash4-fold")
+	}
 }
