@@ -77,12 +77,12 @@ type buckets struct {
 // of two and clamped to what the table supports (s to at most n). It panics
 // if n is beyond maxBuckets, as New does (see tableConfig.sizes), before it
 // allocates.
-func (b *buckets) init(n, s int, nullsBase uint32) {
+func (b *buckets) init(n, s int, nullsBase uint32, hugePages bool) {
 	if n > maxBuckets {
 		panic(capacityBeyond(n))
 	}
 	n = bucketCount(n)
-	b.initShared(n, newStripes(s, n), nullsBase, false)
+	b.initShared(n, newStripes(s, n), nullsBase, hugePages)
 }
 
 // newStripes returns s lock stripes for n buckets, s rounded up to a power

@@ -23,7 +23,8 @@ import (
 // Grow's chain heads and home slots, and on none within the home slots of
 // New. N.B. it runs in a process of its own, the table without the option
 // first: the advice stays with memory the heap reuses, and an array freed
-// by an earlier test may hold an array of this one.
+// by an earlier test may hold an array of this one. A UDPTable's hash4
+// chain heads are checked the same way.
 func TestHugePagesAdvised(t *testing.T) {
 	if os.Getenv(hugePagesChildEnv) == "" {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHugePagesAdvised$", "-test.v", "-test.count=1")
@@ -41,8 +42,20 @@ func TestHugePagesAdvised(t *testing.T) {
 		t.Log("no transparent huge pages: checking that nothing is advised")
 		hp = 2 << 20
 	}
+	checkUDPHugePages(t, hp, false, nil)
 	checkHugePages(t, hp, false, nil)
 	checkHugePages(t, hp, advised, []Option{WithHugePages()})
+	checkUDPHugePages(t, hp, advised, []Option{WithHugePages()})
+}
+
+// checkUDPHugePages makes a UDPTable with opts and checks the advice on its
+// hash4 chain heads.
+func checkUDPHugePages(t *testing.T, hp uintptr, advised bool, opts []Option) {
+	u := NewUDPTable[int](append([]Option{WithCapacity(1 << 20)}, opts...)...)
+	h := u.h4.heads
+	checkAdvice(t, hp, fmt.Sprintf("UDPTable, options %d, hash4 chain heads", len(opts)),
+		unsafe.Pointer(&h[0]), uintptr(len(h))*unsafe.Sizeof(h[0]), advised)
+	runtime.KeepAlive(u)
 }
 
 // checkHugePages makes a table with opts, grows it and checks the advice
@@ -65,22 +78,30 @@ func checkHugePages(t *testing.T, hp uintptr, grown bool, opts []Option) {
 		{"home slots of Grow", unsafe.Pointer(&a.homes[0]), uintptr(len(a.homes)) * unsafe.Sizeof(a.homes[0]), grown},
 		{"home slots of New", unsafe.Pointer(&madeHomes[0]), uintptr(len(madeHomes)) * unsafe.Sizeof(madeHomes[0]), false},
 	} {
-		off, n := hugePageSpan(uintptr(c.base), c.size, hp)
-		if n == 0 {
-			t.Fatalf("%s: no whole huge page in %d bytes", c.name, c.size)
-		}
-		areas, err := vmAreas(uintptr(c.base)+off, uintptr(c.base)+off+n)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		for _, ar := range areas {
-			if got := slices.Contains(strings.Fields(ar.flags), "hg"); got != c.advised {
-				t.Errorf("options %d, %s: mapping %#x-%#x has VmFlags %q: advised %v, want %v", len(opts), c.name, ar.start, ar.end, ar.flags, got, c.advised)
-			}
-		}
+		checkAdvice(t, hp, fmt.Sprintf("options %d, %s", len(opts), c.name), c.base, c.size, c.advised)
 	}
 	runtime.KeepAlive(madeHomes)
 	runtime.KeepAlive(tab)
+}
+
+// checkAdvice checks that the kernel's flag for the advice is on every
+// mapping of the whole huge pages within the size bytes at base, or on
+// none, as advised says.
+func checkAdvice(t *testing.T, hp uintptr, name string, base unsafe.Pointer, size uintptr, advised bool) {
+	t.Helper()
+	off, n := hugePageSpan(uintptr(base), size, hp)
+	if n == 0 {
+		t.Fatalf("%s: no whole huge page in %d bytes", name, size)
+	}
+	areas, err := vmAreas(uintptr(base)+off, uintptr(base)+off+n)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	for _, ar := range areas {
+		if got := slices.Contains(strings.Fields(ar.flags), "hg"); got != advised {
+			t.Errorf("%s: mapping %#x-%#x has VmFlags %q: advised %v, want %v", name, ar.start, ar.end, ar.flags, got, advised)
+		}
+	}
 }
 
 // hugePagesChildEnv, set in the environment, runs TestHugePagesAdvised's

@@ -251,6 +251,9 @@ func (c *tableConfig) only(ctor string) {
 	if c.fixed {
 		panic("hash4: " + ctor + ": WithFixedBuckets does not apply")
 	}
+	if c.maxBuckets != 0 {
+		panic("hash4: " + ctor + ": WithMaxBuckets does not apply")
+	}
 }
 
 // withHomeGroups forces home groups on or off, whatever the bucket count,

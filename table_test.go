@@ -631,6 +631,7 @@ func TestOptionPanics(t *testing.T) {
 		{"UDP, negative stripes", "WithLockStripes(-1)", func() { NewUDPTable[int](WithLockStripes(-1)) }},
 		{"UDP, a hasher", "NewUDPTable: WithHasher does not apply", func() { NewUDPTable[int](WithHasher(XXH3Hasher)) }},
 		{"UDP, fixed buckets", "NewUDPTable: WithFixedBuckets does not apply", func() { NewUDPTable[int](WithFixedBuckets()) }},
+		{"UDP, a bound on buckets", "NewUDPTable: WithMaxBuckets does not apply", func() { NewUDPTable[int](WithMaxBuckets(1 << 10)) }},
 		{"zero Table, Lookup", "Table used without New", func() { new(Table[int]).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
 		{"zero Table, Insert", "Table used without New", func() { _ = new(Table[int]).Insert(tblTuple("10.0.0.1:1", "10.0.0.2:2"), valPtr(1)) }},
 		{"zero Table, Len", "Table used without New", func() { new(Table[int]).Len() }},

@@ -156,9 +156,9 @@ func (f tcpFast) update(l *tcpListener, had bool) tcpFast {
 // NewTCPTable returns an empty table. Its options are those of New and
 // apply to the established Table, whose hasher is [LinuxHasher] unless
 // [WithHasher] says otherwise (its reuseport pick is then not the
-// kernel's); the listener table gets as many buckets
-// and lock stripes, and Secret.Seed, folded to 32 bits, stands for
-// net_hash_mix in its port+address hash (IPv4PortaddrHash,
+// kernel's). The listener table gets as many buckets and lock stripes, and
+// the advice of [WithHugePages]; Secret.Seed, folded to 32 bits, stands
+// for net_hash_mix in its port+address hash (IPv4PortaddrHash,
 // IPv6PortaddrHash). [WithPortAllocator](a) also makes the listeners hold
 // their ports in a (see [TCPTable.Listen]); NewTCPTable panics if a serves
 // a UDPTable, as TCP and UDP ports are separate spaces.
@@ -174,7 +174,7 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 	// which must be the kernel's flow hash for the kernel's pick.
 	t := &TCPTable[T]{est: New[T](append([]Option{WithHasher(LinuxHasher)}, ok...)...)}
 	a := t.est.arr.Load()
-	t.lb.init(len(a.b.heads), len(a.b.stripes), listenerNullsBase)
+	t.lb.init(len(a.b.heads), len(a.b.stripes), listenerNullsBase, t.est.groups.hugePages)
 	t.est.listenerStripes = t.lb.stripes
 	t.groups = make([]atomic.Pointer[[]*tcpGroup[T]], len(t.lb.stripes))
 	t.ports = make([]tcpPort[T], len(t.lb.heads))

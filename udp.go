@@ -176,11 +176,12 @@ type udpPeer struct {
 // slots, which is also the number of hash4 chains, rounded up to a power of
 // two (default 1024); [WithLockStripes] the number of hash4 writer locks;
 // [WithSecret] the keys of the hashes; [WithPortAllocator](a) makes the
-// sockets hold their ports in a (see [UDPTable.Bind]). It panics, as [New]
-// does, for bad option values, for [WithHasher] and [WithFixedBuckets],
-// which do not apply: the tables keep the size they are made with, as the
-// kernel's do, and for an allocator that serves a TCPTable, as TCP and UDP
-// ports are separate spaces.
+// sockets hold their ports in a (see [UDPTable.Bind]); [WithHugePages]
+// advises the hash4 chain heads, as New does a Table's. It panics, as [New]
+// does, for bad option values, for [WithHasher], [WithFixedBuckets] and
+// [WithMaxBuckets], which do not apply: the tables keep the size they are
+// made with, as the kernel's do, and for an allocator that serves a
+// TCPTable, as TCP and UDP ports are separate spaces.
 func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	cfg := tableConfig{capacity: 1024}
 	for _, o := range opts {
@@ -197,7 +198,7 @@ func NewUDPTable[T any](opts ...Option) *UDPTable[T] {
 	}
 	t.mix = portaddrMix(&t.secret)
 	t.anyMix = JHash1Word(0, t.mix)
-	t.h4.init(cfg.capacity, cfg.stripeCount(), 0)
+	t.h4.init(cfg.capacity, cfg.stripeCount(), 0, cfg.hugePages)
 	t.slots = make([]udpSlot[T], len(t.h4.heads))
 	t.ports = make([]udpPort[T], len(t.h4.heads))
 	t.mask = t.h4.mask
