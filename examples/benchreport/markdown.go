@@ -167,7 +167,8 @@ func markdown(rep *report, charts []chartFile) string {
 	fmt.Fprintf(&b, "- **Cells:** time per op (%s%s), its ratio to the fastest implementation in the row "+
 		"(**bold**, 1.00×) and allocs/op. The last column compares hash4 with the fastest of the others "+
 		"(AppendLookups with the other maps, not with hash4's own loop of Lookup). "+
-		"Charts show throughput, 10⁹ / (ns/op) ops per second over all goroutines.\n", runs, bt)
+		"Charts against goroutines show throughput, 10⁹ / (ns/op) ops per second over all goroutines; "+
+		"the others, time per op.\n", runs, bt)
 	var peers []string
 	for _, p := range tablePeers {
 		if slices.ContainsFunc(rep.groups, func(gd *groupData) bool { return slices.Contains(gd.impls, p.name) }) {
