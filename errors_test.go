@@ -55,3 +55,21 @@ func TestErrorVocabulary(t *testing.T) {
 	}
 	require.Zero(t, tab.Len())
 }
+
+// TestZonedUnspecified: an unspecified address with a zone is unspecified,
+// as the key drops the zone: every write refuses it, as Connect does.
+func TestZonedUnspecified(t *testing.T) {
+	tab := New[int]()
+	other := netip.MustParseAddrPort("[2001:db8::1]:2")
+	for _, s := range []string{"[::%eth0]:1", "[::ffff:0.0.0.0%eth0]:1"} {
+		zoned := netip.MustParseAddrPort(s)
+		for _, tup := range []Tuple{{zoned, other}, {other, zoned}} {
+			require.ErrorIs(t, tab.Insert(tup, valPtr(1)), ErrInvalidTuple, "%v", tup)
+			require.ErrorIs(t, tab.Store(tup, valPtr(1)), ErrInvalidTuple, "%v", tup)
+		}
+	}
+	a := newTestAllocator(t)
+	_, err := tab.Connect(a, netip.MustParseAddr("::%eth0"), other, valPtr(1))
+	require.ErrorIs(t, err, ErrInvalidTuple)
+	require.Zero(t, tab.Len())
+}

@@ -485,9 +485,10 @@ func validate(tup Tuple) error {
 }
 
 // addrProblem says why local and remote cannot be the addresses of a key,
-// or returns "".
+// or returns "". N.B. zones are dropped first, as keys drop them: netip's
+// IsUnspecified says no for ::%eth0, whose key holds ::.
 func addrProblem(local, remote netip.Addr) string {
-	l, r := local.Unmap(), remote.Unmap()
+	l, r := local.Unmap().WithZone(""), remote.Unmap().WithZone("")
 	switch {
 	case !l.IsValid() || !r.IsValid():
 		return "invalid address"
