@@ -57,7 +57,8 @@ func TestErrorVocabulary(t *testing.T) {
 }
 
 // TestZonedUnspecified: an unspecified address with a zone is unspecified,
-// as the key drops the zone: every write refuses it, as Connect does.
+// as the key drops the zone: every write refuses it, as Connect does, and a
+// packet to it reaches no socket of a UDPTable or TCPTable.
 func TestZonedUnspecified(t *testing.T) {
 	tab := New[int]()
 	other := netip.MustParseAddrPort("[2001:db8::1]:2")
@@ -72,4 +73,23 @@ func TestZonedUnspecified(t *testing.T) {
 	_, err := tab.Connect(a, netip.MustParseAddr("::%eth0"), other, valPtr(1))
 	require.ErrorIs(t, err, ErrInvalidTuple)
 	require.Zero(t, tab.Len())
+
+	tt := NewTCPTable[int]()
+	_, err = tt.Listen(netip.MustParseAddrPort("[::]:80"), valPtr(1))
+	require.NoError(t, err)
+	ut := NewUDPTable[int]()
+	_, err = ut.Bind(netip.MustParseAddrPort("[::]:80"), valPtr(2))
+	require.NoError(t, err)
+	for _, s := range []string{"[::]:80", "[::%eth0]:80"} {
+		pkt := Tuple{netip.MustParseAddrPort(s), other}
+		_, ok := tt.Lookup(pkt)
+		require.False(t, ok, "TCP %v", pkt)
+		_, ok = ut.Lookup(pkt)
+		require.False(t, ok, "UDP %v", pkt)
+	}
+	pkt := Tuple{netip.MustParseAddrPort("[2001:db8::2%eth0]:80"), other}
+	_, ok := tt.Lookup(pkt)
+	require.True(t, ok, "TCP %v: a zone on a specified address does not matter", pkt)
+	_, ok = ut.Lookup(pkt)
+	require.True(t, ok, "UDP %v", pkt)
 }

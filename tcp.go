@@ -481,7 +481,8 @@ func (t *TCPTable[T]) LookupKind(pkt Tuple) (*T, Kind, bool) {
 // lookupListener is __inet_lookup_listener: the exact lhash2 chain, then
 // the wildcard one (see pickListener for hash and hashed).
 func (t *TCPTable[T]) lookupListener(pkt *Tuple, hash uint32, hashed bool) (*T, bool) {
-	la, ra := pkt.Local.Addr().Unmap(), pkt.Remote.Addr().Unmap()
+	// N.B. the zone goes, as keys drop it: ::%eth0 is unspecified too.
+	la, ra := pkt.Local.Addr().Unmap().WithZone(""), pkt.Remote.Addr().Unmap()
 	lp := pkt.Local.Port()
 	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || lp == 0 {
 		return nil, false

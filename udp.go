@@ -387,7 +387,8 @@ type udpPacket struct {
 // whole: on a hot path a copy of a struct just written in 8-byte stores
 // defeats store-to-load forwarding.
 func (p *udpPacket) set(pkt Tuple) bool {
-	la, ra := pkt.Local.Addr().Unmap(), pkt.Remote.Addr().Unmap()
+	// N.B. the zone goes, as keys drop it: ::%eth0 is unspecified too.
+	la, ra := pkt.Local.Addr().Unmap().WithZone(""), pkt.Remote.Addr().Unmap()
 	if !la.IsValid() || la.IsUnspecified() || !ra.IsValid() || la.Is4() != ra.Is4() || pkt.Local.Port() == 0 {
 		return false
 	}
