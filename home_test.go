@@ -311,14 +311,7 @@ func TestTableChurnPlacement(t *testing.T) {
 			}
 			next, firstRound := n, 0
 			for round := range 8 {
-				for range n {
-					j := r.IntN(n)
-					_, ok := tab.Delete(live[j])
-					require.True(t, ok)
-					live[j] = flow(next)
-					next++
-					require.NoError(t, tab.Insert(live[j], v))
-				}
+				churnFlows(t, tab, live, r, flow, &next, v, n)
 				st := tab.Stats()
 				require.Equal(t, n, st.Entries)
 				share := float64(st.HomeEntries+st.GroupEntries) / n

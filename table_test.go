@@ -1017,14 +1017,7 @@ func memoryPerEntry(t *testing.T, n, stripes int, grown, itself bool, heap func(
 	tab.growers.Wait()
 	filled = float64(heap()-before) / float64(n)
 	next := n
-	for range 8 * n {
-		j := r.IntN(n)
-		_, ok := tab.Delete(live[j])
-		require.True(t, ok)
-		live[j] = flow(next)
-		next++
-		require.NoError(t, tab.Insert(live[j], v))
-	}
+	churnFlows(t, tab, live, r, flow, &next, v, 8*n)
 	churned = float64(heap()-before) / float64(n)
 	tab.Compact()
 	compacted = float64(heap()-before) / float64(n)
@@ -1034,6 +1027,20 @@ func memoryPerEntry(t *testing.T, n, stripes int, grown, itself bool, heap func(
 	t.Logf("%.1f bytes per entry after inserts, %.1f after churn, %.1f after Compact; %d nodes for %d entries in %d buckets", filled, churned, compacted, st.Nodes, st.Entries, st.Buckets)
 	require.Equal(t, n, st.Entries)
 	return filled, churned, compacted
+}
+
+// churnFlows deletes a random flow of live from tab and inserts flow(*next)
+// with value v in its place, count times, counting *next up.
+func churnFlows(t *testing.T, tab *Table[int], live []Tuple, r *rand.Rand, flow func(int) Tuple, next *int, v *int, count int) {
+	t.Helper()
+	for range count {
+		j := r.IntN(len(live))
+		_, ok := tab.Delete(live[j])
+		require.True(t, ok)
+		live[j] = flow(*next)
+		*next++
+		require.NoError(t, tab.Insert(live[j], v))
+	}
 }
 
 // TestTableChurnNoLeak fills a table, churns it, and checks that entries

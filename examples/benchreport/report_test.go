@@ -303,9 +303,7 @@ func TestMarkdownTraffic(t *testing.T) {
 		"![Bursts of 16 among 1M flows](burst.svg)\n",
 		"![Zipf lookups among 1M flows](zipf.svg)\n",
 	} {
-		if !strings.Contains(md, s) {
-			t.Errorf("markdown lacks %q:\n%s", s, md)
-		}
+		requireContains(t, md, s)
 	}
 	for _, g := range groupSpecs {
 		if g.slow && (!strings.Contains(md, "\n## "+g.title+"\n") || !strings.Contains(md, g.meaning)) {
@@ -348,9 +346,7 @@ PASS
 		"| connected | **10.0 ns** (1.00×) | 30.0 ns (3.00×) | **3.00× faster** than hash4=off |\n",
 		"Not shown (not a comparison): BenchmarkHashTuple.",
 	} {
-		if !strings.Contains(md, s) {
-			t.Errorf("markdown lacks %q:\n%s", s, md)
-		}
+		requireContains(t, md, s)
 	}
 }
 
@@ -405,5 +401,13 @@ func TestMedian(t *testing.T) {
 		if got := median(tc.in); got != tc.want {
 			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
 		}
+	}
+}
+
+// requireContains reports an error unless the markdown md contains s.
+func requireContains(t *testing.T, md, s string) {
+	t.Helper()
+	if !strings.Contains(md, s) {
+		t.Errorf("markdown lacks %q:\n%s", s, md)
 	}
 }
