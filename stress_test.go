@@ -127,6 +127,8 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 		// compacted counts the entries moved and chunks released by
 		// the compactions that follow each Grow, with stressGrow.
 		compacted atomic.Int64
+		// growerDone is set when stressGrow's grower has returned.
+		growerDone atomic.Bool
 	)
 	fail := func(format string, args ...any) {
 		if failures.Add(1) <= 10 {
@@ -194,6 +196,7 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer growerDone.Store(true)
 			for b := 64; b <= 4096 && !stop.Load(); b *= 2 {
 				time.Sleep(dur / 8)
 				if err := tab.Grow(b); err != nil {
@@ -284,6 +287,16 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 		}()
 	}
 	time.Sleep(dur)
+	// N.B. the run goes on past dur (bounded) until every event that the
+	// checks below count has happened: on a loaded machine some of the
+	// goroutines may not have run at all by then.
+	happened := func() bool {
+		return inserts.Load() > nWriters*perWriter && churnHits.Load() > 0 && batchLookups.Load() > 0 && swaps.Load() > 0 &&
+			(mode != stressGrow || compacted.Load() > 0 || growerDone.Load()) && (!grow || len(tab.cur().b.heads) > 32)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !stop.Load() && !happened() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	stop.Store(true)
 	wg.Wait()
 	tab.growers.Wait()
@@ -345,10 +358,10 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 }
 
 // raceLookups runs readers goroutines that call probe, each with a PRNG of
-// its own, for 1.5 s (0.3 s with -short); then it sets stop, waits for wg,
-// which must also count the writers that watch stop, and fails the test if
-// any probe failed. probe returns "" or a description of the failed lookup.
-// It returns the number of probes.
+// its own, for 1.5 s (0.3 s with -short), or longer until a probe has been
+// made; then it sets stop, waits for wg, which must also count the writers
+// that watch stop, and fails the test if any probe failed. probe returns ""
+// or a description of the failed lookup. It returns the number of probes.
 func raceLookups(t *testing.T, stop *atomic.Bool, wg *sync.WaitGroup, readers int, seed uint64, probe func(rng *rand.Rand) string) int64 {
 	t.Helper()
 	var probes, failures atomic.Int64
@@ -372,6 +385,11 @@ func raceLookups(t *testing.T, stop *atomic.Bool, wg *sync.WaitGroup, readers in
 		d = 300 * time.Millisecond
 	}
 	time.Sleep(d)
+	// N.B. the readers go on past d (bounded) until one has probed: on a
+	// loaded machine they may not have run at all by then.
+	for deadline := time.Now().Add(30 * time.Second); probes.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	stop.Store(true)
 	wg.Wait()
 	if f := failures.Load(); f > 0 {

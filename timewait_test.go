@@ -331,7 +331,7 @@ func TestTimeWaitClearExact(t *testing.T) {
 			pinned[i] = stressKey(i)
 			require.NoError(t, tb.Insert(pinned[i], valPtr(i)))
 		}
-		var stop atomic.Bool
+		var stop, checked atomic.Bool
 		var wg sync.WaitGroup
 		for w := 0; w < 2; w++ {
 			wg.Add(1)
@@ -340,7 +340,10 @@ func TestTimeWaitClearExact(t *testing.T) {
 				// Grow the table from 16 buckets, deleting as much as
 				// is inserted, so that chains shrink and their heads
 				// move into freed home slots.
-				for i := 0; i < 4096; i++ {
+				// N.B. a writer goes on past 4096 (bounded, its keys
+				// apart from the other's) until the checks have run:
+				// on a loaded machine they may not have begun by then.
+				for i := 0; i < 4096 || !checked.Load() && i < 24*4096; i++ {
 					k := stressKey(1000 + w*100000 + i)
 					if err := tb.Insert(k, valPtr(i)); err != nil {
 						panic(err)
@@ -363,6 +366,7 @@ func TestTimeWaitClearExact(t *testing.T) {
 					missed++
 				}
 			}
+			checked.Store(true)
 		}
 		wg.Wait()
 		require.Zero(t, missed, "round %d: TimeWait said %d times in %d that a present flow was absent", round, missed, checks)

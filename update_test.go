@@ -273,8 +273,12 @@ func TestReaperRace(t *testing.T) {
 	}
 	// Rounds until both reapers have deleted flows (or a bound), since
 	// the writers may start late.
-	deadline := time.Now().Add(5 * time.Second)
-	for round := 0; round < 5 || (reaped.Load() < 100 && time.Now().Before(deadline)); round++ {
+	// N.B. while none has, the rounds go on past that bound, to a
+	// generous one: on a loaded or emulated machine the writers may not
+	// have run within the first.
+	deadline, last := time.Now().Add(5*time.Second), time.Now().Add(30*time.Second)
+	for round := 0; round < 5 || reaped.Load() < 100 && time.Now().Before(deadline) ||
+		reaped.Load() == 0 && time.Now().Before(last); round++ {
 		runtime.Gosched()
 		tab.DeleteFunc(reap)
 		for tup, f := range tab.All() {

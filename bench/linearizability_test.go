@@ -847,10 +847,34 @@ func TestLinearizability(t *testing.T) {
 	}
 	overlapping, duringTakeover := 0, 0
 	outcomes := map[string]int{}
+	// The outcomes the histories must hold, each at least once.
+	wanted := []string{
+		"compareAndSwap true", "store", "swap true", "swap false",
+		"compute update true", "compute delete true", "compute cancel true", "compute cancel false",
+		"lookupOrCompute true", "lookupOrCompute called", "lookupOrCompute failed",
+		"deleteFunc.del true", "deleteFunc.saw true", "deleteFunc.saw false", "clear",
+		"timeWait true", "timeWait false", "connect free", "connect takeover", "connect.busy",
+		"connectFunc.claim", "connectFunc.publish free", "connectFunc.publish takeover",
+		"a write failing on a held key",
+	}
+	lacking := func() bool {
+		if overlapping == 0 || duringTakeover == 0 ||
+			outcomes["connect takeover"] < runs || outcomes["connectFunc.publish takeover"] < runs {
+			return true
+		}
+		for _, o := range wanted {
+			if outcomes[o] == 0 {
+				return true
+			}
+		}
+		return false
+	}
 	// On a loaded machine the clients may happen to run one at a time; keep
 	// going (bounded) until some history is really concurrent, with a
-	// lookup overlapping a takeover.
-	for run := 0; run < runs || ((overlapping == 0 || duringTakeover == 0) && run < 10*runs); run++ {
+	// lookup overlapping a takeover, and the histories hold every outcome
+	// checked below: some, such as a write failing on a key a ConnectFunc
+	// holds, need the clients to interleave too.
+	for run := 0; run < runs || lacking() && run < 10*runs; run++ {
 		stripes, grouped, grow := 1+run%2, run%4 >= 2, linGrowth(run%12/4)
 		hist := linRun(t, uint64(run+1), stripes, grouped, grow, 4, ops, 4)
 		// A Clear or DeleteFunc is recorded as several operations of one
@@ -885,15 +909,7 @@ func TestLinearizability(t *testing.T) {
 	require.Positive(t, duringTakeover, "lookups concurrent with a takeover of their key")
 	require.GreaterOrEqual(t, outcomes["connect takeover"], runs)
 	require.GreaterOrEqual(t, outcomes["connectFunc.publish takeover"], runs)
-	for _, o := range []string{
-		"compareAndSwap true", "store", "swap true", "swap false",
-		"compute update true", "compute delete true", "compute cancel true", "compute cancel false",
-		"lookupOrCompute true", "lookupOrCompute called", "lookupOrCompute failed",
-		"deleteFunc.del true", "deleteFunc.saw true", "deleteFunc.saw false", "clear",
-		"timeWait true", "timeWait false", "connect free", "connect takeover", "connect.busy",
-		"connectFunc.claim", "connectFunc.publish free", "connectFunc.publish takeover",
-		"a write failing on a held key",
-	} {
+	for _, o := range wanted {
 		require.Positive(t, outcomes[o], "the histories hold %s", o)
 	}
 }
