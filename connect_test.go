@@ -212,9 +212,11 @@ func (s connScenario) run(t *testing.T) (tookOver int) {
 		release func()
 	}
 	var binds []bind
-	held := func(local netip.Addr, p uint16) bool {
+	// held: Connect skips a port held for any address, as the kernel's
+	// connect() skips a port any bind() holds.
+	held := func(_ netip.Addr, p uint16) bool {
 		for _, b := range binds {
-			if b.port == p && (b.addr == local.As16() || b.addr == netip.IPv4Unspecified().As16()) {
+			if b.port == p {
 				return true
 			}
 		}

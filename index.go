@@ -242,8 +242,8 @@ func (t *Table[T]) findIndex(d *destKey) *portIndex {
 // connectIndexed is the scan of connectFlow over the index p of the flow's
 // destination: it visits the candidates in the scan's order, as runs of
 // ports step apart, takes from the bitmaps the first that is not reserved
-// and not in use (or in TIME_WAIT, for a reuse policy), skips it if Bind
-// holds it for the local address, and tries it under its stripe lock as
+// and not in use (or in TIME_WAIT, for a reuse policy), skips it if it is
+// held (see PortAllocator.Bind), and tries it under its stripe lock as
 // the scan does (tryPort); a lost race moves on to the next. It records
 // the port taken with the index in its pass that the scan would have
 // reached, so the perturb slot moves as the kernel's. It reports whether c
@@ -251,7 +251,7 @@ func (t *Table[T]) findIndex(d *destKey) *portIndex {
 func (t *Table[T]) connectIndexed(p *portIndex, s *portScan, k *key, hash0 uint32, c *connectCall[T]) bool {
 	a := s.a
 	try := func(port uint16, i uint32) bool {
-		if a.mayBeHeld(port) && a.heldFor(c.local, port) {
+		if a.mayBeHeld(port) {
 			return false
 		}
 		k.setPort(hash0, port, c.remote.Port())

@@ -259,3 +259,68 @@ func kernelSocket(t *testing.T, typ int, ap netip.AddrPort, reuse bool) error {
 	}
 	return nil
 }
+
+// TestKernelConnectSkipsBoundPorts checks against the kernel, with real TCP
+// sockets on loopback, that connect() from 127.0.0.1 with one port P in its
+// range fails with EADDRNOTAVAIL once a socket is bound to P on any
+// address, another IPv4 address and an IPv6-only :: alike, since
+// __inet_hash_connect passes over every bind bucket that bind() made, and
+// succeeds with P free; and that Connect, after a.Bind of the same address,
+// answers the same.
+func TestKernelConnectSkipsBoundPorts(t *testing.T) {
+	server := loopbackListener(t)
+	lo := netip.MustParseAddr("127.0.0.1")
+	probe := tcpSock(t)
+	if err := syscall.Bind(probe, sockaddrOf(netip.AddrPortFrom(lo, 0), false)); err != nil {
+		t.Fatal(err)
+	}
+	p := sockName(t, probe).Port()
+	syscall.Close(probe) // P is free again; the Cleanup's second close fails unseen
+	for _, bound := range []string{"127.0.0.2", "127.0.0.1", "0.0.0.0", "::", ""} {
+		var kerr error
+		func() {
+			if bound != "" {
+				addr := netip.MustParseAddr(bound)
+				family := syscall.AF_INET
+				if addr.Is6() {
+					family = syscall.AF_INET6
+				}
+				b, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer syscall.Close(b)
+				if addr.Is6() {
+					setInt(t, b, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 1)
+				}
+				if err := syscall.Bind(b, sockaddrOf(netip.AddrPortFrom(addr, p), addr.Is6())); err != nil {
+					t.Fatalf("bind(%v:%d): %v", bound, p, err)
+				}
+			}
+			c, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeRST(c) // no TIME_WAIT left on P
+			setInt(t, c, syscall.IPPROTO_IP, ipLocalPortRange, int(p)|int(p)<<16)
+			kerr = syscall.Connect(c, sockaddrOf(server, false))
+		}()
+
+		a, err := NewPortAllocator(WithPortRange(PortRange{p, p}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bound != "" {
+			if _, err := a.Bind(netip.AddrPortFrom(netip.MustParseAddr(bound), p)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tup, merr := New[int]().Connect(a, lo, server, valPtr(1))
+		if (kerr == nil) != (merr == nil) || kerr != nil && (!errors.Is(kerr, syscall.EADDRNOTAVAIL) || !errors.Is(merr, syscall.EADDRNOTAVAIL)) {
+			t.Errorf("connect from %v, only port %d, bound on %q: kernel %v, Connect %v %v", lo, p, bound, kerr, tup, merr)
+		}
+		if bound == "" && merr == nil && tup.Local.Port() != p {
+			t.Errorf("Connect with only port %d free took %v", p, tup)
+		}
+	}
+}

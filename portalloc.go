@@ -345,8 +345,8 @@ func (a *PortAllocator) random8(index, v uint32) uint32 {
 // selectPort runs the candidate scan of __inet_hash_connect for the flow
 // (local, remote) and returns the first port for which try returns true,
 // and records it (portScan.taken). try is called at most once per
-// candidate, never for reserved ports or ports held by Bind for this local
-// address. Table.connect drives a portScan itself; selectPort is the same
+// candidate, never for reserved ports or ports held (see
+// PortAllocator.Bind). Table.connect drives a portScan itself; selectPort is the same
 // scan for callers that check candidates through a function.
 func (a *PortAllocator) selectPort(local netip.Addr, remote netip.AddrPort, cc *connectConfig, try func(port uint16) bool) (uint16, bool) {
 	s := a.startScan(local, remote, cc)
@@ -430,8 +430,8 @@ func (a *PortAllocator) startScan(local netip.Addr, remote netip.AddrPort, cc *c
 }
 
 // next returns the next run of candidates, n ports step apart from first,
-// in scan order: ports that are not reserved and not held by Bind for the
-// scan's local address. It returns n == 0 when the scan is over.
+// in scan order: ports that are not reserved and not held (see
+// PortAllocator.Bind). It returns n == 0 when the scan is over.
 func (s *portScan) next() (first uint32, n uint32) {
 	// N.B. whether any port is held is read once per run: a Bind that
 	// races with a Connect may or may not be seen by it either way.
@@ -449,7 +449,7 @@ func (s *portScan) next() (first uint32, n uint32) {
 			n = limit
 		} else {
 			for n < limit && !s.a.isReserved(uint16(s.port+n*s.step)) &&
-				!(held && s.a.heldFor(s.local, uint16(s.port+n*s.step))) {
+				!(held && s.a.mayBeHeld(uint16(s.port+n*s.step))) {
 				n++
 			}
 		}

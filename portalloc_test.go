@@ -284,7 +284,9 @@ func TestSelectPortSkips(t *testing.T) {
 			require.NoError(t, err, ap)
 			releases = append(releases, rel)
 		}
-		held := []uint16{5020, 5021, 5030, 5040} // for paLocal
+		// Held for any address: the kernel's connect() skips every port
+		// a bind() holds (TestKernelConnectSkipsBoundPorts).
+		held := []uint16{5020, 5021, 5030, 5040, 5050, 5060}
 		u := newUsedPorts()
 		for {
 			p, ok := u.pick(t, a, paLocal, paDstA, nil)
@@ -299,10 +301,9 @@ func TestSelectPortSkips(t *testing.T) {
 			}
 			require.True(t, u.seen[p] == 1)
 		}
-		// 200 ports, 12 reserved in range, 4 held for paLocal.
-		require.Len(t, u.used, 200-12-4, pol)
-		require.Contains(t, u.used, uint16(5050)) // held for another address
-		require.Contains(t, u.used, uint16(5060)) // held for IPv6 only
+		// 200 ports, 12 reserved in range, 6 held.
+		require.Len(t, u.used, 200-12-6, pol)
+		require.Contains(t, u.used, uint16(5100)) // held outside the range only
 
 		// Released ports become candidates; the scan sees them at once.
 		for _, rel := range releases {
@@ -317,7 +318,7 @@ func TestSelectPortSkips(t *testing.T) {
 			}
 			got[p] = true
 		}
-		require.Equal(t, map[uint16]bool{5020: true, 5021: true, 5030: true, 5040: true}, got, pol)
+		require.Equal(t, map[uint16]bool{5020: true, 5021: true, 5030: true, 5040: true, 5050: true, 5060: true}, got, pol)
 		require.Zero(t, a.nheld.Load())
 		require.Empty(t, a.held)
 		require.Empty(t, a.byPort)
@@ -863,7 +864,7 @@ func TestSelectPortProperties(t *testing.T) {
 		if r.IntN(3) == 0 {
 			local = netip.MustParseAddr("2001:db8::1")
 		}
-		heldForLocal := map[uint16]bool{}
+		held := map[uint16]bool{} // for any address
 		for range r.IntN(20) {
 			port := uint16(min(65535, max(1, low-2+r.IntN(high-low+5))))
 			var addr netip.Addr
@@ -880,9 +881,7 @@ func TestSelectPortProperties(t *testing.T) {
 				addr = netip.AddrFrom16(local.As16()) // mapped if IPv4
 			}
 			if _, err := a.Bind(netip.AddrPortFrom(addr, port)); err == nil {
-				if addr.Unmap() == local || isWildcard(addr) && isIPv4(addr) == isIPv4(local) {
-					heldForLocal[port] = true
-				}
+				held[port] = true
 			}
 		}
 
@@ -913,9 +912,9 @@ func TestSelectPortProperties(t *testing.T) {
 			p, ok := u.pick(t, a, local, dst, cc)
 			require.LessOrEqual(t, u.calls-calls, size)
 			for q := range u.seen {
-				if a.Reserved(q) || heldForLocal[q] || int(q) < effLow || int(q) > effHigh {
+				if a.Reserved(q) || held[q] || int(q) < effLow || int(q) > effHigh {
 					t.Fatalf("%v %v %v: tried port %d: reserved %v, held %v, effective range %d-%d",
-						pr, pol, cc, q, a.Reserved(q), heldForLocal[q], effLow, effHigh)
+						pr, pol, cc, q, a.Reserved(q), held[q], effLow, effHigh)
 				}
 			}
 			if !ok {
@@ -925,11 +924,11 @@ func TestSelectPortProperties(t *testing.T) {
 		}
 		var missing []int
 		for p := effLow; p <= effHigh; p++ {
-			if !u.used[uint16(p)] && !a.Reserved(uint16(p)) && !heldForLocal[uint16(p)] {
+			if !u.used[uint16(p)] && !a.Reserved(uint16(p)) && !held[uint16(p)] {
 				missing = append(missing, p)
 			}
 		}
-		require.Empty(t, missing, "%v %v %v %v", pr, pol, cc, heldForLocal)
+		require.Empty(t, missing, "%v %v %v %v", pr, pol, cc, held)
 		return true
 	}
 	require.NoError(t, quick.Check(prop, &quick.Config{MaxCount: 300}))
@@ -1042,6 +1041,20 @@ func TestPortAllocatorBindConcurrent(t *testing.T) {
 	require.Empty(t, a.byPort)
 }
 
+// heldByAnyReference reports whether Bind or a table's socket holds port
+// for some address, read from the holds themselves: the ports a Connect
+// skips whatever its local address.
+func (a *PortAllocator) heldByAnyReference(port uint16) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k := range a.held {
+		if k.port == port {
+			return true
+		}
+	}
+	return false
+}
+
 // selectPortReference is the candidate scan of __inet_hash_connect written
 // as one plain loop, port by port, as RFC 6056 algorithm 4 states it, from
 // the start that startScan computes, then, in a range of odd size under
@@ -1059,7 +1072,7 @@ func (a *PortAllocator) selectPortReference(local netip.Addr, remote netip.AddrP
 			}
 			visited[port] = true
 			p := uint16(port)
-			if a.Reserved(p) || a.mayBeHeld(p) && a.heldFor(local, p) {
+			if a.Reserved(p) || a.heldByAnyReference(p) {
 				continue
 			}
 			if !try(p) {
@@ -1087,7 +1100,7 @@ func (a *PortAllocator) selectPortReference(local netip.Addr, remote netip.AddrP
 		if visited[p] {
 			continue
 		}
-		if a.Reserved(uint16(p)) || a.mayBeHeld(uint16(p)) && a.heldFor(local, uint16(p)) || !try(uint16(p)) {
+		if a.Reserved(uint16(p)) || a.heldByAnyReference(uint16(p)) || !try(uint16(p)) {
 			return 0, false
 		}
 		i := remaining - 1

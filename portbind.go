@@ -199,9 +199,12 @@ func (a *PortAllocator) holdSocket(o *bindOwner, local netip.AddrPort, addrs []n
 }
 
 // Bind holds local's port for local's address until release is called, as
-// bind() does: Connect from that address skips the port. A wildcard address
-// (0.0.0.0, ::) holds it for every address of its family (:: does not cover
-// IPv4). It returns an error matching [ErrPortInUse] where bind() would
+// bind() does. Connect then skips the port whatever its local address, as
+// the kernel's connect() skips every port that a bind() holds, on any
+// address (__inet_hash_connect passes over a bind bucket that bind() made);
+// the listeners and sockets of tables made [WithPortAllocator](a) keep
+// Connect off their ports alike. A wildcard address (0.0.0.0, ::) holds the
+// port for every address of its family (:: does not cover IPv4). It returns an error matching [ErrPortInUse] where bind() would
 // refuse: the port is held, by Bind or by a listener or socket of a
 // [TCPTable] or [UDPTable] made [WithPortAllocator](a), for the same
 // address, for its family's wildcard, or (binding the wildcard) for any

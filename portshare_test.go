@@ -181,12 +181,18 @@ func TestConnectSkipsListenerPort(t *testing.T) {
 			t.Fatalf("%s: ConnectFunc from %v with the only port listened on = %v, want ErrNoPorts", name, lo, err)
 		}
 	}
-	// As for a Bind's hold, another address does not conflict.
-	tup, err := tcp.Established().Connect(nil, lo2, remote, valPtr(1))
-	if err != nil {
-		t.Fatalf("Connect from %v = %v, want success", lo2, err)
+	// Nor from another address, of either family, as the kernel's
+	// connect() skips the port whatever its source address
+	// (TestKernelConnectSkipsBoundPorts).
+	for _, from := range []netip.Addr{lo2, netip.MustParseAddr("::1")} {
+		to := remote
+		if from.Is6() {
+			to = netip.MustParseAddrPort("[2001:db8::9]:443")
+		}
+		if tup, err := tcp.Established().Connect(nil, from, to, valPtr(1)); !errors.Is(err, ErrNoPorts) {
+			t.Fatalf("Connect from %v with the only port listened on by %v = %v, %v, want ErrNoPorts", from, lo, tup, err)
+		}
 	}
-	tcp.Established().Delete(tup)
 	// A listener on the wildcard conflicts with every address of its family.
 	rel()
 	rel2 := mustListen(t, tcp, "0.0.0.0:40000")

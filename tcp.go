@@ -189,9 +189,9 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 // Established returns the table of established connections. Flows inserted
 // into it, directly or by its Connect, are found by Lookup before any
 // listener. In a table made [WithPortAllocator](a), the flows and the
-// listeners share a's bind table: Connect skips a listener's port for the
-// addresses it conflicts with, as the kernel's connect() skips a bound
-// port, and Listen refuses the ports flows use (see [TCPTable.Listen]);
+// listeners share a's bind table: Connect skips a listener's port, from
+// any local address, as the kernel's connect() skips a bound port, and
+// Listen refuses the ports flows use (see [TCPTable.Listen]);
 // without an allocator, Connect sees no listener. Its Stats count the
 // listeners' nodes among Nodes, since listeners share its node store.
 func (t *TCPTable[T]) Established() *Table[T] {
