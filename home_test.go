@@ -58,10 +58,11 @@ func TestTableHomeGroupsDefault(t *testing.T) {
 // TestTableHomeGroupPlacement checks that an entry whose home slot is taken
 // goes to a free home slot of its group, where lookups find it without the
 // chain, and that a table of random flows at one entry per bucket holds
-// more than 78% of them in a home slot of their group (81% here; 77% before
-// inserts evicted stealers from the group's slots), against 63% at most
-// without groups (63% here: every non-empty bucket holds one of its
-// entries at home).
+// more than 78% of them in a home slot of their group (80 to 81% here; 77%
+// before inserts evicted stealers from the group's slots), against 63%
+// without groups (every non-empty bucket holds one of its entries at home:
+// about 1-1/e of the buckets: 62.3 to 64.2% over 20,000 random secrets,
+// 64.4% once in an emulated arm64 run; the bound is 66%).
 func TestTableHomeGroupPlacement(t *testing.T) {
 	f := newTblNulls(t, withHomeGroups(true))
 	y := f.byBkt[f.a][0]
@@ -96,7 +97,7 @@ func TestTableHomeGroupPlacement(t *testing.T) {
 			require.Greater(t, share, 0.78)
 		} else {
 			require.Zero(t, st.GroupEntries)
-			require.Less(t, share, 0.64)
+			require.Less(t, share, 0.66)
 			require.Equal(t, st.Buckets-st.ChainLengths[0], st.HomeEntries, "a non-empty bucket without an entry at home")
 		}
 		tblCheckHome(t, tab, fmt.Sprint("groups ", grouped))
