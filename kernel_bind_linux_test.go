@@ -4,6 +4,7 @@ package hash4
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -270,30 +271,14 @@ func kernelSocket(t *testing.T, typ int, ap netip.AddrPort, reuse bool) error {
 func TestKernelConnectSkipsBoundPorts(t *testing.T) {
 	server := loopbackListener(t)
 	lo := netip.MustParseAddr("127.0.0.1")
-	probe := tcpSock(t)
-	if err := syscall.Bind(probe, sockaddrOf(netip.AddrPortFrom(lo, 0), false)); err != nil {
-		t.Fatal(err)
-	}
-	p := sockName(t, probe).Port()
-	syscall.Close(probe) // P is free again; the Cleanup's second close fails unseen
+	p := freeLoopbackPort(t)
 	for _, bound := range []string{"127.0.0.2", "127.0.0.1", "0.0.0.0", "::", ""} {
 		var kerr error
 		func() {
 			if bound != "" {
-				addr := netip.MustParseAddr(bound)
-				family := syscall.AF_INET
-				if addr.Is6() {
-					family = syscall.AF_INET6
-				}
-				b, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
+				b, err := boundTCPSock(t, netip.AddrPortFrom(netip.MustParseAddr(bound), p), true)
 				defer syscall.Close(b)
-				if addr.Is6() {
-					setInt(t, b, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 1)
-				}
-				if err := syscall.Bind(b, sockaddrOf(netip.AddrPortFrom(addr, p), addr.Is6())); err != nil {
+				if err != nil {
 					t.Fatalf("bind(%v:%d): %v", bound, p, err)
 				}
 			}
@@ -323,4 +308,114 @@ func TestKernelConnectSkipsBoundPorts(t *testing.T) {
 			t.Errorf("Connect with only port %d free took %v", p, tup)
 		}
 	}
+}
+
+// TestKernelBindDualStack checks Bind's holds of :: against the kernel's
+// bind(), with real TCP sockets on loopback and a fresh port per case: a
+// dual-stack :: (IPV6_V6ONLY off, Linux's default) conflicts with IPv4
+// binds and connected IPv4 sockets of its port, either bound first, and an
+// IPv6-only :: ([WithIPv6Only]) with IPv6 ones only (inet_rcv_saddr_equal
+// with its wildcard rules).
+func TestKernelBindDualStack(t *testing.T) {
+	type sock struct {
+		addr   string
+		v6only bool
+	}
+	server := loopbackListener(t)
+	for _, c := range []struct {
+		first     sock
+		connected bool // first is a socket connected from its address
+		second    sock
+	}{
+		{first: sock{"::", false}, second: sock{"127.0.0.1", false}},
+		{first: sock{"::", false}, second: sock{"0.0.0.0", false}},
+		{first: sock{"::", true}, second: sock{"127.0.0.1", false}},
+		{first: sock{"::", true}, second: sock{"0.0.0.0", false}},
+		{first: sock{"127.0.0.1", false}, second: sock{"::", false}},
+		{first: sock{"127.0.0.1", false}, second: sock{"::", true}},
+		{first: sock{"0.0.0.0", false}, second: sock{"::", false}},
+		{first: sock{"::1", false}, second: sock{"::", true}},
+		{first: sock{"::", true}, second: sock{"::", false}},
+		{first: sock{"127.0.0.1", false}, connected: true, second: sock{"::", false}},
+		{first: sock{"127.0.0.1", false}, connected: true, second: sock{"::", true}},
+	} {
+		p := freeLoopbackPort(t)
+		name := fmt.Sprintf("%+v then %+v (connected %v), port %d", c.first, c.second, c.connected, p)
+
+		kernel := func(s sock) (int, error) {
+			return boundTCPSock(t, netip.AddrPortFrom(netip.MustParseAddr(s.addr), p), s.v6only)
+		}
+		fd1, err := kernel(c.first)
+		if err != nil {
+			t.Fatalf("%s: first bind: %v", name, err)
+		}
+		if c.connected {
+			if err := syscall.Connect(fd1, sockaddrOf(server, false)); err != nil {
+				t.Fatalf("%s: connect: %v", name, err)
+			}
+		}
+		fd2, kerr := kernel(c.second)
+		syscall.Close(fd2)
+		closeRST(fd1) // no TIME_WAIT left on the port
+
+		a, err := NewPortAllocator()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := func(s sock) []BindOption {
+			if s.v6only {
+				return []BindOption{WithIPv6Only()}
+			}
+			return nil
+		}
+		ap := func(s sock) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr(s.addr), p) }
+		if c.connected {
+			tab := New[int](WithPortAllocator(a))
+			if err := tab.Insert(Tuple{Local: ap(c.first), Remote: server}, valPtr(1)); err != nil {
+				t.Fatal(err)
+			}
+		} else if _, err := a.Bind(ap(c.first), opts(c.first)...); err != nil {
+			t.Fatalf("%s: first Bind: %v", name, err)
+		}
+		_, merr := a.Bind(ap(c.second), opts(c.second)...)
+		if (kerr == nil) != (merr == nil) || kerr != nil && (!errors.Is(kerr, syscall.EADDRINUSE) || !errors.Is(merr, syscall.EADDRINUSE)) {
+			t.Errorf("%s: kernel %v, Bind %v", name, kerr, merr)
+		}
+	}
+}
+
+// freeLoopbackPort returns a TCP port the kernel chose for 127.0.0.1 and
+// freed again.
+func freeLoopbackPort(t *testing.T) uint16 {
+	t.Helper()
+	probe := tcpSock(t)
+	if err := syscall.Bind(probe, sockaddrOf(netip.MustParseAddrPort("127.0.0.1:0"), false)); err != nil {
+		t.Fatal(err)
+	}
+	p := sockName(t, probe).Port()
+	syscall.Close(probe) // the Cleanup's second close fails unseen
+	return p
+}
+
+// boundTCPSock opens a TCP socket of ap's family, IPv6-only if v6only (and
+// dual-stack if not) when IPv6, and binds it to ap: it returns the socket,
+// for the caller to close, and bind()'s error.
+func boundTCPSock(t *testing.T, ap netip.AddrPort, v6only bool) (int, error) {
+	t.Helper()
+	family := syscall.AF_INET
+	if ap.Addr().Is6() {
+		family = syscall.AF_INET6
+	}
+	fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ap.Addr().Is6() {
+		v := 0
+		if v6only {
+			v = 1
+		}
+		setInt(t, fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, v)
+	}
+	return fd, syscall.Bind(fd, sockaddrOf(ap, ap.Addr().Is6()))
 }

@@ -676,17 +676,36 @@ func TestPortAllocatorBind(t *testing.T) {
 
 	rel, err := a.Bind(ap("10.0.0.1:8080"))
 	require.NoError(t, err)
-	for _, s := range []string{"10.0.0.1:8080", "[::ffff:10.0.0.1]:8080", "0.0.0.0:8080", "[::ffff:0.0.0.0]:8080"} {
+	// A dual-stack :: covers IPv4 too (TestKernelBindDualStack).
+	for _, s := range []string{"10.0.0.1:8080", "[::ffff:10.0.0.1]:8080", "0.0.0.0:8080", "[::ffff:0.0.0.0]:8080", "[::]:8080"} {
 		_, err = a.Bind(ap(s))
 		require.ErrorIs(t, err, ErrPortInUse, s)
 		require.ErrorIs(t, err, syscall.EADDRINUSE, s)
 		require.ErrorContains(t, err, "8080", s)
 	}
-	for _, s := range []string{"10.0.0.2:8080", "10.0.0.1:8081", "[::]:8080", "[2001:db8::1]:8080"} {
+	for _, s := range []string{"10.0.0.2:8080", "10.0.0.1:8081", "[2001:db8::1]:8080"} {
 		r, err := a.Bind(ap(s))
 		require.NoError(t, err, s)
 		r()
 	}
+	rv6, err := a.Bind(ap("[::]:8080"), WithIPv6Only())
+	require.NoError(t, err)
+	r4, err := a.Bind(ap("10.0.0.2:8080"))
+	require.NoError(t, err, "an IPv6-only :: holds no IPv4 port")
+	r4()
+	rv6()
+	// Options Bind does not take, or that do not fit the address, change
+	// nothing.
+	for _, c := range []struct {
+		addr string
+		opt  BindOption
+	}{{"[::]:8082", WithReuseAddr()}, {"[::]:8082", WithReusePort()}, {"10.0.0.1:8082", WithIPv6Only()}, {"[::ffff:10.0.0.1]:8082", WithIPv6Only()}} {
+		_, err = a.Bind(ap(c.addr), c.opt)
+		require.ErrorIs(t, err, ErrInvalidAddr, c.addr)
+		_, _, err = a.BindEphemeral(ap(c.addr).Addr(), c.opt)
+		require.ErrorIs(t, err, ErrInvalidAddr, c.addr)
+	}
+	require.False(t, a.heldFor(netip.MustParseAddr("10.0.0.9"), 8082))
 	rel()
 	rel()
 	r2, err := a.Bind(ap("[fe80::1%eth0]:8080"))

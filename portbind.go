@@ -134,20 +134,48 @@ func (a *PortAllocator) releaser(o *bindOwner, addrs []netip.Addr, port uint16) 
 	}
 }
 
-// holdUnusedLocked holds port for local by Bind, with a.mu held, unless a
-// flow of a table sharing a uses it (usedConflicts); it returns the
-// function that releases the hold, or nil: usedBy is the address whose
-// flows count, local or its family's wildcard for all of them. N.B. it
-// holds the port before it reads the counts, and undoes the hold if they
-// show a flow: a Connect counts its flow before it reads the held bit (see
+// holdUnusedLocked holds port by Bind for each of addrs, with a.mu held,
+// unless a flow of a table sharing a uses it (usedConflicts) from one of
+// them or, if anyOfFamily, from any address of their families; it returns
+// the function that releases the holds, or nil. N.B. it holds the port
+// before it reads the counts, and undoes the holds if they show a flow: a
+// Connect counts its flow before it reads the held bit (see
 // Table.boundMeanwhile), so of the two one sees the other.
-func (a *PortAllocator) holdUnusedLocked(local, usedBy netip.Addr, port uint16) func() {
-	a.holdLocked(nil, local, port)
-	if a.usedConflicts(usedBy, port) {
-		a.unholdLocked(nil, local, port)
-		return nil
+func (a *PortAllocator) holdUnusedLocked(addrs []netip.Addr, anyOfFamily bool, port uint16) func() {
+	for _, addr := range addrs {
+		a.holdLocked(nil, addr, port)
 	}
-	return a.releaser(nil, []netip.Addr{local}, port)
+	for _, addr := range addrs {
+		if anyOfFamily {
+			addr = netip.AddrFrom16(wildcardOf(addr))
+		}
+		if a.usedConflicts(addr, port) {
+			for _, addr := range addrs {
+				a.unholdLocked(nil, addr, port)
+			}
+			return nil
+		}
+	}
+	return a.releaser(nil, addrs, port)
+}
+
+// bindAddrs returns the addresses that Bind or BindEphemeral of addr with
+// opts holds its port for (heldAddrs: a dual-stack :: holds 0.0.0.0 too),
+// or an error matching ErrInvalidAddr for options it does not take.
+func bindAddrs(caller string, addr netip.Addr, opts []BindOption) ([]netip.Addr, error) {
+	var cfg bindConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	switch {
+	case cfg.reuseAddr || cfg.reusePort:
+		return nil, fmt.Errorf("%w: %s of %v: WithReuseAddr and WithReusePort are for the sockets of tables, not an allocator's holds", ErrInvalidAddr, caller, addr)
+	case cfg.v6only && isIPv4(addr):
+		return nil, fmt.Errorf("%w: %s of %v: IPv6-only option on an IPv4 address", ErrInvalidAddr, caller, addr)
+	}
+	return heldAddrs(addr.WithZone(""), cfg.v6only), nil
 }
 
 // share records that a TCPTable or UDPTable (proto "TCP" or "UDP"), made
@@ -204,7 +232,9 @@ func (a *PortAllocator) holdSocket(o *bindOwner, local netip.AddrPort, addrs []n
 // address (__inet_hash_connect passes over a bind bucket that bind() made);
 // the listeners and sockets of tables made [WithPortAllocator](a) keep
 // Connect off their ports alike. A wildcard address (0.0.0.0, ::) holds the
-// port for every address of its family (:: does not cover IPv4). It returns an error matching [ErrPortInUse] where bind() would
+// port for every address of its family, and :: for IPv4 ones too, as a
+// dual-stack socket does (Linux's default), unless opts has
+// [WithIPv6Only]; Bind takes no other option. It returns an error matching [ErrPortInUse] where bind() would
 // refuse: the port is held, by Bind or by a listener or socket of a
 // [TCPTable] or [UDPTable] made [WithPortAllocator](a), for the same
 // address, for its family's wildcard, or (binding the wildcard) for any
@@ -213,7 +243,7 @@ func (a *PortAllocator) holdSocket(o *bindOwner, local netip.AddrPort, addrs []n
 // such a table, one gets the port. Port 0, an invalid address or a nil
 // allocator give errors matching [ErrInvalidAddr] or [ErrNilAllocator];
 // release may be called more than once.
-func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
+func (a *PortAllocator) Bind(local netip.AddrPort, opts ...BindOption) (release func(), err error) {
 	if err := a.check(); err != nil {
 		return nil, err
 	}
@@ -224,12 +254,18 @@ func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 	if port == 0 {
 		return nil, fmt.Errorf("%w: Bind of %v: port 0 (use BindEphemeral)", ErrInvalidAddr, local)
 	}
+	addrs, err := bindAddrs("Bind", addr, opts)
+	if err != nil {
+		return nil, err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.conflictsLocked(nil, addr, port) {
-		return nil, fmt.Errorf("%w: %v", ErrPortInUse, local)
+	for _, addr := range addrs {
+		if a.conflictsLocked(nil, addr, port) {
+			return nil, fmt.Errorf("%w: %v", ErrPortInUse, local)
+		}
 	}
-	if release = a.holdUnusedLocked(addr, addr, port); release == nil {
+	if release = a.holdUnusedLocked(addrs, false, port); release == nil {
 		return nil, fmt.Errorf("%w: %v, by a connected flow", ErrPortInUse, local)
 	}
 	return release, nil
@@ -239,14 +275,19 @@ func (a *PortAllocator) Bind(local netip.AddrPort) (release func(), err error) {
 // Bind does, as bind() with port 0 does (inet_csk_find_open_port): it
 // starts at a random port of the parity Connect tries last, skips reserved
 // ports, ports Bind would refuse and, for a table made
-// [WithPortAllocator](a), ports any of its flows of local's family uses. It
-// returns [ErrNoPorts] if none is left, and Bind's errors for bad input.
-func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release func(), err error) {
+// [WithPortAllocator](a), ports any of its flows of local's family uses
+// (of both families for a dual-stack ::). opts are Bind's. It returns
+// [ErrNoPorts] if none is left, and Bind's errors for bad input.
+func (a *PortAllocator) BindEphemeral(local netip.Addr, opts ...BindOption) (port uint16, release func(), err error) {
 	if err := a.check(); err != nil {
 		return 0, nil, err
 	}
 	if !local.IsValid() {
 		return 0, nil, fmt.Errorf("%w: BindEphemeral of an invalid local address", ErrInvalidAddr)
+	}
+	addrs, err := bindAddrs("BindEphemeral", local, opts)
+	if err != nil {
+		return 0, nil, err
 	}
 	low, n := int(a.rng.Low), a.rng.Size()
 	a.mu.Lock()
@@ -254,22 +295,34 @@ func (a *PortAllocator) BindEphemeral(local netip.Addr) (port uint16, release fu
 	// Offsets from low of the other parity, then of low's parity; each pass
 	// starts at the same random position and wraps within its parity.
 	start := a.rand.IntN(n)
-	// N.B. a port that a flow uses is skipped whatever the flow's address
-	// in local's family, as the kernel's bind() of port 0 skips the port of
-	// a connected socket on another address, which bind() of that port
-	// would get.
-	anyAddr := netip.AddrFrom16(wildcardOf(local))
 	for _, first := range [2]int{1, 0} {
 		count := (n - first + 1) / 2
 		for k := range count {
 			p := uint16(low + first + 2*((start/2+k)%count))
-			if a.isReserved(p) || a.conflictsLocked(nil, local, p) || a.usedConflicts(anyAddr, p) {
+			if !a.ephemeralFreeLocked(addrs, p) {
 				continue
 			}
-			if release := a.holdUnusedLocked(local, anyAddr, p); release != nil {
+			if release := a.holdUnusedLocked(addrs, true, p); release != nil {
 				return p, release, nil
 			}
 		}
 	}
 	return 0, nil, ErrNoPorts
+}
+
+// ephemeralFreeLocked reports whether BindEphemeral may take p for addrs,
+// with a.mu held: p is not reserved, no hold conflicts, and no flow uses it
+// from any address of addrs' families. N.B. the last is wider than Bind's
+// check, as the kernel's bind() of port 0 skips the port of a connected
+// socket on another address, which bind() of that port would get.
+func (a *PortAllocator) ephemeralFreeLocked(addrs []netip.Addr, p uint16) bool {
+	if a.isReserved(p) {
+		return false
+	}
+	for _, addr := range addrs {
+		if a.conflictsLocked(nil, addr, p) || a.usedConflicts(netip.AddrFrom16(wildcardOf(addr)), p) {
+			return false
+		}
+	}
+	return true
 }

@@ -58,7 +58,12 @@ func TestBindSeesConnectedFlows(t *testing.T) {
 	wantInUse(t, a, at("::ffff:127.0.0.1"))
 	wantInUse(t, a, at("0.0.0.0"))
 	wantFree(t, a, at("127.0.0.2"))
-	wantFree(t, a, at("::")) // :: does not cover IPv4 (see Bind)
+	wantInUse(t, a, at("::")) // a dual-stack :: covers IPv4 (see Bind)
+	if rel, err := a.Bind(netip.MustParseAddrPort(at("::")), WithIPv6Only()); err != nil {
+		t.Fatalf("Bind(%s, WithIPv6Only()) = %v, want success", at("::"), err)
+	} else {
+		rel()
+	}
 	wantFree(t, a, at("::1"))
 	if _, ok := tab.Delete(tup); !ok {
 		t.Fatal("Delete failed")
