@@ -26,8 +26,9 @@ func WithReusePort() BindOption { return func(c *bindConfig) { c.reusePort = tru
 func WithReuseAddr() BindOption { return func(c *bindConfig) { c.reuseAddr = true } }
 
 // WithIPv6Only sets IPV6_V6ONLY on an IPv6 socket or listener: bound to ::,
-// it receives IPv6 packets only. It is an error on an IPv4 or IPv4-mapped
-// address.
+// it receives IPv6 packets only. Given to [PortAllocator.Bind] or
+// [PortAllocator.BindEphemeral] of ::, it makes the hold cover IPv6
+// addresses only. It is an error on an IPv4 or IPv4-mapped address.
 func WithIPv6Only() BindOption { return func(c *bindConfig) { c.v6only = true } }
 
 // normAddr returns addr in the form the tables use: IPv4-mapped addresses

@@ -346,8 +346,8 @@ func (a *PortAllocator) random8(index, v uint32) uint32 {
 // (local, remote) and returns the first port for which try returns true,
 // and records it (portScan.taken). try is called at most once per
 // candidate, never for reserved ports or ports held (see
-// PortAllocator.Bind). Table.connect drives a portScan itself; selectPort is the same
-// scan for callers that check candidates through a function.
+// PortAllocator.Bind). Table.connect drives a portScan itself; selectPort
+// is the same scan for callers that check candidates through a function.
 func (a *PortAllocator) selectPort(local netip.Addr, remote netip.AddrPort, cc *connectConfig, try func(port uint16) bool) (uint16, bool) {
 	s := a.startScan(local, remote, cc)
 	for {

@@ -227,14 +227,17 @@ func (a *PortAllocator) holdSocket(o *bindOwner, local netip.AddrPort, addrs []n
 }
 
 // Bind holds local's port for local's address until release is called, as
-// bind() does. Connect then skips the port whatever its local address, as
-// the kernel's connect() skips every port that a bind() holds, on any
-// address (__inet_hash_connect passes over a bind bucket that bind() made);
-// the listeners and sockets of tables made [WithPortAllocator](a) keep
-// Connect off their ports alike. A wildcard address (0.0.0.0, ::) holds the
-// port for every address of its family, and :: for IPv4 ones too, as a
-// dual-stack socket does (Linux's default), unless opts has
-// [WithIPv6Only]; Bind takes no other option. It returns an error matching [ErrPortInUse] where bind() would
+// bind() does. Connect then skips the port whatever its own local address,
+// as the kernel's connect() passes over every port that a bind() holds, on
+// any address (__inet_hash_connect); the listeners and sockets of tables
+// made [WithPortAllocator](a) keep Connect off their ports alike. A
+// wildcard address (0.0.0.0, ::) holds the port for every address of its
+// family, and :: for IPv4 addresses too, as a dual-stack socket does by
+// Linux's default, unless opts has [WithIPv6Only], the one option Bind
+// takes; [WithReuseAddr] or [WithReusePort] give an error matching
+// [ErrInvalidAddr].
+//
+// Bind returns an error matching [ErrPortInUse] where bind() would
 // refuse: the port is held, by Bind or by a listener or socket of a
 // [TCPTable] or [UDPTable] made [WithPortAllocator](a), for the same
 // address, for its family's wildcard, or (binding the wildcard) for any
