@@ -134,16 +134,16 @@ func (a *PortAllocator) releaser(o *bindOwner, addrs []netip.Addr, port uint16) 
 	}
 }
 
-// holdUnusedLocked holds port by Bind for each of addrs, with a.mu held,
-// unless a flow of a table sharing a uses it (usedConflicts) from one of
-// them or, if anyOfFamily, from any address of their families; it returns
-// the function that releases the holds, or nil. N.B. it holds the port
-// before it reads the counts, and undoes the holds if they show a flow: a
-// Connect counts its flow before it reads the held bit (see
-// Table.boundMeanwhile), so of the two one sees the other.
-func (a *PortAllocator) holdUnusedLocked(addrs []netip.Addr, anyOfFamily bool, port uint16) func() {
+// holdUnusedLocked holds port on behalf of o (nil for Bind) for each of
+// addrs, with a.mu held, unless a flow of a table sharing a uses it
+// (usedConflicts) from one of them or, if anyOfFamily, from any address of
+// their families; it returns the function that releases the holds, or nil.
+// N.B. it holds the port before it reads the counts, and undoes the holds
+// if they show a flow: a Connect counts its flow before it reads the held
+// bit (see Table.boundMeanwhile), so of the two one sees the other.
+func (a *PortAllocator) holdUnusedLocked(o *bindOwner, addrs []netip.Addr, anyOfFamily bool, port uint16) func() {
 	for _, addr := range addrs {
-		a.holdLocked(nil, addr, port)
+		a.holdLocked(o, addr, port)
 	}
 	for _, addr := range addrs {
 		if anyOfFamily {
@@ -151,12 +151,12 @@ func (a *PortAllocator) holdUnusedLocked(addrs []netip.Addr, anyOfFamily bool, p
 		}
 		if a.usedConflicts(addr, port) {
 			for _, addr := range addrs {
-				a.unholdLocked(nil, addr, port)
+				a.unholdLocked(o, addr, port)
 			}
 			return nil
 		}
 	}
-	return a.releaser(nil, addrs, port)
+	return a.releaser(o, addrs, port)
 }
 
 // bindAddrs returns the addresses that Bind or BindEphemeral of addr with
@@ -192,7 +192,7 @@ func (a *PortAllocator) share(ctor, proto string) *bindOwner {
 }
 
 // holdSocket holds local's port for each of addrs on behalf of o, for a
-// listener or socket of o's table bound to local, as the kernel's bind()
+// listener or socket of o's table bound to local (o nil: for Bind), as the kernel's bind()
 // enters the socket in its port's bind bucket (inet_csk_get_port,
 // udp_lib_get_port), and returns the function that releases the holds. It
 // refuses, holding nothing, with an error matching ErrPortInUse, where a
@@ -210,20 +210,16 @@ func (a *PortAllocator) holdSocket(o *bindOwner, local netip.AddrPort, addrs []n
 			return nil, fmt.Errorf("%w: %v, held in the port allocator", ErrPortInUse, local)
 		}
 	}
-	for _, addr := range addrs {
-		a.holdLocked(o, addr, port)
-	}
-	if !flowsOK {
+	if flowsOK {
 		for _, addr := range addrs {
-			if a.usedConflicts(addr, port) {
-				for _, addr := range addrs {
-					a.unholdLocked(o, addr, port)
-				}
-				return nil, fmt.Errorf("%w: %v, by a connected flow", ErrPortInUse, local)
-			}
+			a.holdLocked(o, addr, port)
 		}
+		return a.releaser(o, addrs, port), nil
 	}
-	return a.releaser(o, addrs, port), nil
+	if release = a.holdUnusedLocked(o, addrs, false, port); release == nil {
+		return nil, fmt.Errorf("%w: %v, by a connected flow", ErrPortInUse, local)
+	}
+	return release, nil
 }
 
 // Bind holds local's port for local's address until release is called, as
@@ -261,17 +257,7 @@ func (a *PortAllocator) Bind(local netip.AddrPort, opts ...BindOption) (release 
 	if err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, addr := range addrs {
-		if a.conflictsLocked(nil, addr, port) {
-			return nil, fmt.Errorf("%w: %v", ErrPortInUse, local)
-		}
-	}
-	if release = a.holdUnusedLocked(addrs, false, port); release == nil {
-		return nil, fmt.Errorf("%w: %v, by a connected flow", ErrPortInUse, local)
-	}
-	return release, nil
+	return a.holdSocket(nil, local, addrs, false)
 }
 
 // BindEphemeral chooses a free port of the range for local and holds it as
@@ -305,7 +291,7 @@ func (a *PortAllocator) BindEphemeral(local netip.Addr, opts ...BindOption) (por
 			if !a.ephemeralFreeLocked(addrs, p) {
 				continue
 			}
-			if release := a.holdUnusedLocked(addrs, true, p); release != nil {
+			if release := a.holdUnusedLocked(nil, addrs, true, p); release != nil {
 				return p, release, nil
 			}
 		}
