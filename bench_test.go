@@ -181,34 +181,6 @@ func BenchmarkMemoryReads(b *testing.B) {
 	}
 }
 
-// BenchmarkLockStripes measures Mixed 90/10 and Churn in small tables of
-// hash4 with the stripe counts from one to the default, to choose
-// WithLockStripes by: fewer stripes hold fewer bytes per entry in a small
-// table (see TestTableMemoryPerEntry), and change how often writers meet.
-func BenchmarkLockStripes(b *testing.B) {
-	ops := []struct {
-		name string
-		body benchkit.Body[Tuple]
-	}{{"mixed", benchkit.Mixed[Tuple]}, {"churn", benchkit.Churn[Tuple]}}
-	for _, sz := range []benchkit.Size{{Name: "1K", N: 1 << 10}, {Name: "4K", N: 1 << 12}} {
-		ks := benchkit.Keys[Tuple](sz.N)
-		for _, stripes := range []int{1, 2, 4, 16, 64} {
-			tab := New[benchVal](WithCapacity(sz.N), WithSecret(benchSecret), WithLockStripes(stripes))
-			for _, i := range ks.Fill {
-				if err := tab.Insert(ks.Keys[i], &ks.Vals[i]); err != nil {
-					b.Fatal(err)
-				}
-			}
-			for _, op := range ops {
-				b.Run(fmt.Sprintf("op=%s/n=%s/stripes=%d", op.name, sz.Name, stripes), func(b *testing.B) {
-					b.ReportAllocs()
-					op.body(b, benchHash4{tab}, ks)
-				})
-			}
-		}
-	}
-}
-
 // benchSink takes benchmark results that must not be optimized away.
 var benchSink uint32
 

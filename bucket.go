@@ -1,16 +1,19 @@
 package hash4
 
 import (
+	"fmt"
 	"math/bits"
 	"runtime"
 	"sync"
+	"sync/atomic"
 )
 
-// This file holds the bucket array of a hash table and its writer locks, as
-// the kernel's inet_ehash_bucket array and its ehash_locks: a power-of-two
-// array of chain heads, and a smaller power-of-two array of lock stripes.
-// Bucket b is covered by stripe b & stripeMask; since both sizes are powers
-// of two and stripes <= buckets, that is also hash & stripeMask.
+// This file holds the bucket arrays and what they hold. A Table's bucket is
+// one cache line: the head of its hlist_nulls overflow chain, its writer
+// lock and one entry of its own, so that a lookup of a flow held there reads
+// one line. The socket tables (UDPTable's hash4 chains, TCPTable's
+// listeners) keep the kernel's plain layout: chain heads under lock stripes
+// (chains, below).
 
 const (
 	// cacheLineSize is the size of a cache line on the targets Go serves
@@ -20,117 +23,203 @@ const (
 	minBuckets = 16
 	// maxBuckets keeps bucket indexes, plus the offset that tells listener
 	// chains from established ones (2^29, as in Linux), below
-	// maxNullsValue.
+	// arrayNullsFlip.
 	maxBuckets = 1 << 29
-	// arrayNullsFlip is flipped in the nulls values of each new array
-	// Table.Grow makes, so that a reader led from a chain of one array into
-	// a chain of the next ends on a value that is not its own: bucket
-	// indexes, with the listener offset, stay below it.
+	// arrayNullsFlip is flipped in the nulls values of each new array a
+	// Table grows to, so that a reader led from a chain of one array into
+	// a chain of the next ends on a value that is not its own.
 	arrayNullsFlip = 1 << 30
 	// releasedNullsValue ends the next links of released nodes (see
-	// slab.release): no chain ends in it, as bucket indexes, with the
-	// listener offset or the flip (listener chains never flip), stay
-	// below it.
+	// slab.release): no chain ends in it.
 	releasedNullsValue = maxNullsValue
 )
-
-// stripe is one writer lock with what it guards besides chains: the cache of
-// free nodes for inserts under it, the count of entries in its buckets, and
-// a Table's bookkeeping of its buckets' home slots (home.go). It fills a
-// cache line of its own so that writers on neighbouring stripes do not share
-// lines.
-//
-// N.B. the fields are ordered so that none leaves a hole before the next on
-// 64- or 32-bit targets, and the padding counts the one field whose size
-// differs, the slice in cache; a test checks the size for amd64 and, through
-// vet, for 386.
-type stripe struct {
-	count      relUint64 // written under mu, read without it
-	mu         sync.Mutex
-	homeBits   [1]uint64 // its home bitmap run, in small tables (home.go)
-	homeFree   uint32    // free home slots of its buckets
-	homeCursor uint32    // word of its home bitmap run where steal resumes
-	cache      slabCache
-	homeLast   uint32 // 1 + the bucket whose home slot Table.free released last, or 0 (home.go)
-	// flipped tells which of a Table's two latest bucket arrays holds the
-	// entries of its buckets: the one whose nulls values have bit 30 set
-	// (arrayNullsFlip), or the other. Table.Grow moves a stripe's entries
-	// from the old array to the new one under its lock (Table.migrate).
-	flipped bool
-	_       [cacheLineSize - 8 - 8 - 8 - 4 - 4 - 3*ptrSize - 4 - 1]byte
-}
 
 // ptrSize is the size of a pointer: 8 on 64-bit targets, 4 on 32-bit ones.
 const ptrSize = 4 << (^uintptr(0) >> 63)
 
-// buckets is a bucket array with its lock stripes. Chain b ends in the nulls
-// marker nullsBase + b.
-type buckets struct {
-	heads      []linkField
-	mask       uint32
-	stripes    []stripe
-	stripeMask uint32
-	nullsBase  uint32
+// The bits of an entry's seq (see entry).
+const (
+	seqLock  = 1 << 0 // a bucket line's writer lock
+	seqLive  = 1 << 1 // the entry is live
+	seqMoved = 1 << 2 // a bucket line whose entries moved to a newer array (grow.go)
+	seqGen   = 1 << 3 // one change that readers must see
+)
+
+// entry is one flow: the inline entry of a bucket line, or a node of an
+// overflow chain. Lock-free readers load its fields atomically; writers
+// store them with release stores (release.go), under the lock of the bucket
+// whose chain holds it.
+//
+// The sequence protocol, relied on by every reader:
+//
+//  1. seq has seqLive set while the entry is live (in the table with its key
+//     and value) and clear while it is free. Each change of liveness adds
+//     seqGen, and so does each move of an entry that a walk could miss (see
+//     bucket). A bucket line's seq also holds its lock bit and seqMoved,
+//     which readers ignore and heed respectively.
+//  2. A writer fills a free entry, links it (a node), and then makes it live;
+//     deleting makes it free, then unlinks it, then clears the value. So a
+//     live node is always linked in its key's chain.
+//  3. A reader that matches a key reads seq before the key and again after
+//     the value, and trusts the match only if seq was live and, but for the
+//     lock bit, unchanged; otherwise the entry was deleted or recycled under
+//     it, and it restarts. Seq returns to a value only after 2^28 changes of
+//     one entry. Recycling never waits for readers.
+//  4. A live entry's value may change without seq (CompareAndSwap, Store):
+//     the reader returns the value it loaded, which the flow held then.
+//  5. A reservation (ConnectFunc) is a live entry whose key has local port 0
+//     in meta, the hash and the rest its tuple's, and whose value is nil. No
+//     lookup key equals it: a key's hash is its hash with local port 0 plus
+//     its port. It goes live to readers in place, under the lock: the value
+//     is stored, then meta, so a reader that matches the new meta loads the
+//     new value.
+type entry[T any] struct {
+	seq  relUint32
+	next linkField
+	key  entryKey
+	val  relPointer[T]
 }
 
-// init sizes the array: n buckets and s stripes, each rounded up to a power
-// of two and clamped to what the table supports (s to at most n). It panics
-// if n is beyond maxBuckets, as New does (see tableConfig.sizes), before it
-// allocates.
-func (b *buckets) init(n, s int, nullsBase uint32, hugePages bool) {
-	if n > maxBuckets {
-		panic(capacityBeyond(n))
+// read is a reader's half of the seq protocol: it returns e's value and
+// ok = true if e is live and holds k, unchanged across the read. A match that
+// the second load of seq contradicts returns changed = true: e was deleted or
+// recycled under the reader, whose walk must restart.
+func (e *entry[T]) read(k *key) (v *T, ok, changed bool) {
+	seq := e.seq.Load() &^ seqLock
+	if seq&seqLive == 0 || !e.key.matches(k) {
+		return nil, false, false
 	}
-	n = bucketCount(n)
-	b.initShared(n, newStripes(s, n), nullsBase, hugePages)
+	v = e.val.Load()
+	if e.seq.Load()&^seqLock != seq {
+		return nil, false, true
+	}
+	return v, true, false
 }
 
-// newStripes returns s lock stripes for n buckets, s rounded up to a power
-// of two and clamped to [1, n].
-func newStripes(s, n int) []stripe { return make([]stripe, ceilPow2(min(max(s, 1), n))) }
+// live reports whether e is live. The caller holds its bucket's lock.
+func (e *entry[T]) live() bool { return e.seq.Load()&seqLive != 0 }
 
-// initShared sizes the array to n buckets, a power of two, guarded by the
-// stripes ss, a power of two no larger than n, which may guard another
-// array too (Table.Grow). Chain i ends in the nulls value nullsBase+i.
-// huge asks for the heads in huge pages (WithHugePages).
-func (b *buckets) initShared(n int, ss []stripe, nullsBase uint32, huge bool) {
-	b.heads = make([]linkField, n)
+// reserved reports whether e, live, is a reservation (see entry). The
+// caller holds its bucket's lock.
+func (e *entry[T]) reserved() bool { return e.key.meta.Load()&lportMask == 0 }
+
+// flip turns e live or free (entry's rule 1). The caller holds the lock of
+// e's bucket; a bucket line's lock bit is kept.
+func (e *entry[T]) flip() { e.seq.Store((e.seq.Load() ^ seqLive) + seqGen) }
+
+// fill writes key k and value v into e, free, and makes it live; a node is
+// first linked at field at (the chain's head, or a node's next). The
+// caller holds the chain's bucket lock. N.B. readers that still stand on
+// the free entry ignore its key (seq has no seqLive), so it can be written
+// field by field.
+func (e *entry[T]) fill(k *key, v *T, node link, at *linkField) {
+	e.key.store(k)
+	e.val.Store(v)
+	if at != nil {
+		linkAt(at, node, &e.next)
+	}
+	e.flip() // live: N.B. after linking (rule 2)
+}
+
+// empty makes e, live, free and clears its value, which it returns; a node
+// is unlinked from prev (the chain's head, or a node's next) after it turns
+// free (rule 2). The caller holds the chain's bucket lock.
+func (e *entry[T]) empty(prev *linkField) *T {
+	e.flip()
+	if prev != nil {
+		unlink(prev, &e.next)
+	}
+	v := e.val.Load()
+	e.val.Store(nil)
+	return v
+}
+
+// bucket is one line of a Table's bucket array: an entry of its own (the
+// inline entry), whose next field heads the bucket's hlist_nulls overflow
+// chain and whose seq holds the bucket's writer lock, as Linux's hlist_bl
+// heads hold theirs. Its lock covers the line and the chain.
+//
+// Invariants, under the lock:
+//
+//  1. The inline entry is free only while the chain is empty: an insert fills
+//     the inline entry if it is free, else a node at the chain's head; a
+//     delete of the inline entry moves the chain's first entry into it
+//     (promote).
+//  2. Each change of the inline entry changes seq (entry's rule 1), and so
+//     does each move of an entry within the chain (compaction): a lookup
+//     trusts a miss only if the line's seq, but for the lock bit, is what it
+//     was before its walk, since a key moved meanwhile may have gone behind
+//     the walk.
+type bucket[T any] struct {
+	entry[T]
+	_ [cacheLineSize - 56]byte // an entry is 56 bytes on every target (TestTableMemoryLayout)
+}
+
+// lockSpins is how many times lock tries a held bucket before it yields
+// the processor between tries: holders run a few dozen instructions, but
+// one preempted holds the lock for a time slice.
+const lockSpins = 64
+
+// lock takes the bucket's writer lock, a bit of its seq (bit_spin_lock).
+func (b *bucket[T]) lock() {
+	for spins := 0; ; spins++ {
+		if s := b.seq.Load(); s&seqLock == 0 && b.seq.CompareAndSwap(s, s|seqLock) {
+			return
+		}
+		if spins >= lockSpins {
+			runtime.Gosched()
+		}
+	}
+}
+
+// unlock releases the bucket's lock, with a release store: the holder's
+// writes are visible before the lock is seen free.
+func (b *bucket[T]) unlock() { b.seq.Store(b.seq.Load() &^ seqLock) }
+
+// moved reports whether the bucket's entries moved to a newer array.
+func (b *bucket[T]) moved() bool { return b.seq.Load()&seqMoved != 0 }
+
+// bucketArray is a Table's array of bucket lines. Growth replaces it; nothing
+// in it changes once published but the lines, which writers change under
+// their locks, and old.
+//
+// N.B. the pads keep the fields every lookup reads off the lines of the
+// heap's neighbouring objects, which other cores may write.
+type bucketArray[T any] struct {
+	_     [cacheLineSize]byte
+	lines []bucket[T]
+	mask  uint32
+	// nullsBase + b ends bucket b's chain: bit 30 (arrayNullsFlip)
+	// differs between an array and the next.
+	nullsBase uint32
+	// old is the array this one replaced while growth moves the entries
+	// out of it, and nil before and after (grow.go).
+	old atomic.Pointer[bucketArray[T]]
+	_   [cacheLineSize]byte
+}
+
+// newBucketArray returns an array of n buckets, a power of two, whose chains
+// end in nullsBase + b. huge asks for huge pages (WithHugePages).
+func newBucketArray[T any](n int, nullsBase uint32, huge bool) *bucketArray[T] {
+	a := &bucketArray[T]{lines: make([]bucket[T], n), mask: uint32(n - 1), nullsBase: nullsBase}
 	if huge {
-		adviseHugePages(b.heads) // written whole below
+		adviseHugePages(a.lines) // written whole below
 	}
-	b.mask = uint32(n - 1)
-	b.stripes = ss
-	b.stripeMask = uint32(len(ss) - 1)
-	b.nullsBase = nullsBase
-	for i := range b.heads {
-		b.heads[i].initNulls(nullsBase + uint32(i))
+	for i := range a.lines {
+		a.lines[i].next.initNulls(nullsBase + uint32(i))
 	}
+	return a
 }
 
-// bucketCount returns the bucket count of a table sized for n entries: n
-// rounded up to a power of two, clamped to what a table supports.
+// line returns the bucket of hash h.
+func (a *bucketArray[T]) line(h uint32) *bucket[T] { return &a.lines[h&a.mask] }
+
+// ends reports whether l is the marker that ends the chain of hash h.
+func (a *bucketArray[T]) ends(l link, h uint32) bool { return l == nullsLink(a.nullsBase+h&a.mask) }
+
+// bucketCount returns n rounded up to a power of two, clamped to what a
+// table supports.
 func bucketCount(n int) int { return ceilPow2(min(max(n, minBuckets), maxBuckets)) }
-
-// defaultStripes returns the stripe count of a table of n buckets when none
-// is given: enough that writers on every P rarely meet (16 per P, at least
-// 64), and in large tables one per 1024 buckets. Writers on two cores that
-// lock one stripe after the other pass its line between them, and in a
-// large table more stripes make that less frequent, for 128 bytes per
-// stripe (its line and its move count) and one more line per stripe for
-// Len to read. A stripe covers at least 16 buckets: in a small table those
-// 128 bytes would be a large part of each entry's share.
-func defaultStripes(n int) int {
-	return min(max(64, ceilPow2(16*runtime.GOMAXPROCS(0)), n/1024), max(n/16, 1))
-}
-
-// bucket returns the index of hash's bucket.
-func (b *buckets) bucket(hash uint32) uint32 { return hash & b.mask }
-
-// head returns the head of hash's chain.
-func (b *buckets) head(hash uint32) *linkField { return &b.heads[hash&b.mask] }
-
-// stripe returns the stripe that covers hash's bucket.
-func (b *buckets) stripe(hash uint32) *stripe { return &b.stripes[hash&b.stripeMask] }
 
 // ceilPow2 returns the least power of two >= n, for 1 <= n <= 2^30.
 func ceilPow2(n int) int {
@@ -139,3 +228,60 @@ func ceilPow2(n int) int {
 	}
 	return 1 << bits.Len(uint(n-1))
 }
+
+// chains is the kernel's plain layout, which the socket tables keep: a
+// power-of-two array of chain heads and a smaller power-of-two array of lock
+// stripes (inet_ehash_locks), stripe b & stripeMask covering bucket b. Chain
+// b ends in nullsBase + b.
+type chains struct {
+	heads      []linkField
+	mask       uint32
+	stripes    []stripe
+	stripeMask uint32
+	nullsBase  uint32
+}
+
+// stripe is one writer lock of chains, with the count of entries in its
+// chains and its cache of free nodes, on a cache line of its own.
+type stripe struct {
+	count relUint64 // written under mu, read without it
+	mu    sync.Mutex
+	cache slabCache
+	_     [cacheLineSize - 8 - 8 - 3*ptrSize]byte
+}
+
+// init sizes the chains: n heads and s stripes, each rounded up to a power
+// of two and clamped (s to at most n). huge asks for huge pages.
+func (c *chains) init(n, s int, nullsBase uint32, huge bool) {
+	if n > maxBuckets {
+		panic(fmt.Sprintf("hash4: WithCapacity(%d) beyond %d buckets, the most a table can have", n, maxBuckets))
+	}
+	n = bucketCount(n)
+	c.heads = make([]linkField, n)
+	if huge {
+		adviseHugePages(c.heads)
+	}
+	c.mask = uint32(n - 1)
+	c.stripes = make([]stripe, ceilPow2(min(max(s, 1), n)))
+	c.stripeMask = uint32(len(c.stripes) - 1)
+	c.nullsBase = nullsBase
+	for i := range c.heads {
+		c.heads[i].initNulls(nullsBase + uint32(i))
+	}
+}
+
+// defaultStripes returns the stripe count of chains of n heads when none is
+// given: 16 per P, at least 64, one per 1024 heads in large arrays, but at
+// most one per 16 heads.
+func defaultStripes(n int) int {
+	return min(max(64, ceilPow2(16*runtime.GOMAXPROCS(0)), n/1024), max(n/16, 1))
+}
+
+// bucket returns the index of hash's chain.
+func (c *chains) bucket(hash uint32) uint32 { return hash & c.mask }
+
+// head returns the head of hash's chain.
+func (c *chains) head(hash uint32) *linkField { return &c.heads[hash&c.mask] }
+
+// stripe returns the stripe that covers hash's chain.
+func (c *chains) stripe(hash uint32) *stripe { return &c.stripes[hash&c.stripeMask] }

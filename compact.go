@@ -5,87 +5,57 @@ package hash4
 // entries move out of chunks of nodes that are mostly free, and the emptied
 // chunks go back to the heap.
 //
-// Why: a table keeps the nodes of deleted entries for reuse, and after a
-// growth the nodes that held entries beyond the old home slots, most of
-// which the new array holds in its own: about a third of the entries' worth
-// when the table grew at two entries per bucket.
-// Those nodes lie in chunks among nodes still in use, so the store cannot
-// give them back as they are.
+// Why: a table keeps the nodes of deleted entries for reuse. They lie in
+// chunks among nodes still in use, so the store cannot give them back as
+// they are.
 
 // Compact gives back to the heap the free nodes the table keeps beyond
 // what its entries are likely to need soon: call it after the flows have
-// peaked and many have gone, or after a growth the table will not fill. It
-// moves entries out of chunks of nodes at least half free and releases
-// them, keeping free nodes for an eighth of the entries beyond one per
-// bucket. Every method may run meanwhile; writers wait only for two brief
-// passes over the stripe locks and for the move of one entry. The table
-// never compacts by itself, as a filling table would allocate again.
-func (t *Table[T]) Compact() { t.compact() }
+// peaked and many have gone. It moves entries out of chunks of nodes at
+// least half free and releases them, keeping free nodes for an eighth of
+// the entries. Every method may run meanwhile; writers wait only for two
+// brief passes over the processors' shards and for the move of one entry.
+// The table never compacts by itself, as a filling table would allocate
+// again.
+func (t *Table[T]) Compact() {
+	t.array() // a nil or zero Table panics here, named
+	t.compact()
+}
 
 // compact is Compact; it returns the entries it moved and the chunks it
 // released.
+//
+// N.B. growMu keeps growths out, so every entry is in the table's array.
+// While every shard is locked, no node moves between caches and the depot
+// and no writer holds a node taken from a cache but not yet linked
+// (percpu.go's rule 2): so beginCompaction takes the victims' free nodes
+// out of circulation at once, and endCompaction releases chunks none of
+// whose nodes a writer holds. Between the two, put drops the victims'
+// nodes that deletes free, so a node seen free stays free, and a move that
+// finds a victim's entry under its bucket lock finds it where it was.
+// Lookups that stood on a moved entry see their bucket's seq change
+// (bucket's rule 2); those that read a released chunk end on
+// releasedNullsValue and restart.
 func (t *Table[T]) compact() (moved, released int) {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
-	return t.compactNodes(t.array())
-}
-
-// compactNodes is compact on a, the table's array, with growMu held, so no
-// growth runs and no entry is in an older array: it marks the chunks to
-// empty (slab.beginCompaction), moves each entry still in them to another
-// node under its stripe's lock, as an eviction from a home slot does
-// (Table.move), and releases them (slab.endCompaction).
-//
-// N.B. writers go on meanwhile, stalled only while every stripe is locked
-// at the start and at the end: no node moves between caches and the depot
-// then, so the nodes of the victims leave them all at once, and an entry
-// that stayed in a victim (a listener of a TCPTable, whose nodes are in
-// this store, or one that found no node to move to) cannot be freed while
-// endCompaction gives its chunk's free nodes back. Between the two, no
-// writer can take a victim's node (none is in a cache or the depot, and
-// put drops any that is freed), so a node seen free stays free, and a move
-// that finds a victim's entry under the lock finds it where it was. Lookups
-// that stood on a moved entry are covered by the move count (see move), and
-// those that read a released chunk end on releasedNullsValue and restart.
-func (t *Table[T]) compactNodes(a *tableArray[T]) (moved, released int) {
-	ss := a.b.stripes
-	var all []*stripe // every stripe whose cache holds nodes of the store
-	for _, group := range [][]stripe{ss, t.listenerStripes} {
-		for s := range group {
-			all = append(all, &group[s])
-		}
+	caches := make([]*slabCache, len(t.shards))
+	for i := range t.shards {
+		caches[i] = &t.shards[i].cache
 	}
-	caches := make([]*slabCache, len(all))
-	for i, st := range all {
-		caches[i] = &st.cache
-	}
-	lockAll := func() {
-		for _, st := range all {
-			st.mu.Lock()
-		}
-	}
-	unlockAll := func() {
-		for _, st := range all {
-			st.mu.Unlock()
-		}
-	}
-	lockAll()
-	beyond := -len(a.homes) // the entries beyond the home slots
-	for s := range ss {
-		beyond += int(ss[s].count.Load()) + int(ss[s].homeFree)
-	}
-	v := t.nodes.beginCompaction(caches, max(beyond/8, 2<<t.nodes.shift()))
-	unlockAll()
+	t.lockShards()
+	v := t.nodes.beginCompaction(caches, max(int(t.count()/8), 2<<t.nodes.shift()))
+	t.unlockShards()
 	if v == nil {
 		return 0, 0
 	}
 	for _, c := range v.chunks {
 		first, end := v.nodes(c)
 		for i := first; i < end; i++ {
-			if t.nodes.at(i).seq.Load()&1 == 0 {
+			if !t.nodes.at(i).live() {
 				continue
 			}
-			if ok, did := t.moveOut(i); !ok {
+			if free, did := t.moveOut(i); !free {
 				v.stuck[c] = true
 			} else if did {
 				moved++
@@ -95,36 +65,60 @@ func (t *Table[T]) compactNodes(a *tableArray[T]) (moved, released int) {
 			released++
 		}
 	}
-	lockAll()
-	t.nodes.endCompaction(v,
-		func(e *entry[T]) bool { return e.seq.Load()&1 == 0 },
-		markReleased[T])
-	unlockAll()
+	t.lockShards()
+	t.nodes.endCompaction(v, func(n *node[T]) bool { return !n.live() }, markReleased[T])
+	t.unlockShards()
 	return moved, released
 }
 
+// lockShards and unlockShards lock and unlock every shard, in order.
+func (t *Table[T]) lockShards() {
+	for i := range t.shards {
+		t.shards[i].take()
+	}
+}
+
+func (t *Table[T]) unlockShards() {
+	for i := range t.shards {
+		t.shards[i].release()
+	}
+}
+
+// markReleased makes n a node of the node store's released chunk: free,
+// its next link ending on releasedNullsValue (see slab.releasing).
+func markReleased[T any](n *node[T]) { n.next.initNulls(releasedNullsValue) }
+
 // moveOut moves the entry in node i, found live, to another node under its
-// stripe's lock. It reports whether node i is free now, and whether it
-// moved the entry (else the entry was deleted meanwhile, and put dropped
-// its node); i stays live for a node that is no entry of the table's
-// chains (a TCP listener), or when no node was left to move to.
+// bucket's lock. It reports whether node i is free now, and whether it moved
+// the entry (else the entry was deleted meanwhile, and put dropped its
+// node); i stays live when no node was left to move to.
+//
+// N.B. the move counts itself in the line's seq before any of its writes
+// (bucket's rule 2): the node it takes may be recycled from under a reader,
+// which goes on from the copy's place, right behind the original, past the
+// keys between; that reader's walk began before the count, so its miss is
+// not trusted.
 func (t *Table[T]) moveOut(i uint32) (free, moved bool) {
-	e := t.nodes.at(i)
-	k := e.key.load()
-	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockOnly)
-	defer st.mu.Unlock()
-	if e.seq.Load()&1 == 0 {
+	n := &t.nodes.at(i).entry
+	k := n.key.load()
+	_, b := t.lockBucket(k.hash())
+	defer b.unlock()
+	if !n.live() {
 		return true, false
 	}
-	prev, l := t.findLocked(a, &k)
-	if l.isNulls() || l.index() != i {
+	e, prev, at := t.findLocked(b, &k)
+	if e == nil || at != i {
 		return false, false
 	}
-	to, ok := t.spare(a, st, s, b)
-	if !ok {
+	b.seq.Store(b.seq.Load() + seqGen)
+	k = n.key.load() // a reservation's, as it is (see entry)
+	j, m, sh := t.takeNode()
+	if m == nil {
 		return false, false
 	}
-	t.move(a, prev, b, i, to)
-	t.free(a, st, i)
+	m.fill(&k, n.val.Load(), nodeLink(j), &n.next)
+	sh.release()
+	n.empty(prev)
+	t.freeNode(i)
 	return true, true
 }

@@ -23,7 +23,7 @@ const (
 	// connectRehash is connectHashOnce with a full hash per candidate.
 	connectRehash
 	// connectLocked is connectHashOnce without the lock-free pre-check:
-	// every candidate is checked under its stripe lock.
+	// every candidate is checked under its bucket lock.
 	connectLocked
 	// connectIndexed is connectHashOnce, but for a destination with an
 	// occupancy index (index.go) it takes the candidates from the index,
@@ -57,7 +57,7 @@ func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 // sees the tuple before. If f's error matches ErrPortRefused it tries the
 // next port; any other error, or a nil value, ends it with nothing inserted
 // and is returned. Its other errors are Connect's; it costs Connect's scan
-// and two locks of the tuple's stripe.
+// and two locks of the tuple's bucket.
 func (t *Table[T]) ConnectFunc(a *PortAllocator, local netip.Addr, remote netip.AddrPort, f func(Tuple) (*T, error), opts ...ConnectOption) (Tuple, *T, error) {
 	if f == nil {
 		return Tuple{}, nil, fmt.Errorf("%w: ConnectFunc with a nil function, for a flow to %v", ErrNilValue, remote)
@@ -106,11 +106,11 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 	if why != "" {
 		return Tuple{}, nil, fmt.Errorf("%w: flow from %v to %v: %s", ErrInvalidTuple, local, remote, why)
 	}
+	t.array() // a nil or zero Table panics here, before the scan
 	a, err = t.connectAllocator(a)
 	if err != nil {
 		return Tuple{}, nil, err
 	}
-	t.array() // a zero Table panics here, before the scan
 	local = local.Unmap().WithZone("")
 	remote = netip.AddrPortFrom(remote.Addr().Unmap().WithZone(""), remote.Port())
 	c.a, c.local, c.remote = a, local, remote
@@ -119,9 +119,7 @@ func (t *Table[T]) connectFlow(a *PortAllocator, local netip.Addr, remote netip.
 	setWords(&k.local, local)
 	hash0 := t.hashPort0(&k.local, &k.remote, remote.Port())
 	noPorts := false
-	// N.B. counted on the line of the stripe of the flow's hash with port
-	// 0, which flows to other destinations mostly do not share.
-	defer t.metrics[hash0&uint32(len(t.metrics)-1)].connected(&c.tried, &c.refuse, &noPorts)
+	defer t.attach().connected(&c.tried, &c.refuse, &noPorts)
 	scan := a.startScan(local, remote, &cc)
 	var dest destKey
 	taken := false
@@ -177,7 +175,9 @@ done:
 		return Tuple{}, nil, ErrTableFull
 	}
 	noPorts = true
-	if c.refuse > 0 {
+	if c.refuse == 1 {
+		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (1 port refused)", ErrNoPorts, local, remote)
+	} else if c.refuse > 0 {
 		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (%d ports refused)", ErrNoPorts, local, remote, c.refuse)
 	}
 	return Tuple{}, nil, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
@@ -191,11 +191,11 @@ func (t *Table[T]) mayReuse(allow ReusePolicy) bool {
 	if allow == nil {
 		return false
 	}
-	tw := t.timeWaits.Load()
-	return tw != nil && tw.n.Load() > 0
+	c := t.clients()
+	return c != nil && c.marks.n.Load() > 0
 }
 
-// tryPort tries candidate k, of local port port, for c under the stripe
+// tryPort tries candidate k, of local port port, for c under the bucket
 // lock, as the kernel's __inet_check_established: it inserts c.v or
 // reserves the tuple for c.f, or takes over a flow in TIME_WAIT that
 // c.allow allows; then, for a port inserted, it backs out if a Bind took
@@ -220,7 +220,7 @@ func (t *Table[T]) tryPort(c *connectCall[T], k *key, port uint16) bool {
 		c.full = true
 		return false
 	case inserted:
-		if t.alloc != nil && t.boundMeanwhile(c.a, k, c.v, c.local, port) {
+		if t.boundMeanwhile(c.a, k, c.v, c.local, port) {
 			return false
 		}
 	case insertTakenOver:
@@ -242,33 +242,16 @@ func (t *Table[T]) tryPort(c *connectCall[T], k *key, port uint16) bool {
 	return true
 }
 
-// reserve links a reservation of k (see entry) into its chain, unless k is
+// reserve links a reservation of k (see entry) into its bucket, unless k is
 // present or held; it returns inserted if it did. The reservation is not
-// counted in the stripe's entries until publish.
+// counted in the table's entries until publish.
 func (t *Table[T]) reserve(k *key) insertResult {
-	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
-	defer st.mu.Unlock()
-	if _, l := t.findLocked(a, k); !l.isNulls() {
+	_, b := t.lockBucket(k.hash())
+	defer b.unlock()
+	if e, _, _ := t.findLocked(b, k); e != nil {
 		return insertExists
 	}
-	return t.reserveLocked(a, st, s, b, k)
-}
-
-// reserveLocked is reserve for k, absent, with the lock of its stripe st
-// (s, bucket b) held.
-func (t *Table[T]) reserveLocked(a *tableArray[T], st *stripe, s, b uint32, k *key) insertResult {
-	i, ok := t.place(a, st, s, b)
-	if !ok {
-		return insertFull
-	}
-	r := *k
-	r.meta &^= lportMask
-	t.fill(i, &r, nil, &a.b.heads[b])
-	if t.alloc != nil {
-		t.alloc.use(&k.local, uint16(k.meta>>16))
-	}
-	t.noteIndex(k, uint16(k.meta>>16), true)
-	return inserted
+	return t.add(b, k, nil)
 }
 
 // settle calls f for the tuple tup, whose key k is reserved, or claimed
@@ -307,35 +290,27 @@ func (t *Table[T]) settle(k *key, tup Tuple, f func(Tuple) (*T, error), claimed 
 
 // publish makes k's reservation the live entry of k with value v.
 func (t *Table[T]) publish(k *key, v *T) {
-	a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
-	_, l := t.findLocked(a, k)
-	if l.isNulls() {
-		st.mu.Unlock()
+	_, b := t.lockBucket(k.hash())
+	e, _, _ := t.findLocked(b, k)
+	if e == nil {
+		b.unlock()
 		panic("hash4: ConnectFunc's reservation lost")
 	}
-	e := t.nodes.at(l.index())
 	e.val.Store(v)
-	e.key.meta.Store(k.meta) // live to readers: N.B. after the value (see entry)
-	n := st.count.Load() + 1
-	st.count.Store(n)
-	st.mu.Unlock()
-	t.grown(a, uint32(k.meta>>32), n)
+	e.key.meta.Store(k.meta) // live to readers: N.B. after the value (entry's rule 5)
+	b.unlock()
+	t.counted(1)
 }
 
 // unreserve drops k's reservation.
 func (t *Table[T]) unreserve(k *key) {
-	a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockToDelete)
-	defer st.mu.Unlock()
-	prev, l := t.findLocked(a, k)
-	if l.isNulls() {
+	_, b := t.lockBucket(k.hash())
+	defer b.unlock()
+	e, prev, i := t.findLocked(b, k)
+	if e == nil {
 		panic("hash4: ConnectFunc's reservation lost")
 	}
-	if t.alloc != nil {
-		t.alloc.unuse(&k.local, uint16(k.meta>>16))
-	}
-	t.unlinkLocked(prev, l)
-	t.free(a, st, l.index())
-	t.noteIndex(k, uint16(k.meta>>16), false)
+	t.remove(b, e, prev, i, k)
 }
 
 // connectOptions returns the config that opts make. N.B. it fills a config

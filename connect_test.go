@@ -385,8 +385,8 @@ func (s connScenario) run(t *testing.T) (tookOver int) {
 			binds = slices.Delete(binds, j, j+1)
 		}
 		require.Equal(t, len(live), tb.Len(), msg)
-		if tw := tb.timeWaits.Load(); tw != nil {
-			require.Equal(t, int64(len(marks)), tw.n.Load(), msg)
+		if c := tb.clients(); c != nil {
+			require.Equal(t, int64(len(marks)), c.marks.n.Load(), msg)
 		}
 	}
 	// The table holds exactly the model, each tuple once.
@@ -579,7 +579,7 @@ func TestConnectFlat(t *testing.T) {
 // destination that hashes to the bucket of (local:p, remote), so that it is
 // at the head of that chain, and returns the set of their entry indexes. A
 // lookup of (local:p, remote) that does not find its entry in the bucket's
-// home slot then visits exactly one sentinel before the entry it looks for.
+// line then visits exactly one sentinel before the entry it looks for.
 // The table must have at least r.Size() buckets.
 func connSentinels(t *testing.T, tb *Table[int], local netip.Addr, remote netip.AddrPort, r PortRange) map[uint32]uint16 {
 	t.Helper()
@@ -591,7 +591,7 @@ func connSentinels(t *testing.T, tb *Table[int], local netip.Addr, remote netip.
 // entry indexes.
 func connBucketMates(t *testing.T, tb *Table[int], local netip.Addr, remote netip.AddrPort, r PortRange, other netip.AddrPort) map[uint32]uint16 {
 	t.Helper()
-	nb := uint32(len(tb.cur().b.heads))
+	nb := uint32(len(tb.cur().lines))
 	require.GreaterOrEqual(t, int(nb), r.Size())
 	h0 := HashTuple(Tuple{netip.AddrPortFrom(local, 0), remote}, tb.hasher, tb.secret)
 	s0 := HashTuple(Tuple{netip.AddrPortFrom(local, 0), other}, tb.hasher, tb.secret)
@@ -602,13 +602,15 @@ func connBucketMates(t *testing.T, tb *Table[int], local netip.Addr, remote neti
 			q = nb
 		}
 		tup := Tuple{netip.AddrPortFrom(local, uint16(q)), other}
-		require.Equal(t, tb.cur().b.bucket(h0+p), tb.cur().b.bucket(HashTuple(tup, tb.hasher, tb.secret)))
+		require.Equal(t, (h0+p)&(nb-1), HashTuple(tup, tb.hasher, tb.secret)&(nb-1))
 		require.NoError(t, tb.Insert(tup, new(int)))
 		var k key
 		tb.tupleKey(&k, &tup)
-		_, l := tb.findLocked(tb.cur(), &k)
-		require.False(t, l.isNulls())
-		sentinels[l.index()] = uint16(p)
+		_, b := tb.lockBucket(k.hash())
+		e, _, i := tb.findLocked(b, &k)
+		b.unlock()
+		require.NotNil(t, e)
+		sentinels[i] = uint16(p)
 	}
 	return sentinels
 }
@@ -707,6 +709,8 @@ func TestConnectLosesRace(t *testing.T) {
 		a := newTestAllocator(t, WithPortRange(rng), WithPolicy(Flat))
 		tb := connTable(16)
 		dst := connDsts[0]
+		// The candidates' lines taken, so that the sentinels go to chains.
+		connBucketMates(t, tb, connLocal, dst, rng, netip.AddrPortFrom(netip.MustParseAddr("203.0.113.10"), 9999))
 		sentinels := connSentinels(t, tb, connLocal, dst, rng)
 		n := tb.Len()
 		// While the pre-check of the first candidate stands on its
@@ -1149,7 +1153,7 @@ func TestConnectZeroAllocator(t *testing.T) {
 // keys at home and deep in chains (a 16-bucket table holding 200 keys),
 // present and absent, before and after deletes.
 func TestTablePresent(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2))
+	tab := New[int](WithFixedBuckets(), WithCapacity(32))
 	check := func(i int, want bool) {
 		t.Helper()
 		var k key

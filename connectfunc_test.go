@@ -15,7 +15,7 @@ import (
 // readers, refused to every other writer, not counted; it stays held
 // through a Grow and a Compact; once f returns, it is live with f's value.
 func TestConnectFuncHeld(t *testing.T) {
-	tab := New[int](WithCapacity(16), WithLockStripes(2), WithSecret(connSecret))
+	tab := New[int](WithCapacity(16), WithSecret(connSecret))
 	a := newTestAllocator(t)
 	for i := range 40 { // entries to move about
 		require.NoError(t, tab.Insert(tblKey(i, i%2 == 0), valPtr(i)))

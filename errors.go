@@ -54,11 +54,12 @@ func (e *invalidInput) Is(target error) bool {
 	return target == ErrInvalidTuple || target == ErrInvalidAddr
 }
 
-// The panics of the zero values of the tables, on first use. N.B. callers
-// panic with them where a hot path tests anyway (a nil array, an empty
-// slice): the compiler sees the panic end the path and saves no register
-// for it, as it would for a call.
+// The panics of the nil and zero values of the tables, on first use. N.B.
+// callers panic with them where a hot path tests anyway (a nil array, an
+// empty slice): the compiler sees the panic end the path and saves no
+// register for it, as it would for a call.
 const (
+	nilTable     = "hash4: nil *Table"
 	zeroTable    = "hash4: Table used without New"
 	zeroUDPTable = "hash4: UDPTable used without NewUDPTable"
 	zeroTCPTable = "hash4: TCPTable used without NewTCPTable"

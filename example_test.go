@@ -369,12 +369,12 @@ func ExampleTable_Grow() {
 	st := flows.Stats()
 	fmt.Println("flows", st.Entries, "buckets", st.Buckets)
 	// Output:
-	// flows 1000 buckets 1024
+	// flows 1000 buckets 512
 }
 
 func ExampleTable_Compact() {
 	// A burst of 16000 flows, four per bucket, of which all but 1000 end:
-	// the table keeps the nodes the burst took beyond its home slots, to
+	// the table keeps the nodes the burst took beyond its buckets' lines, to
 	// reuse them, until Compact gives them back to the heap.
 	flows := hash4.New[natMapping](hash4.WithCapacity(4096), hash4.WithFixedBuckets())
 	upstream := netip.MustParseAddrPort("93.184.216.34:443")

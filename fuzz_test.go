@@ -155,15 +155,15 @@ func FuzzTable(f *testing.F) {
 			canon[tblCanon(k)] = i
 		}
 		tabs := []*Table[int]{
-			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher)),
-			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher), WithHasher(XXH3Hasher)),
-			New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher), withHomeGroups(true)),
-			// 128 buckets under one lock: the home bitmap is a run of
-			// words rather than the stripe's own word (home.go).
-			New[int](WithFixedBuckets(), WithCapacity(128), WithLockStripes(1), WithSecret(tblSecret), WithHasher(LinuxHasher)),
-			// A table that grows itself, from one bucket per stripe
-			// (past 5 entries in one), and from where its Grows leave it.
-			New[int](WithCapacity(16), WithLockStripes(16), WithSecret(tblSecret), WithHasher(LinuxHasher)),
+			// 16 buckets: 32 keys make chains of several nodes.
+			New[int](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher)),
+			New[int](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher), WithHasher(XXH3Hasher)),
+			New[int](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(FoldHasher)),
+			// 128 buckets: most keys in line.
+			New[int](WithFixedBuckets(), WithCapacity(256), WithSecret(tblSecret), WithHasher(LinuxHasher)),
+			// A table that grows itself, past 32 entries, and from where
+			// its Grows leave it.
+			New[int](WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher)),
 		}
 		const autoTab = 4
 		// models[i] is what tabs[i] must hold: key index -> the very
@@ -173,18 +173,6 @@ func FuzzTable(f *testing.F) {
 		// marks[i] are tabs[i]'s TIME_WAIT marks: key index -> since
 		// (see tblFuzzSince).
 		marks := []map[int]int{{}, {}, {}, {}, {}}
-		// reserved[i] counts the home slots tabs[i]'s arrays reserved,
-		// grows[i] its Grows.
-		reserved := make([]int, len(tabs))
-		for i, tab := range tabs {
-			reserved[i] = tab.Stats().Buckets
-		}
-		grows := make([]int, len(tabs))
-		// seen[autoTab] is the bucket count the table that grows itself
-		// had after its last op 6: it doubled since as often as it has
-		// more now.
-		seen := make([]int, len(tabs))
-		seen[autoTab] = reserved[autoTab]
 		// finish[i], if set, lets a Grow of tabs[i] that stopped before
 		// its first stripe run to its end.
 		finish := make([]func() error, len(tabs))
@@ -262,16 +250,11 @@ func FuzzTable(f *testing.F) {
 					}
 					if ti == autoTab {
 						tab.growers.Wait()
-						require.False(rt, tab.cur().overfull(), msg)
-						for ; seen[ti] < len(tab.cur().b.heads); seen[ti] *= 2 {
-							reserved[ti] += 2 * seen[ti]
-							grows[ti]++
-						}
+						limit := tab.growLimit(tab.cur())
+						require.LessOrEqual(rt, int64(tab.Len()), limit+limit/64, msg)
 					}
-					if n := len(tab.cur().b.heads); arg&64 != 0 && n < 1024 {
+					if n := len(tab.cur().lines); arg&64 != 0 && n < 1024 {
 						n <<= 1 + arg>>7
-						reserved[ti] += n
-						grows[ti]++
 						// (Not the table that grows itself: its growths
 						// would run into the stopped one's hook.)
 						if arg&32 != 0 && ti != autoTab {
@@ -279,7 +262,7 @@ func FuzzTable(f *testing.F) {
 							// and the steps up to the next op 6 find the
 							// table half grown (Stats would move the
 							// rest): every entry is still found.
-							next, wait := growPaused(t, tab, n)
+							next, wait := growPaused(t, tab, maxLoad*n)
 							next()
 							finish[ti] = wait
 							for ki, want := range model {
@@ -288,10 +271,9 @@ func FuzzTable(f *testing.F) {
 							}
 							break
 						}
-						require.NoError(rt, tab.Grow(n-(arg&31)%(n/2)), msg) // rounded up to n
+						require.NoError(rt, tab.Grow(2*n-(arg&31)%(n-1)), msg) // rounded up to n buckets
 						require.Equal(rt, n, tab.Stats().Buckets, msg)
-						require.NoError(rt, tab.Grow(n/2), msg) // never shrinks
-						seen[ti] = n
+						require.NoError(rt, tab.Grow(n), msg) // never shrinks
 					} else if arg&1 != 0 {
 						tab.Compact()
 					}
@@ -299,14 +281,13 @@ func FuzzTable(f *testing.F) {
 					tblCheckMarks(rt, tab, mark, msg)
 					st := tab.Stats()
 					require.Equal(rt, len(model), st.Entries, msg)
-					// Beyond the home slots, a stripe carves a new batch
-					// only when all it has carved is live: at most 32
-					// keys are live, so the nodes stay within that plus a
-					// batch per stripe, the home slots of every array and,
-					// for each Grow, the rest of the chunk carved last
-					// (64 nodes in these tables).
-					require.LessOrEqual(rt, st.Nodes, reserved[ti]+32+st.LockStripes*slabBatch+grows[ti]*64, msg)
-					tblCheckHome(rt, tab, msg)
+					// A shard carves a new batch only when its cache and
+					// the depot are empty: at most 32 keys are live, so
+					// the nodes stay within that plus what every shard's
+					// cache may hold and take at once, and the rest of the
+					// chunk carved last (64 nodes in these tables).
+					require.LessOrEqual(rt, st.Nodes, 32+len(tab.shards)*(shardCacheMax+slabBatch)+64, msg)
+					tblCheckBuckets(rt, tab, msg)
 				case 7: // bad input leaves the table unchanged
 					bad := tblFuzzInvalid[arg%len(tblFuzzInvalid)]
 					require.ErrorIs(rt, tab.Insert(bad, valPtr(-1)), ErrInvalidTuple, msg)
@@ -589,15 +570,15 @@ func FuzzTable(f *testing.F) {
 // tblCheckMarks checks that tab has exactly the TIME_WAIT marks of model:
 // key index -> since (see tblFuzzSince), of the keys tblFuzzKeys.
 func tblCheckMarks(t require.TestingT, tab *Table[int], model map[int]int, msg any) {
-	tw := tab.timeWaits.Load()
-	if tw == nil {
+	c := tab.clients()
+	if c == nil || !c.marks.made() {
 		require.Empty(t, model, msg)
 		return
 	}
-	require.Equal(t, int64(len(model)), tw.n.Load(), msg)
+	require.Equal(t, int64(len(model)), c.marks.n.Load(), msg)
 	n := 0
-	for s := range tw.stripes {
-		for k, m := range tw.stripes[s].marks {
+	for s := range c.marks.shards.Load() {
+		for k, m := range c.marks.shards.Load()[s].marks {
 			require.False(t, m.claimed, msg)
 			n++
 			found := false

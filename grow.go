@@ -3,57 +3,86 @@ package hash4
 import (
 	"fmt"
 	"math"
-	"math/bits"
-	"sync/atomic"
+	"runtime/debug"
 )
 
-// growLimit returns the growAt of an array of n buckets under s stripes,
-// or never in a table made WithFixedBuckets or of the most buckets it may
-// have: twice the buckets of a stripe, m, plus the spread of the fullest of
-// s stripes when the table holds two entries per bucket, about
-// sqrt(2 ln s) standard deviations of a stripe's count (sqrt(m) for random
-// flows), so that the first stripe to pass its limit does so when the table
-// passes about two entries per bucket, whether its stripes cover few
-// buckets or many. (With the limit at m, a table of 1024 buckets under 64
-// stripes grew at 1.2 to 1.3 entries per bucket.)
-func (t *Table[T]) growLimit(n, s int) uint64 {
-	if t.fixed || n >= t.bucketLimit {
-		return math.MaxUint64
+// This file holds growth: a table replaces its bucket array with one of
+// more buckets, by itself past maxLoad entries per bucket or when Grow is
+// called, while every method goes on. Linux sizes its established table
+// once, at boot; a Go program that cannot know its flow count in advance
+// needs one that grows as rhashtable does.
+//
+// Invariants:
+//
+//  1. The new array is published with old pointing at the array it
+//     replaces, and old is cleared only once every entry has moved; a
+//     growth runs under growMu, so an array's old has no old of its own.
+//  2. An old bucket's entries move under its lock, all at once, and the
+//     bucket is then marked seqMoved, for good. A new bucket receives
+//     entries from one old bucket only (its index's low bits), so it is
+//     written by that bucket's move, under the old bucket's lock, until the
+//     move is done, and by writers under its own lock after: a writer moves
+//     its hash's old bucket before it locks the new one (lockBucket).
+//  3. An entry is live in the new array before the old one stops leading to
+//     it, so a lookup that misses in the old array after the entry left
+//     finds it in the new (lookupGrowing). Nodes move between chains as
+//     rhashtable moves them: a reader standing on one goes on into the new
+//     chain, ends on a marker not its own (arrays differ in bit 30 of their
+//     nulls values) and restarts.
+
+// initGrowth arms the shards' growth triggers for array a, a new array of
+// the table (rearm).
+func (t *Table[T]) initGrowth(a *bucketArray[T]) { t.rearm(t.count(), t.growLimit(a)) }
+
+// rearm sets each shard's trigger to its count plus an equal share of what
+// the table may take before it passes limit, holding total entries: a
+// shard passes its trigger only by rising past its share, so the table
+// passes its limit only after a shard did. The share is at least a 64th of
+// the limit in all, so that a table at its limit does not sum its shards
+// on every insert; it may then pass its limit by that much before it
+// grows.
+func (t *Table[T]) rearm(total, limit int64) {
+	if limit == math.MaxInt64 {
+		for i := range t.shards {
+			t.shards[i].checkAt.Store(math.MaxInt64)
+		}
+		return
 	}
-	m := float64(2 * n / s)
-	return uint64(m + math.Sqrt(2*math.Log(float64(s))*m))
+	share := max(limit-total, limit/64, 1) / int64(len(t.shards))
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.checkAt.Store(sh.count.Load() + max(share, 1))
+	}
 }
 
-// initGrowth sets the growth trigger of a, a new array of the table.
-func (t *Table[T]) initGrowth(a *tableArray[T]) {
-	a.growAt = t.growLimit(len(a.b.heads), len(a.b.stripes))
-	a.checkAt = make([]atomic.Uint64, len(a.b.stripes))
+// growLimit returns the entry count past which a table of array a grows
+// by itself: maxLoad per bucket, or never in a table made WithFixedBuckets
+// or of the most buckets it may have.
+func (t *Table[T]) growLimit(a *bucketArray[T]) int64 {
+	if t.fixed || len(a.lines) >= t.bucketLimit {
+		return math.MaxInt64
+	}
+	return int64(maxLoad * len(a.lines))
 }
 
-// overLimit is called by an insert that left stripe s of a holding n
-// entries, more than a's growAt: unless a check of the table decided not
-// to grow for s at this count (see postpone), it starts the table's
-// growth, which checks the table and grows it if that helps (growBehind),
-// unless a growth runs already.
-//
-// N.B. the growth's decision is on the table as a whole, not the stripe:
-// a stripe's keys share the stripe's bits of their hashes in every array,
-// so keys chosen for one stripe (with the secret known) stay in one stripe
-// whatever the bucket count. Growing for such a stripe alone would double
-// the table until its limit passed the stripe's count: 200,000 such keys
-// grew a default table to 2^23 buckets, 2.6 KB per entry.
-//
-// N.B. growing is loaded after the insert's unlock, an atomic
-// read-modify-write that orders the count's store before the load on every
-// target, as growBehind stores growing before it reads the counts: of the
-// two, one sees the other, so a stripe left due (see overfull) is checked.
-// An insert that finds growing set returns unchecked, though the running
-// check may have counted before it: growBehind tests every trigger again
-// (overfull) after each check and after it clears growing, so the insert
-// is checked for if it left its stripe past the trigger the check set;
-// hence postpone takes that trigger from the counts the check decided on.
-func (t *Table[T]) overLimit(a *tableArray[T], s uint32, n uint64) {
-	if n <= a.checkAt[s].Load() || t.growing.Load() || !t.growing.CompareAndSwap(false, true) {
+// overLimit is called by an insert that left a shard's count past its
+// trigger. It sums the shards: past the table's limit, unless a growth
+// runs, it starts one on a goroutine of its own, as rhashtable's inserts
+// leave growth to a deferred worker (rht_deferred_worker), and returns at
+// once; within it, it rearms the triggers.
+func (t *Table[T]) overLimit() {
+	if t.growing.Load() {
+		return
+	}
+	total, limit := t.count(), t.growLimit(t.arr.Load())
+	if h := t.hooks; h != nil && h.checked != nil {
+		h.checked(total > limit)
+	}
+	if total <= limit {
+		t.rearm(total, limit)
+		return
+	}
+	if !t.growing.CompareAndSwap(false, true) {
 		return
 	}
 	t.growers.Add(1)
@@ -63,377 +92,132 @@ func (t *Table[T]) overLimit(a *tableArray[T], s uint32, n uint64) {
 	}()
 }
 
-// growBehind checks the table, and grows it (growTarget) while that helps,
-// until no stripe is due (see overfull), on a goroutine of its own that an
-// insert started (see overLimit), as rhashtable's inserts leave its growth
-// to a deferred worker (rht_deferred_worker): the insert returns at once,
-// and writers move the stripes they come to meanwhile, as in any Grow.
-// Where growing does not help, it raises the due stripes' triggers
-// instead (postpone). If the node store cannot index a new array
-// (ErrTableFull), growing stays set: the table grows no more by itself.
+// growBehind grows the table while it is past its limit. If the node store
+// cannot index a new array, growing stays set: the table grows no more by
+// itself.
+//
+// N.B. growing is cleared before the last look at the count, and an insert
+// loads it after its count's atomic add: of an insert that takes the table
+// past its limit and the end of a growth, one sees the other.
 func (t *Table[T]) growBehind() {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
-	// The stripes' counts at the last check: every array has the table's
-	// stripes (see grow).
-	counted := make([]uint64, len(t.arr.Load().b.stripes))
 	for {
-		for a := t.arr.Load(); a.overfull(); a = t.arr.Load() {
-			most, total := a.counts(counted)
-			n := t.growTarget(a, most, total)
+		for t.count() > t.growLimit(t.array()) {
 			if h := t.hooks; h != nil && h.checked != nil {
-				h.checked(n > 0)
+				h.checked(true)
 			}
-			if n > 0 {
-				if t.grow(n) != nil {
-					return
-				}
-				continue
-			}
-			t.postpone(a, counted, total)
+			t.grow(len(t.array().lines) * 2)
 		}
 		t.growing.Store(false)
-		// N.B. an insert that found growing set before the store above
-		// left its count where the check below sees it (see overLimit).
-		if !t.arr.Load().overfull() || !t.growing.CompareAndSwap(false, true) {
+		if t.count() <= t.growLimit(t.array()) || !t.growing.CompareAndSwap(false, true) {
 			return
 		}
 	}
 }
 
-// counts returns the entries of a's fullest stripe, and of all stripes,
-// and leaves each stripe's in counted.
-func (a *tableArray[T]) counts(counted []uint64) (most, total uint64) {
-	for i := range a.b.stripes {
-		c := a.b.stripes[i].count.Load()
-		counted[i] = c
-		most = max(most, c)
-		total += c
-	}
-	return most, total
-}
-
-// growTarget returns the bucket count that a, which has a due stripe,
-// grows to, or 0 if growing does not help: the least power of two, from
-// twice a's, at which no stripe holds more entries than its limit (most is
-// the fullest stripe's count), but not beyond the table's bucket limit,
-// and doubled only while the table holds more entries (total) than
-// buckets. So a table grows itself only past one entry per bucket, to at
-// most twice as many buckets as entries, however its keys fall into
-// stripes. N.B. inserts go on while a table grows, and one filled fast may
-// be past the next size already: sized for its entries, it skips arrays
-// whose moves would only be undone.
-func (t *Table[T]) growTarget(a *tableArray[T], most, total uint64) int {
-	n := len(a.b.heads)
-	if total <= uint64(n) || n >= t.bucketLimit {
-		return 0
-	}
-	n *= 2
-	for n < t.bucketLimit && total > uint64(n) && t.growLimit(n, len(a.b.stripes)) < most {
-		n *= 2
-	}
-	return n
-}
-
-// postpone raises the trigger of each of a's due stripes, for which
-// growTarget decided not to grow a table of total entries, the sum of
-// counted (see counts), to where a check could decide otherwise: a count
-// past it would have the table hold more entries than buckets if every
-// insert until then were into that stripe. Inserts into other stripes
-// reach their own triggers, or bring the table there sooner. So an insert
-// into such a stripe costs a compare, and a stripe is checked again only
-// once it holds as many more entries as the table was short of one per
-// bucket.
-//
-// N.B. each trigger is raised from the count the decision summed, not
-// from the stripe's count now: inserts go on during the check, and a
-// count read after the total was summed holds entries the total lacks,
-// which would set the trigger that many entries past the one that takes
-// the table past one entry per bucket. (Raised so, a trigger of 1025 in a
-// table of 1024 buckets let its 1025th entry go unchecked, and
-// TestTableGrowthBoundedByEntries once ended a size short.) A stripe due
-// only after the counts is left for the next check, which overfull has
-// run. It costs the check a slice of the stripes' counts; inserts none.
-func (t *Table[T]) postpone(a *tableArray[T], counted []uint64, total uint64) {
-	short := uint64(len(a.b.heads)) - min(total, uint64(len(a.b.heads)))
-	for i, c := range counted {
-		if c > a.trigger(i) {
-			a.checkAt[i].Store(c + short)
-		}
-	}
-}
-
-// trigger returns the entry count past which stripe s of a is due.
-func (a *tableArray[T]) trigger(s int) uint64 { return max(a.growAt, a.checkAt[s].Load()) }
-
-// overfull reports whether a stripe holds more entries than its trigger: past
-// a's growAt, and past the count where a check last decided not to grow
-// for it.
-func (a *tableArray[T]) overfull() bool {
-	for i := range a.b.stripes {
-		if a.b.stripes[i].count.Load() > a.trigger(i) {
-			return true
-		}
-	}
-	return false
-}
-
-// sizes checks the sizes of c, and returns the most buckets its table may
-// have, a power of two (see WithMaxBuckets); it lowers the default
-// capacity to that. It panics, as make does, on a size no table can have:
-// so a size beyond the index space fails before a byte is allocated.
-func (c *tableConfig) sizes() int {
-	if c.maxBuckets < 0 {
-		panic(fmt.Sprintf("hash4: WithMaxBuckets(%d): negative", c.maxBuckets))
-	}
-	limit := maxBuckets
-	if c.maxBuckets > 0 {
-		limit = max(minBuckets, 1<<(bits.Len(uint(min(c.maxBuckets, maxBuckets)))-1))
-	}
-	switch {
-	case !c.capacitySet:
-		c.capacity = min(c.capacity, limit)
-	case c.capacity > limit && c.maxBuckets > 0:
-		panic(fmt.Sprintf("hash4: WithCapacity(%d) beyond WithMaxBuckets(%d), %d buckets", c.capacity, c.maxBuckets, limit))
-	case c.capacity > limit:
-		panic(capacityBeyond(c.capacity))
-	}
-	return limit
-}
-
-// capacityBeyond returns the message of a panic for a WithCapacity(n)
-// beyond the most buckets any table can have.
-func capacityBeyond(n int) string {
-	return fmt.Sprintf("hash4: WithCapacity(%d) beyond %d buckets, the most a table can have", n, maxBuckets)
-}
-
 // Grow sizes the table for about n entries, as WithCapacity sizes a new
-// one: if n rounded up to a power of two is more buckets than the table
-// has, it replaces the bucket array (60 bytes per bucket); else it does
-// nothing. Every method may run meanwhile and finds every entry; a writer
-// waits at most for one lock stripe's entries to move. It panics if n is
-// negative, and changes nothing and returns an error matching [ErrTooLarge]
-// if n is beyond the table's bucket limit (see [WithMaxBuckets]), or
-// [ErrTableFull] if the table's index space has no room for the new array.
+// one: if that is more buckets than the table has, it replaces the bucket
+// array (64 bytes per bucket); else it does nothing. Every method may run
+// meanwhile and finds every entry; a writer waits at most for one bucket's
+// entries to move. It panics if n is negative, and changes nothing and
+// returns an error matching [ErrTooLarge] if n is beyond the table's bucket
+// limit (see [WithMaxBuckets]).
 func (t *Table[T]) Grow(n int) error {
 	if n < 0 {
 		panic(fmt.Sprintf("hash4: Grow(%d): negative size", n))
 	}
-	t.array() // a zero Table panics here, naming New
-	if n > t.bucketLimit {
+	t.array() // a nil or zero Table panics here, named
+	nb := bucketCount(n / maxLoad)
+	if n/maxLoad > t.bucketLimit {
 		return fmt.Errorf("%w: Grow(%d) beyond %d buckets", ErrTooLarge, n, t.bucketLimit)
+	}
+	if limit := debug.SetMemoryLimit(-1); uint64(nb)*cacheLineSize > uint64(limit) {
+		return fmt.Errorf("%w: Grow(%d): %d buckets take %d bytes, beyond the memory limit of %d", ErrTooLarge, n, nb, uint64(nb)*cacheLineSize, limit)
 	}
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
-	return t.grow(n)
-}
-
-// grow is Grow, with growMu held, for n at most the table's bucket limit.
-//
-// A table grows itself (growBehind); Grow sizes it ahead of a known load
-// instead, or grows a table made WithFixedBuckets.
-//
-// Every method may run while Grow runs, and finds every entry. Grow
-// publishes the new array at once and then moves the entries into it one
-// lock stripe at a time, under that stripe's lock, as rhashtable moves
-// entries a bucket at a time. A writer (or All, or Stats) that comes to a
-// stripe whose entries have not moved yet moves them itself first. So an
-// Insert, Delete or swap waits at most for the move of one stripe's
-// entries: with the default stripes, about a thousand entries in a table
-// of a million, as against the whole table. (Connect
-// may lock a stripe per port it tries, and All and Stats lock them all, so
-// each may move several.) Lookups go on without locks; until Grow returns,
-// a lookup that does not find its key in the new array, as one whose
-// stripe has not moved does not, walks the key's chain in both arrays.
-// Calls of Grow run one at a time, and one after another with the
-// table's own growth. The lock stripes stay as New made them (see
-// WithLockStripes): a table made small and grown large, by Grow or by
-// itself, keeps the small table's stripe count, so its writers meet on
-// fewer locks, and wait for the move of more entries, than in a table
-// made at the large size; WithLockStripes gives a small table that is to
-// grow large the stripes of a large one.
-//
-// Memory: the new array reserves 60 bytes per bucket, as New does. Once
-// every entry has moved, the old array's home slots go back to the heap
-// (as soon as no lookup still reads them), and the nodes beyond them that
-// the moves free serve the new array's entries beyond its home slots; the
-// table keeps those, so a table grown to a size holds about the bytes per
-// entry of one made at it.
-func (t *Table[T]) grow(n int) error {
-	old := t.array()
-	nb := bucketCount(n)
-	if nb <= len(old.b.heads) {
-		return nil
-	}
-	base, homes, ok := t.nodes.reserve(uint32(nb))
-	if !ok {
-		return ErrTableFull
-	}
-	// N.B. the home slots are fresh memory, which the kernel backs only
-	// as it is first written, a page at a time: written here, the pages
-	// cost Grow, rather than each stripe's move, whose entries lie in
-	// pages of their own. (A move into unwritten pages made a writer that
-	// waited for one wait up to 10 ms in a table of a million entries.)
-	// 64 entries of 56 bytes are less than the smallest page, 4 KiB. On
-	// Linux the slots are first advised for huge pages, which take one
-	// fault each instead of 512 (hugepage_linux.go).
-	if t.groups.hugePages {
-		adviseHugePages(homes) // written below, a word per page
-	}
-	for i := 0; i < len(homes); i += 64 {
-		homes[i].seq.Store(0)
-	}
-	ss := old.b.stripes
-	// The node batches of a table made at this size: a table grown from
-	// the default 1024 buckets under 64 stripes otherwise moves its free
-	// nodes one at a time through the node store's mutex; filling a
-	// million entries from the default size took 24% less time with this.
-	t.nodes.setBatch(nodeBatch(nb, len(ss)))
-	a := &tableArray[T]{homes: homes}
-	a.b.initShared(nb, ss, old.b.nullsBase^arrayNullsFlip, t.groups.hugePages)
-	a.home.init(nb, len(ss), base, t.groups.grouped(nb))
-	t.initGrowth(a)
-	// N.B. old is set before the array is published, and cleared only
-	// once every stripe's entries are in it: a lookup that finds old nil
-	// in the table's array needs no other (see lookup).
-	a.old.Store(old)
-	t.arr.Store(a)
-	t.growths.Add(1)
-	for s := range ss {
-		if h := t.hooks; h != nil && h.growStep != nil {
-			h.growStep(uint32(s))
-		}
-		st := &ss[s]
-		st.mu.Lock()
-		if st.flipped != a.flipped() {
-			t.migrate(a, st, uint32(s))
-		}
-		st.mu.Unlock()
-	}
-	a.old.Store(nil)
-	t.releaseOld(a, old)
+	t.grow(nb)
 	return nil
 }
 
-// releaseOld gives the memory of old's home slots back, once grow has
-// moved every entry out of old into a and no writer can reach them: none
-// is in a chain of a, a cache or the depot (see migrate), so the node
-// store releases them (slab.release), and lookups that still hold one of
-// their indexes end on releasedNullsValue and restart. Only where migrate
-// relinked some of them into a's chains (the index space was spent) are
-// they kept, and the others left out of use.
-func (t *Table[T]) releaseOld(a, old *tableArray[T]) {
-	n := uint32(len(old.homes))
-	if kept := a.relinkedHomes.Load(); kept > 0 {
-		t.nodes.retire(n - kept)
+// grow replaces the table's array with one of nb buckets, a power of two,
+// if that is more than it has, and moves every entry into it; growMu is
+// held.
+//
+// Every method may run meanwhile, and finds every entry. grow publishes the
+// new array at once and then moves the entries one old bucket at a time,
+// under that bucket's lock; a writer that comes to a bucket not moved yet
+// moves it first (lockBucket). So an insert or delete waits at most for the
+// move of one bucket's entries. Lookups go on without locks: until grow
+// returns, a lookup that misses in the new array looks in the old one too.
+// The old array goes back to the heap once no lookup still reads it; its
+// nodes serve the new array's chains as they are.
+func (t *Table[T]) grow(nb int) {
+	old := t.array()
+	if nb <= len(old.lines) {
 		return
 	}
-	t.nodes.release(old.home.base, n, markReleased[T])
+	a := newBucketArray[T](nb, old.nullsBase^arrayNullsFlip, t.huge)
+	// N.B. old is set before the array is published (invariant 1).
+	a.old.Store(old)
+	t.arr.Store(a)
+	t.growths.Add(1)
+	for ob := range old.lines {
+		if h := t.hooks; h != nil && h.growStep != nil {
+			h.growStep(uint32(ob))
+		}
+		t.moveBucket(a, old, uint32(ob))
+	}
+	a.old.Store(nil)
+	t.initGrowth(a)
 }
 
-// markReleased makes e a node of the node store's released chunk: free,
-// its next link ending on releasedNullsValue (see slab.release).
-func markReleased[T any](e *entry[T]) { e.next.initNulls(releasedNullsValue) }
-
-// migrateAhead is how many of a stripe's old buckets ahead of the one it
-// moves migrate asks for the lines of (touchMigrate).
-const migrateAhead = 8
-
-// touchMigrate asks for the lines that migrate reads and writes to move
-// old bucket ob of o into a, before it comes to them: ob's head and home
-// slot, and the heads and home slots of the two buckets of a that most of
-// ob's entries go to, ob and ob+len(o.b.heads) (all of them when a is
-// twice o's size). N.B. a stripe's buckets are a stride apart, 64 entries
-// of 56 bytes for the default stripe count, a page apart or more in a
-// large table, too far apart for the processor's own prefetcher: asked
-// for 8 buckets ahead, they made a Grow of a million entries 9.6% faster
-// (6 interleaved rounds; 16 ahead measured the same as 8). Only for
-// processors with canPrefetchW.
-func (t *Table[T]) touchMigrate(a, o *tableArray[T], ob uint32) {
-	var h lineHints
-	addLineHint(&h, &o.b.heads[ob])
-	addLineHint(&h, &o.homeAt(ob).seq)
-	for _, b := range [2]uint32{ob, ob + uint32(len(o.b.heads))} {
-		addLineHint(&h, &a.b.heads[b])
-		addLineHint(&h, &a.homeAt(b).seq)
+// moveBucket moves the entries of the bucket of hash h in old, the array a
+// replaced, into a, unless they have moved.
+func (t *Table[T]) moveBucket(a, old *bucketArray[T], h uint32) {
+	ob := old.line(h)
+	if ob.moved() {
+		return
 	}
-	h.prefetchW()
+	ob.lock()
+	if !ob.moved() {
+		t.migrate(a, ob)
+	}
+	ob.unlock()
 }
 
-// migrate moves the entries of stripe s (st) from a.old into a, the
-// table's array, which Grow has published. The caller holds st's lock.
-//
-// N.B. every entry is live in a before the old array stops leading to it,
-// so a lookup that misses in the old array finds it in a (lookupGrowing):
-// bucket by bucket, each entry of the old chain is copied into a node
-// placed as insert places one, the chain left whole; then the chain is
-// emptied, and only then are its nodes freed, while their lines are still
-// in the cache, and all but the old home slots kept for reuse (releaseOld
-// gives those back once every stripe has moved). (Freed as soon as
-// copied, a node could take the next copy while its old chain still led
-// to it, and send the readers of that chain into a chain of a, to restart
-// there. Freed once the whole stripe was copied, each node was read again
-// from memory in a table beyond the caches: BenchmarkGrow of a million
-// entries took 5.6% longer, and BenchmarkFill 7.4%.) A reader that stood
-// on a freed node that a writer reuses goes on into a chain of a, whose
-// nulls values differ from the old array's, and restarts. Should the store have no
-// node left for a copy (its index space is spent), the entry's own node
-// moves into a's chain instead, as rhashtable moves entries: linked there
-// before it is unlinked from the old chain, so a reader walking old then
-// new finds it in one chain or the other, and one standing on it is led
-// into a's chain, ends on a marker not its own and restarts (no move
-// count is needed). Last, the stripe counts a move: a lookup in a whose
-// walk began before the entries were all in a sees the count change (see
-// lookup).
-func (t *Table[T]) migrate(a *tableArray[T], st *stripe, s uint32) {
-	o := a.old.Load()
-	a.home.initStripe(st, s)
-	mc := &t.moves[s].n
-	step, end := uint32(len(o.b.stripes)), uint32(len(o.b.heads))
-	for ob := s; ob < end; ob += step {
-		if ahead := ob + migrateAhead*step; canPrefetchW && ahead < end {
-			t.touchMigrate(a, o, ahead)
-		}
-		head := &o.b.heads[ob]
-		prev := head
-		for l := prev.load(); !l.isNulls(); {
-			e := t.nodes.at(l.index())
-			next := e.next.load()
-			k := e.key.load()
-			b := a.b.bucket(uint32(k.meta >> 32))
-			if i, ok := t.place(a, st, s, b); ok {
-				t.fill(i, &k, e.val.Load(), &a.b.heads[b])
-				prev = &e.next
-			} else {
-				linkAt(&a.b.heads[b], l, &e.next)
-				if h := t.hooks; h != nil && h.relinked != nil {
-					h.relinked(l.index())
-				}
-				if _, home := o.home.isHome(l.index()); home {
-					a.relinkedHomes.Add(1) // see releaseOld
-				}
-				prev.store(next)
-			}
-			l = next
-		}
-		// The bucket's entries are all live in a: its old chain is
-		// emptied, then its nodes are freed, while their lines are
-		// still in the cache.
-		l := head.load()
-		head.initNulls(o.b.nullsBase + ob)
-		for !l.isNulls() {
-			e := t.nodes.at(l.index())
-			next := e.next.load()
-			e.seq.Store(e.seq.Load() + 1) // free: N.B. after the chain is emptied
-			e.val.Store(nil)
-			// The old array's home slots are released with it
-			// (releaseOld): only other nodes serve again.
-			if _, home := o.home.isHome(l.index()); !home {
-				t.nodes.put(&st.cache, l.index(), t.nodes.cacheMax())
-			}
-			l = next
-		}
+// migrate moves the entries of bucket ob, of the array a replaced, into a;
+// the caller holds ob's lock. The line's own entry goes to its new bucket's
+// line, which is free (invariant 2: ob is its only source, and comes first).
+// A chain node's entry goes to its new bucket's line if that is free, and
+// its node is freed; else the node itself moves to the head of the new
+// bucket's chain: linked there before it leaves the old chain (invariant
+// 3), so growth takes no node. Last, ob is emptied and marked moved: its
+// seq changes, so a lookup that missed in it meanwhile walks it again.
+func (t *Table[T]) migrate(a *bucketArray[T], ob *bucket[T]) {
+	if ob.live() {
+		k := ob.key.load()
+		a.line(k.hash()).fill(&k, ob.val.Load(), 0, nil)
 	}
-	st.flipped = a.flipped()
-	mc.Store(mc.Load() + 1) // N.B. once all the entries are in a (see lookup)
+	for l := ob.next.load(); !l.isNulls(); l = ob.next.load() {
+		n := &t.nodes.at(l.index()).entry
+		next := n.next.load()
+		k := n.key.load()
+		nb := a.line(k.hash())
+		if !nb.live() {
+			nb.fill(&k, n.val.Load(), 0, nil)
+			n.empty(&ob.next)
+			t.freeNode(l.index())
+			continue
+		}
+		linkAt(&nb.next, l, &n.next)
+		if h := t.hooks; h != nil && h.relinked != nil {
+			h.relinked(l.index())
+		}
+		ob.next.store(next)
+	}
+	s := ob.seq.Load()
+	ob.seq.Store((s&^seqLive | seqMoved) + seqGen)
+	ob.val.Store(nil)
 }

@@ -264,20 +264,6 @@ func IPv6PortaddrHash(addr netip.Addr, port uint16, mix uint32) uint32 {
 	return portaddrHashWords(&w, false, port, mix)
 }
 
-// Tuple is one flow seen from the local host: the local address and port, and
-// the remote (peer) address and port. Its zero value is not a valid flow.
-//
-// As a table key, an IPv4 address and its IPv4-mapped IPv6 form are the same
-// address, and zones are not part of the key (see Table).
-type Tuple struct {
-	Local, Remote netip.AddrPort
-}
-
-// String returns the tuple as "local->remote".
-func (t Tuple) String() string {
-	return t.Local.String() + "->" + t.Remote.String()
-}
-
 // Secret holds the keys of a table's hash functions. Tables draw their own
 // with NewSecret unless given one; a fixed Secret makes bucket placement
 // reproducible (for tests and benchmarks) and predictable to anyone who knows

@@ -17,11 +17,9 @@ import (
 
 // TestHugePagesAdvised checks that a table made WithHugePages advises the
 // arrays it writes whole for huge pages, where the kernel has them, and
-// that neither the home slots New leaves to the inserts nor any array of a
-// table made without the option are: the kernel's flag for the advice
-// ("hg" in the VmFlags of /proc/self/smaps) is on the huge pages within a
-// Grow's chain heads and home slots, and on none within the home slots of
-// New. N.B. it runs in a process of its own, the table without the option
+// that no array of a table made without the option is: the kernel's flag
+// for the advice ("hg" in the VmFlags of /proc/self/smaps) is on the huge
+// pages within the bucket lines of New and of Grow, or on none. N.B. it runs in a process of its own, the table without the option
 // first: the advice stays with memory the heap reuses, and an array freed
 // by an earlier test may hold an array of this one. A UDPTable's hash4
 // chain heads are checked the same way.
@@ -59,28 +57,21 @@ func checkUDPHugePages(t *testing.T, hp uintptr, advised bool, opts []Option) {
 }
 
 // checkHugePages makes a table with opts, grows it and checks the advice
-// on its arrays: on a Grow's chain heads and home slots as grown says, on
-// the home slots of New never.
-func checkHugePages(t *testing.T, hp uintptr, grown bool, opts []Option) {
+// on its bucket lines, New's and Grow's, as advised says.
+func checkHugePages(t *testing.T, hp uintptr, advised bool, opts []Option) {
 	tab := New[int](append([]Option{WithCapacity(1 << 17)}, opts...)...)
-	madeHomes := tab.arr.Load().homes
+	made := tab.arr.Load().lines
 	if err := tab.Grow(1 << 20); err != nil {
 		t.Fatal(err)
 	}
-	a := tab.arr.Load()
+	grown := tab.arr.Load().lines
 	for _, c := range []struct {
-		name    string
-		base    unsafe.Pointer
-		size    uintptr
-		advised bool
-	}{
-		{"chain heads of Grow", unsafe.Pointer(&a.b.heads[0]), uintptr(len(a.b.heads)) * unsafe.Sizeof(a.b.heads[0]), grown},
-		{"home slots of Grow", unsafe.Pointer(&a.homes[0]), uintptr(len(a.homes)) * unsafe.Sizeof(a.homes[0]), grown},
-		{"home slots of New", unsafe.Pointer(&madeHomes[0]), uintptr(len(madeHomes)) * unsafe.Sizeof(madeHomes[0]), false},
-	} {
-		checkAdvice(t, hp, fmt.Sprintf("options %d, %s", len(opts), c.name), c.base, c.size, c.advised)
+		name  string
+		lines []bucket[int]
+	}{{"bucket lines of New", made}, {"bucket lines of Grow", grown}} {
+		checkAdvice(t, hp, fmt.Sprintf("options %d, %s", len(opts), c.name), unsafe.Pointer(&c.lines[0]), uintptr(len(c.lines))*unsafe.Sizeof(c.lines[0]), advised)
 	}
-	runtime.KeepAlive(madeHomes)
+	runtime.KeepAlive(made)
 	runtime.KeepAlive(tab)
 }
 

@@ -2,6 +2,7 @@ package hash4
 
 import (
 	"math/bits"
+	"sync"
 	"sync/atomic"
 )
 
@@ -14,12 +15,12 @@ import (
 // Invariants, relied on by connectIndexed:
 //
 //   - A writer that adds or removes a live tuple, or a reservation
-//     (ConnectFunc), does it under the tuple's stripe lock and loads the
-//     table's indexes under that same lock (noteIndex): so it sees every
-//     index published before it took the lock.
+//     (ConnectFunc), does it under the tuple's bucket lock and loads the
+//     table's indexes under that same lock (clients.added, removing): so
+//     it sees every index published before it took the lock.
 //   - buildIndex publishes an index empty, then sets the bit of each port it
-//     finds present under that port's stripe lock. A tuple added before the
-//     builder's look at its stripe is seen by the builder; one added or
+//     finds present under that port's bucket lock. A tuple added before the
+//     builder's look at its bucket is seen by the builder; one added or
 //     removed after it is seen by a writer that sees the index. So once
 //     writers quiesce, a bit is set exactly when its tuple is present.
 //   - Between, a bit may be clear for a present tuple (a writer has not
@@ -28,7 +29,7 @@ import (
 //     of tuples it saw present under the lock. A clear bit costs Connect a
 //     failed confirmation; a set bit is trusted, so a stale one would change
 //     Connect's answer.
-//   - Moves of entries (Grow, Compact, home slot refills) keep their tuples
+//   - Moves of entries (growth, compaction, promotion) keep their tuples
 //     and do not touch the indexes.
 
 // indexAfter is the number of candidates a scan tries before Connect builds
@@ -57,7 +58,7 @@ func destOf(k *key) destKey {
 
 // portIndex is the occupancy index of one destination: bit p of used is set
 // while the tuple with local port p is in the table, live or reserved (see
-// the invariants above). Words are shared by tuples of several stripes, so
+// the invariants above). Words are shared by tuples of several buckets, so
 // they change atomically.
 type portIndex struct {
 	dest destKey
@@ -93,7 +94,7 @@ func (p *portIndex) noteReuse(port uint16, on bool) {
 
 // portIndexes is the set of a table's indexes, by hash with local port 0.
 // It is never changed once published: buildIndex and dropIndex publish a
-// new one under the table's indexMu.
+// new one under indexSet.mu.
 type portIndexes struct {
 	byHash map[uint32][]*portIndex
 	n      int
@@ -109,43 +110,41 @@ func (x *portIndexes) find(d *destKey) *portIndex {
 	return nil
 }
 
-// noteIndex records in the index of k's destination, if it has one, that
-// k's tuple is now present (on) or absent. The caller holds k's stripe
-// lock. N.B. without indexes it is one load and one branch.
-func (t *Table[T]) noteIndex(k *key, port uint16, on bool) {
-	if x := t.indexes.Load(); x != nil {
+// indexSet is a table's indexes: the published set, and the lock that
+// serializes its building and dropping.
+type indexSet struct {
+	set atomic.Pointer[portIndexes]
+	mu  sync.Mutex
+}
+
+// note records in the index of k's destination, if it has one, that the
+// tuple of k, or of k with local port port (a reservation's key), is now
+// present (on) or absent. The caller holds k's bucket lock. N.B. without
+// indexes it is one load and one branch.
+func (s *indexSet) note(k *key, port uint16, on bool) {
+	if x := s.set.Load(); x != nil {
 		d := destOf(k)
-		d.hash0 = uint32(k.meta>>32) - uint32(port)
+		d.hash0 = k.hash() - uint32(port)
 		if p := x.find(&d); p != nil {
 			p.note(port, on)
 		}
 	}
 }
 
-// noteReuse is noteIndex for the reuse bit of k's port: k's tuple is now
-// in TIME_WAIT and unclaimed (on), or not.
-func (t *Table[T]) noteReuse(k *key, on bool) {
-	if x := t.indexes.Load(); x != nil {
-		port := uint16(k.meta >> 16)
+// noteReuse is note for the reuse bit of k's port: k's tuple is now in
+// TIME_WAIT and unclaimed (on), or not.
+func (s *indexSet) noteReuse(k *key, on bool) {
+	if x := s.set.Load(); x != nil {
 		d := destOf(k)
 		if p := x.find(&d); p != nil {
-			p.noteReuse(port, on)
+			p.noteReuse(k.port(), on)
 		}
 	}
 }
 
-// noteEntry is noteIndex for the live entry e, about to be removed.
-func (t *Table[T]) noteEntry(e *entry[T]) {
-	var k key
-	k.meta = e.key.meta.Load()
-	k.local = [2]uint64{e.key.local[0].Load(), e.key.local[1].Load()}
-	k.remote = [2]uint64{e.key.remote[0].Load(), e.key.remote[1].Load()}
-	t.noteIndex(&k, uint16(k.meta>>16), false)
-}
-
-// publishIndexes publishes a copy of old (which may be nil) with add added
-// and drop left out. The caller holds indexMu.
-func (t *Table[T]) publishIndexes(old *portIndexes, add, drop *portIndex) {
+// publish publishes a copy of old (which may be nil) with add added and
+// drop left out. The caller holds s.mu.
+func (s *indexSet) publish(old *portIndexes, add, drop *portIndex) {
 	x := &portIndexes{byHash: make(map[uint32][]*portIndex)}
 	if old != nil {
 		for h, ps := range old.byHash {
@@ -162,19 +161,21 @@ func (t *Table[T]) publishIndexes(old *portIndexes, add, drop *portIndex) {
 		x.n++
 	}
 	if x.n == 0 {
-		t.indexes.Store(nil) // writers are back to one load and a branch
+		s.set.Store(nil) // writers are back to one load and a branch
 		return
 	}
-	t.indexes.Store(x)
+	s.set.Store(x)
 }
 
 // buildIndex makes the index of destination d, unless it has one, and
 // fills it from the table (see the invariants above). At maxIndexes it
 // first drops the index with the fewest flows.
 func (t *Table[T]) buildIndex(d destKey) {
-	t.indexMu.Lock()
-	defer t.indexMu.Unlock()
-	old := t.indexes.Load()
+	c := t.attach()
+	s := &c.indexes
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.set.Load()
 	if old != nil && old.find(&d) != nil {
 		return
 	}
@@ -189,52 +190,41 @@ func (t *Table[T]) buildIndex(d destKey) {
 		}
 	}
 	p := &portIndex{dest: d}
-	t.publishIndexes(old, p, drop)
-	// N.B. the ports of one stripe are those congruent to the stripe's
-	// index minus hash0 modulo the stripe count, the same in every array:
-	// one lock per stripe covers them all.
+	s.publish(old, p, drop)
 	k := key{local: d.local, remote: d.remote}
-	nstripes := uint32(len(t.array().b.stripes))
-	for p0 := uint32(0); p0 < min(nstripes, 65536); p0++ {
-		k.setPort(d.hash0, uint16(p0), d.rport)
-		a, st, s, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
-		var marks map[key]timeWaitMark
-		if tw := t.timeWaits.Load(); tw != nil {
-			marks = tw.stripes[s].marks
-		}
-		for port := p0; port < 65536; port += nstripes {
-			if port == 0 {
-				continue
+	for port := uint32(1); port < 65536; port++ {
+		k.setPort(d.hash0, uint16(port), d.rport)
+		_, b := t.lockBucket(k.hash())
+		if e, _, _ := t.findLocked(b, &k); e != nil {
+			// N.B. the reuse bit first: taken loads the reuse bits
+			// before the used ones, so a Connect sees a flow in
+			// TIME_WAIT as one in use only if both stores fall
+			// between its two loads.
+			if c.marks.reusable(&k) {
+				p.noteReuse(uint16(port), true)
 			}
-			k.setPort(d.hash0, uint16(port), d.rport)
-			if _, l := t.findLocked(a, &k); !l.isNulls() {
-				// N.B. the reuse bit first: taken loads the reuse
-				// bits before the used ones, so a Connect sees a flow
-				// in TIME_WAIT as one in use only if both stores fall
-				// between its two loads.
-				if m, ok := marks[k]; ok && !m.claimed {
-					p.noteReuse(uint16(port), true)
-				}
-				p.note(uint16(port), true)
-			}
+			p.note(uint16(port), true)
 		}
-		st.mu.Unlock()
+		b.unlock()
 	}
 }
 
 // dropIndex drops index p, if it is still published.
 func (t *Table[T]) dropIndex(p *portIndex) {
-	t.indexMu.Lock()
-	defer t.indexMu.Unlock()
-	if old := t.indexes.Load(); old != nil && old.find(&p.dest) == p {
-		t.publishIndexes(old, nil, p)
+	s := &t.attach().indexes
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.set.Load(); old != nil && old.find(&p.dest) == p {
+		s.publish(old, nil, p)
 	}
 }
 
 // findIndex returns the published index of destination d, or nil.
 func (t *Table[T]) findIndex(d *destKey) *portIndex {
-	if x := t.indexes.Load(); x != nil {
-		return x.find(d)
+	if c := t.clients(); c != nil {
+		if x := c.indexes.set.Load(); x != nil {
+			return x.find(d)
+		}
 	}
 	return nil
 }
@@ -243,7 +233,7 @@ func (t *Table[T]) findIndex(d *destKey) *portIndex {
 // destination: it visits the candidates in the scan's order, as runs of
 // ports step apart, takes from the bitmaps the first that is not reserved
 // and not in use (or in TIME_WAIT, for a reuse policy), skips it if it is
-// held (see PortAllocator.Bind), and tries it under its stripe lock as
+// held (see PortAllocator.Bind), and tries it under its bucket lock as
 // the scan does (tryPort); a lost race moves on to the next. It records
 // the port taken with the index in its pass that the scan would have
 // reached, so the perturb slot moves as the kernel's. It reports whether c

@@ -65,7 +65,7 @@ func newIndexDiff(t testing.TB, seed uint64) *indexDiff {
 	if r.IntN(2) == 0 {
 		topts = append(topts, WithHasher(Hasher(r.IntN(int(FoldHasher)+1))))
 	}
-	topts = append(topts, WithCapacity(16), WithSecret(sec), WithLockStripes(1<<r.IntN(4)))
+	topts = append(topts, WithCapacity(16<<r.IntN(4)), WithSecret(sec))
 	d.scan, d.idx = New[int](topts...), New[int](topts...)
 	d.locals = []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")}
 	d.dsts = []netip.AddrPort{netip.MustParseAddrPort("192.0.2.1:443"), netip.MustParseAddrPort("192.0.2.1:80")}
@@ -234,10 +234,11 @@ func (d *indexDiff) connect(local netip.Addr, dst netip.AddrPort) {
 // quiesce.
 func checkIndexes(t testing.TB, tb *Table[int]) {
 	t.Helper()
-	x := tb.indexes.Load()
-	if x == nil {
+	c := tb.clients()
+	if c == nil || c.indexes.set.Load() == nil {
 		return
 	}
+	x := c.indexes.set.Load()
 	for _, ps := range x.byHash {
 		for _, p := range ps {
 			var k key
@@ -245,19 +246,16 @@ func checkIndexes(t testing.TB, tb *Table[int]) {
 			n := 0
 			for port := uint32(1); port < 65536; port++ {
 				k.setPort(p.dest.hash0, uint16(port), p.dest.rport)
-				a, st, s, _ := tb.lockStripe(uint32(k.meta>>32), lockOnly)
-				_, l := tb.findLocked(a, &k)
-				marked := false
-				if tw := tb.timeWaits.Load(); tw != nil {
-					m, ok := tw.stripes[s].marks[k]
-					marked = ok && !m.claimed
-				}
-				st.mu.Unlock()
-				if !l.isNulls() {
+				_, b := tb.lockBucket(k.hash())
+				e, _, _ := tb.findLocked(b, &k)
+				marked := c.marks.reusable(&k)
+				b.unlock()
+				present := e != nil
+				if present {
 					n++
 				}
-				if !l.isNulls() == p.freeBit(port, false) {
-					t.Fatalf("port %d: present %v, bit %v", port, !l.isNulls(), !p.freeBit(port, false))
+				if present == p.freeBit(port, false) {
+					t.Fatalf("port %d: present %v, bit %v", port, present, !p.freeBit(port, false))
 				}
 				if reuse := p.reuse[port/64].Load()&(1<<(port%64)) != 0; reuse != marked {
 					t.Fatalf("port %d: in TIME_WAIT %v, reuse bit %v", port, marked, reuse)
@@ -320,12 +318,12 @@ func TestConnectIndexedBuilt(t *testing.T) {
 		_, err := tb.Connect(a, connLocal, dst, valPtr(1))
 		require.NoError(t, err)
 	}
-	require.NotNil(t, tb.indexes.Load(), "no index after 50 connects at 90%")
+	require.NotNil(t, tb.clients().indexes.set.Load(), "no index after 50 connects at 90%")
 	checkIndexes(t, tb)
 	tb.Clear()
 	_, err := tb.Connect(a, connLocal, dst, valPtr(1))
 	require.NoError(t, err)
-	require.Nil(t, tb.indexes.Load(), "index of an emptied destination kept")
+	require.Nil(t, tb.clients().indexes.set.Load(), "index of an emptied destination kept")
 }
 
 // TestConnectIndexedConcurrent runs indexed Connects, Deletes, Inserts and

@@ -12,7 +12,7 @@ import (
 )
 
 func TestTableAllExactlyOnce(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(4))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16))
 	want := map[Tuple]*int{}
 	for i := range 300 {
 		k := tblKey(i, i%3 == 0)
@@ -32,7 +32,7 @@ func TestTableAllExactlyOnce(t *testing.T) {
 }
 
 func TestTableAllEarlyBreak(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16))
 	for i := range 50 {
 		require.NoError(t, tab.Insert(tblKey(i, false), valPtr(i)))
 	}
@@ -73,7 +73,7 @@ func tblNoDeadlock(t *testing.T, f func()) {
 }
 
 func TestTableAllBodyMayWrite(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(1))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16))
 	orig := map[Tuple]*int{}
 	for i := range 64 {
 		k := tblKey(i, i%2 == 0)
@@ -132,7 +132,7 @@ func TestTableAllBodyMayWrite(t *testing.T) {
 // exactly once, and nothing is yielded twice or with a foreign value.
 func TestTableAllWeaklyConsistent(t *testing.T) {
 	type val struct{ tup Tuple }
-	tab := New[val](WithFixedBuckets(), WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[val](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	const nPerm, nChurn = 200, 200
 	perm := map[Tuple]*val{}
 	for i := range nPerm {

@@ -3,13 +3,13 @@ package hash4
 import "sync/atomic"
 
 // Metrics are a table's counters, cheap enough to read on every scrape
-// (publish them with expvar or a metrics library): Metrics reads one cache
-// line per lock stripe and walks no chain, unlike Stats.
+// (publish them with expvar or a metrics library): Metrics reads a cache
+// line per processor and walks no chain, unlike Stats.
 type Metrics struct {
 	Entries int    // as Len
-	Buckets int    // the bucket count: it goes up at each growth
+	Buckets int    // the bucket count: it doubles at each growth
 	Growths uint64 // the growths, by Grow or by the table itself
-	// LookupRestarts counts chain walks started again (see Stats).
+	// LookupRestarts counts bucket walks started again (see Stats).
 	LookupRestarts uint64
 	// Connects counts the Connect and ConnectFunc calls past their input
 	// checks; ConnectCandidates the ports they tried, ConnectRefused
@@ -22,21 +22,23 @@ type Metrics struct {
 // are read one after another while writers go on, not as a snapshot.
 func (t *Table[T]) Metrics() Metrics {
 	a := t.array()
-	m := Metrics{Entries: t.Len(), Buckets: len(a.b.heads), Growths: t.growths.Load(), LookupRestarts: t.restarts.Load()}
-	for i := range t.metrics {
-		s := &t.metrics[i]
-		m.Connects += s.connects.Load()
-		m.ConnectCandidates += s.candidates.Load()
-		m.ConnectRefused += s.refused.Load()
-		m.ConnectNoPorts += s.noPorts.Load()
+	m := Metrics{Entries: int(t.count()), Buckets: len(a.lines), Growths: t.growths.Load(), LookupRestarts: t.restarts.Load()}
+	if c := t.clients(); c != nil {
+		for i := range c.connect {
+			r := &c.connect[i]
+			m.Connects += r.connects.Load()
+			m.ConnectCandidates += r.candidates.Load()
+			m.ConnectRefused += r.refused.Load()
+			m.ConnectNoPorts += r.noPorts.Load()
+		}
 	}
 	return m
 }
 
-// stripeMetrics are the counters of Metrics that connects update, kept per
-// lock stripe, each stripe's on a cache line of its own, so that connects
-// on different cores rarely write one line.
-type stripeMetrics struct {
+// connectRun holds the counters of Metrics that connects update, one per
+// processor (P), each on a cache line of its own, so that connects on
+// different cores do not write one line.
+type connectRun struct {
 	connects, candidates, refused, noPorts atomic.Uint64
 	_                                      [cacheLineSize - 4*8]byte
 }
@@ -44,13 +46,14 @@ type stripeMetrics struct {
 // connected counts a connect that tried *tried ports, of which ConnectFunc's
 // function refused *refused, and ended with ErrNoPorts if *noPorts;
 // deferred by connectFlow, it reads them when the connect returns.
-func (m *stripeMetrics) connected(tried, refused *uint64, noPorts *bool) {
-	m.connects.Add(1)
-	m.candidates.Add(*tried)
+func (c *clients[T]) connected(tried, refused *uint64, noPorts *bool) {
+	r := &c.connect[procID()&uint32(len(c.connect)-1)]
+	r.connects.Add(1)
+	r.candidates.Add(*tried)
 	if *refused > 0 {
-		m.refused.Add(*refused)
+		r.refused.Add(*refused)
 	}
 	if *noPorts {
-		m.noPorts.Add(1)
+		r.noPorts.Add(1)
 	}
 }

@@ -1,17 +1,19 @@
 package hash4
 
 import (
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// tblNulls is the fixture of the deterministic nulls tests: a 16-bucket,
-// one-stripe table with a fixed secret, and keys grouped by bucket. Every
-// home slot holds a filler entry (the last key of its bucket), so that the
-// entries a test inserts are linked in chains only, lookups walk those
-// chains, and a freed entry is the next one inserted.
+// tblNulls is the fixture of the deterministic interleavings: a 16-bucket
+// table with a fixed secret, one shard (so that a freed node is the next one
+// taken), and keys grouped by bucket. Every bucket's line holds a filler
+// entry (its bucket's last key), so that the entries a test inserts go to
+// chains, until a test deletes a filler.
 type tblNulls struct {
 	tab     *Table[string]
 	byBkt   map[uint32][]Tuple
@@ -22,20 +24,9 @@ type tblNulls struct {
 // filler returns the filler key of bucket b.
 func (f *tblNulls) filler(b uint32) Tuple { return f.byBkt[b][len(f.byBkt[b])-1] }
 
-// insertStealing inserts x, a key of bucket A, into B's home slot: it frees
-// that slot and nothing else (B's filler deleted, the free cache emptied),
-// so that x's insert, whose own home slot is taken, steals it.
-func (f *tblNulls) insertStealing(t *testing.T, x Tuple, v *string) {
-	t.Helper()
-	_, ok := f.tab.Delete(f.filler(f.b))
-	require.True(t, ok)
-	f.tab.cur().b.stripes[0].cache.free = nil
-	require.NoError(t, f.tab.Insert(x, v))
-	require.Equal(t, homeSlot(f.b), f.headIndex(t, f.a))
-}
-
-func newTblNulls(t *testing.T, opts ...Option) *tblNulls {
-	tab := New[string](append([]Option{WithFixedBuckets(), WithCapacity(16), WithLockStripes(1), WithSecret(tblSecret), WithHasher(LinuxHasher)}, opts...)...)
+func newTblNulls(t *testing.T) *tblNulls {
+	tab := New[string](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab.shards = tab.shards[:1]
 	hooksOf(tab) // made before tab is shared: tests set hooks while lookups run
 	f := &tblNulls{tab: tab, byBkt: map[uint32][]Tuple{}}
 	f.restart = func() uint64 { return tab.Stats().LookupRestarts }
@@ -47,27 +38,23 @@ func newTblNulls(t *testing.T, opts ...Option) *tblNulls {
 	f.a, f.b = 3, 11
 	require.GreaterOrEqual(t, len(f.byBkt[f.a]), 8)
 	require.GreaterOrEqual(t, len(f.byBkt[f.b]), 8)
-	for _, tup := range f.byBkt[f.a] {
-		var k key
-		tab.tupleKey(&k, &tup)
-		require.Equal(t, f.a, tab.cur().b.bucket(uint32(k.meta>>32)))
-	}
 	for b := range uint32(16) {
 		require.NoError(t, tab.Insert(f.filler(b), valPtr("filler")))
-		require.Equal(t, homeSlot(b), f.headIndex(t, b))
+		require.True(t, tab.cur().lines[b].live())
 	}
 	return f
 }
 
-// headIndex returns the entry index at the head of bucket b.
+// headIndex returns the node index at the head of bucket b's chain.
 func (f *tblNulls) headIndex(t *testing.T, b uint32) uint32 {
-	l := f.tab.cur().b.heads[b].load()
-	require.False(t, l.isNulls(), "bucket %d empty", b)
+	l := f.tab.cur().lines[b].next.load()
+	require.False(t, l.isNulls(), "bucket %d's chain empty", b)
 	return l.index()
 }
 
-// blockAt installs a visit hook that blocks the first visit of entry idx
-// until release is closed, and closes arrived when it gets there.
+// blockAt installs a visit hook that blocks the first visit of idx (a node
+// index, or visitLine, visitLineHit) until release is closed, and closes
+// arrived when it gets there.
 func (f *tblNulls) blockAt(idx uint32) (arrived, release chan struct{}) {
 	arrived, release = make(chan struct{}), make(chan struct{})
 	blocked := false // only the reader goroutine touches it
@@ -96,9 +83,9 @@ func (f *tblNulls) lookupAsync(k Tuple) chan tblResult {
 	return res
 }
 
-// lookupAcross runs Lookup(k) in a reader stopped on node stop, runs write
-// meanwhile, then lets the reader go, and returns what it found and how many
-// restarts it counted.
+// lookupAcross runs Lookup(k) in a reader stopped at stop (see blockAt),
+// runs write meanwhile, then lets the reader go, and returns what it found
+// and how many restarts it counted.
 func (f *tblNulls) lookupAcross(t *testing.T, k Tuple, stop uint32, write func()) (tblResult, uint64) {
 	t.Helper()
 	arrived, release := f.blockAt(stop)
@@ -108,6 +95,7 @@ func (f *tblNulls) lookupAcross(t *testing.T, k Tuple, stop uint32, write func()
 	write()
 	close(release)
 	r := tblWaitResult(t, res)
+	hooksOf(f.tab).visit = nil
 	return r, f.restart() - before
 }
 
@@ -131,29 +119,28 @@ func tblWaitResult(t *testing.T, c chan tblResult) tblResult {
 	}
 }
 
-// TestTableNullsRecycledEntry stops a reader on entry X of chain A (looking
-// for Y behind it), deletes X and recycles its entry for Z, then lets the
-// reader go on.
+// TestTableNullsRecycledEntry stops a reader on node X of chain A, looking
+// for Y behind it, deletes X and recycles its node for Z, then lets the
+// reader go on. Into bucket B, X's next link leads the reader into B's
+// chain, which ends on B's marker: it restarts, once, and finds Y. Into A
+// again, Z's node goes to the head of A's chain and leads the reader back
+// to the chain's start: it finds Y without a restart.
 func TestTableNullsRecycledEntry(t *testing.T) {
-	cases := []struct {
+	for _, c := range []struct {
 		name         string
 		zBucketB     bool // Z in bucket B, else in A
-		preB         int  // entries already in B, besides its filler
-		steal        bool // X is in B's home slot, and B empty
+		preB         int  // entries in B's chain already
 		wantRestarts uint64
 	}{
-		{"into bucket B", true, 0, false, 1},
-		{"into bucket B with entries", true, 2, false, 1},
-		{"into the same bucket A", false, 0, false, 0},
-		{"into empty bucket B, whose home slot X held", true, 0, true, 1},
-	}
-	for _, c := range cases {
+		{"into bucket B", true, 0, 1},
+		{"into bucket B with entries", true, 2, 1},
+		{"into the same bucket A", false, 0, 0},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := newTblNulls(t)
 			tab := f.tab
 			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
-			x, y := ka[0], ka[1]
-			z := ka[2]
+			x, y, z := ka[0], ka[1], ka[2]
 			if c.zBucketB {
 				z = kb[0]
 			}
@@ -162,371 +149,262 @@ func TestTableNullsRecycledEntry(t *testing.T) {
 			}
 			vy, vx, vz := valPtr("Y"), valPtr("X"), valPtr("Z")
 			require.NoError(t, tab.Insert(y, vy))
-			if c.steal {
-				f.insertStealing(t, x, vx)
-			} else {
-				require.NoError(t, tab.Insert(x, vx))
-			}
-			xIdx := f.headIndex(t, f.a) // X is at the head of A
-
-			arrived, release := f.blockAt(xIdx)
-			res := f.lookupAsync(y)
-			tblWait(t, arrived)
-			before := f.restart()
-
-			got, ok := tab.Delete(x)
-			require.True(t, ok)
-			require.Same(t, vx, got)
-			require.NoError(t, tab.Insert(z, vz))
-			zb := f.a
-			if c.zBucketB {
-				zb = f.b
-			}
-			require.Equal(t, xIdx, f.headIndex(t, zb), "Z did not recycle X's entry")
-
-			close(release)
-			r := tblWaitResult(t, res)
+			require.NoError(t, tab.Insert(x, vx))
+			xIdx := f.headIndex(t, f.a) // X is at the head of A's chain
+			r, restarts := f.lookupAcross(t, y, xIdx, func() {
+				got, ok := tab.Delete(x)
+				require.True(t, ok)
+				require.Same(t, vx, got)
+				require.NoError(t, tab.Insert(z, vz))
+				zb := f.a
+				if c.zBucketB {
+					zb = f.b
+				}
+				require.Equal(t, xIdx, f.headIndex(t, zb), "Z did not recycle X's node")
+			})
 			require.True(t, r.ok, "Lookup(Y) missed Y")
 			require.Same(t, vy, r.v)
-			require.Equal(t, c.wantRestarts, f.restart()-before)
-
-			// The table is intact.
+			require.Equal(t, c.wantRestarts, restarts)
 			for k, v := range map[Tuple]*string{y: vy, z: vz} {
 				got, ok := tab.Lookup(k)
 				require.True(t, ok)
 				require.Same(t, v, got)
 			}
-			_, ok = tab.Lookup(x)
+			_, ok := tab.Lookup(x)
 			require.False(t, ok)
-			fillers := 16
-			if c.steal {
-				fillers--
-			}
-			require.Equal(t, 2+c.preB+fillers, tab.Len())
+			require.Equal(t, 16+2+c.preB, tab.Len())
+			tblCheckBuckets(t, tab, c.name)
 		})
 	}
 }
 
-// TestTableNullsStolenHomeReclaimed stops a reader on entry X of the chain
-// of bucket 0, held in B's home slot (stolen; 0 is outside B's group),
-// looking for Y behind it. Z goes into B, to the free home slot of bucket 7
-// of B's group, rather than evicting X; deleting X frees B's home slot
-// while B has an entry, so Z moves into it: the reader, still on the node,
-// walks into B's chain, restarts on its marker and finds Y.
-func TestTableNullsStolenHomeReclaimed(t *testing.T) {
-	f := newTblNulls(t, withHomeGroups(true))
-	tab := f.tab
-	x, y, z, w := f.byBkt[0][0], f.byBkt[0][1], f.byBkt[f.b][0], f.byBkt[0][2]
-	vx, vy, vz := valPtr("X"), valPtr("Y"), valPtr("Z")
-	require.NoError(t, tab.Insert(y, vy))
-	f.freeHome(t, f.b)
-	require.NoError(t, tab.Insert(x, vx))
-	require.Equal(t, homeSlot(f.b), f.headIndex(t, 0), "X did not steal B's home slot")
-	require.NoError(t, tab.Insert(w, valPtr("W"))) // 0: W -> X -> Y -> filler
-	f.freeHome(t, 7)
-	require.NoError(t, tab.Insert(z, vz))
-	require.Equal(t, homeSlot(7), f.headIndex(t, f.b), "Z not in the free slot of its group")
-	before := tab.Stats()
-
-	r, restarts := f.lookupAcross(t, y, homeSlot(f.b), func() {
-		got, ok := tab.Delete(x)
-		require.True(t, ok)
-		require.Same(t, vx, got)
-		require.Equal(t, homeSlot(f.b), f.headIndex(t, f.b), "Z did not move into B's home slot")
-	})
-	require.True(t, r.ok, "Lookup(Y) missed Y")
-	require.Same(t, vy, r.v)
-	require.EqualValues(t, 1, restarts)
-
-	got, ok := tab.Lookup(z)
-	require.True(t, ok, "Z lost in the move")
-	require.Same(t, vz, got)
-	after := tab.Stats()
-	require.Equal(t, before.Entries-1, after.Entries)
-	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home now")
-	require.Equal(t, before.GroupEntries-1, after.GroupEntries, "Z left 7's slot")
-	tblCheckHome(t, tab, "after the move")
-}
-
-// TestTableNullsStealerDeepEvicted stops a reader on entry X, second in the
-// chain of bucket A behind W, held in bucket B's home slot (stolen),
-// looking for Y behind it; an insert into B takes the slot back, moving X
-// right behind itself to a spare node though it is not the head: the
-// reader, still on the node, walks into B's chain, restarts on its marker
-// and finds Y, and every key of A is found.
-func TestTableNullsStealerDeepEvicted(t *testing.T) {
-	f := newTblNulls(t)
-	tab := f.tab
-	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
-	x, y, z, w := ka[0], ka[1], kb[0], ka[2]
-	vx, vy, vz, vw := valPtr("X"), valPtr("Y"), valPtr("Z"), valPtr("W")
-	require.NoError(t, tab.Insert(y, vy))
-	f.insertStealing(t, x, vx)
-	require.NoError(t, tab.Insert(w, vw)) // A: W -> X -> Y -> filler
-	require.NotEqual(t, homeSlot(f.b), f.headIndex(t, f.a), "X is the head")
-	before := tab.Stats()
-
-	r, restarts := f.lookupAcross(t, y, homeSlot(f.b), func() {
-		require.NoError(t, tab.Insert(z, vz))
-		require.Equal(t, homeSlot(f.b), f.headIndex(t, f.b), "Z did not take B's home slot back")
-	})
-	require.True(t, r.ok, "Lookup(Y) missed Y")
-	require.Same(t, vy, r.v)
-	require.EqualValues(t, 1, restarts)
-
-	for k, v := range map[Tuple]*string{x: vx, y: vy, w: vw, z: vz} {
-		got, ok := tab.Lookup(k)
-		require.True(t, ok, "%s lost", *v)
-		require.Same(t, v, got)
-	}
-	after := tab.Stats()
-	require.Equal(t, before.Entries+1, after.Entries)
-	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home, X was not")
-	tblCheckHome(t, tab, "after the move")
-}
-
-// TestTableNullsStealerEvicted stops a reader on entry X, the head of
-// chain A, held in bucket B's home slot (stolen), looking for Y behind it;
-// an insert into B takes the slot back, moving X right behind itself to a
-// spare node: the reader, still on the node, walks into B's chain, restarts
-// on its marker and finds Y, and X is found at its new node.
-func TestTableNullsStealerEvicted(t *testing.T) {
-	f := newTblNulls(t)
-	tab := f.tab
-	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
-	x, y, z := ka[0], ka[1], kb[0]
-	vx, vy, vz := valPtr("X"), valPtr("Y"), valPtr("Z")
-	require.NoError(t, tab.Insert(y, vy))
-	f.insertStealing(t, x, vx) // A: X -> Y -> filler
-	xIdx := f.headIndex(t, f.a)
-	before := tab.Stats()
-
-	r, restarts := f.lookupAcross(t, y, xIdx, func() {
-		require.NoError(t, tab.Insert(z, vz))
-		require.Equal(t, xIdx, f.headIndex(t, f.b), "Z did not take B's home slot back")
-	})
-	require.True(t, r.ok, "Lookup(Y) missed Y")
-	require.Same(t, vy, r.v)
-	require.EqualValues(t, 1, restarts)
-
-	got, ok := tab.Lookup(x)
-	require.True(t, ok, "X lost in the move")
-	require.Same(t, vx, got)
-	require.NotEqual(t, xIdx, f.headIndex(t, f.a), "X not moved")
-	after := tab.Stats()
-	require.Equal(t, before.Entries+1, after.Entries)
-	require.Equal(t, before.HomeEntries+1, after.HomeEntries, "Z is home, X was not")
-	tblCheckHome(t, tab, "after the move")
-}
-
-// TestTableNullsMoveIntoVisitedNode makes a move put an entry into the node
-// a reader stands on, whose old key it has read: the reader would go on past
-// the key it looks for, the moved one or one between the node's old place
-// and the moved entry's, and must restart because a move overlapped its
-// walk. The node comes from the free cache (a, c, e), from a stolen home
-// slot released (b), or is the home slot the move refills (d); in (e) the
-// table has home groups, and the stealer is evicted from a slot of another
-// group than its own.
-func TestTableNullsMoveIntoVisitedNode(t *testing.T) {
-	cases := []struct {
-		name    string
-		grouped bool
-		// setup fills the table and returns the key sought, the node
-		// the reader stops on, and the write that moves the key.
-		setup func(t *testing.T, f *tblNulls) (sought Tuple, stop uint32, write func())
-	}{
-		{"stealer X evicted into W's freed node", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
-			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
-			x, w, z := ka[0], ka[1], kb[0]
-			f.insertStealing(t, x, valPtr("X"))
-			require.NoError(t, f.tab.Insert(w, valPtr("W"))) // A: W -> X -> filler
-			wIdx := f.headIndex(t, f.a)
-			return x, wIdx, func() {
-				_, ok := f.tab.Delete(w) // W's node tops the free cache, X heads A
+// TestTableNullsPromotedBehindReader stops a reader after it read bucket
+// A's line, which does not hold the key X it looks for, before it loads
+// the chain's head; then deletes the line's entry, so that X, first in the
+// chain, moves into the line and its node is freed (and, in one case,
+// recycled into bucket B). The reader's walk no longer meets X anywhere in
+// the chain, but the line's seq changed (bucket's rule 2): it restarts and
+// finds X in the line. Without the check it returned a miss.
+func TestTableNullsPromotedBehindReader(t *testing.T) {
+	for _, recycle := range []bool{false, true} {
+		t.Run(map[bool]string{false: "freed", true: "recycled"}[recycle], func(t *testing.T) {
+			f := newTblNulls(t)
+			tab := f.tab
+			x, y := f.byBkt[f.a][0], f.byBkt[f.a][1]
+			vx, vy := valPtr("X"), valPtr("Y")
+			require.NoError(t, tab.Insert(y, vy))
+			require.NoError(t, tab.Insert(x, vx))
+			xIdx := f.headIndex(t, f.a)
+			r, restarts := f.lookupAcross(t, x, visitLine, func() {
+				_, ok := tab.Delete(f.filler(f.a))
 				require.True(t, ok)
-				require.NoError(t, f.tab.Insert(z, valPtr("Z"))) // moves X into W's node
-				require.Equal(t, wIdx, f.headIndex(t, f.a))
-			}
-		}},
-		{"stealer X evicted into the home slot W released", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
-			ka, kb := f.byBkt[f.a], f.byBkt[f.b]
-			const c = 7
-			x, w, z := ka[0], ka[1], kb[0]
-			f.insertStealing(t, x, valPtr("X"))
-			_, ok := f.tab.Delete(f.filler(c))
-			require.True(t, ok)
-			f.tab.cur().b.stripes[0].cache.free = nil
-			require.NoError(t, f.tab.Insert(w, valPtr("W"))) // steals C's home slot
-			wIdx := f.headIndex(t, f.a)
-			require.Equal(t, homeSlot(c), wIdx)
-			return x, wIdx, func() {
-				_, ok := f.tab.Delete(w)
-				require.True(t, ok)
-				require.NoError(t, f.tab.Insert(z, valPtr("Z"))) // moves X into C's home slot
-				require.Equal(t, wIdx, f.headIndex(t, f.a))
-			}
-		}},
-		{"stealer X, deep in its chain, evicted into N's freed node past K", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
-			// Z takes B's home slot back.
-			return tblStealerPastK(t, f, func(x Tuple) { f.insertStealing(t, x, valPtr("X")) }, f.byBkt[f.b][0], f.b, f.b)
-		}},
-		{"Y moved into the home slot of J, deleted", false, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
-			ka := f.byBkt[f.a]
-			y, j := ka[0], ka[1]
-			require.NoError(t, f.tab.Insert(y, valPtr("Y")))
-			require.NoError(t, f.tab.Insert(j, valPtr("J"))) // A: J -> Y -> filler
-			_, ok := f.tab.Delete(f.filler(f.a))             // J moves home: A: J -> Y
-			require.True(t, ok)
-			home := homeSlot(f.a)
-			require.Equal(t, home, f.headIndex(t, f.a))
-			return y, home, func() {
-				_, ok := f.tab.Delete(j) // Y moves into J's node, the home slot
-				require.True(t, ok)
-				require.Equal(t, home, f.headIndex(t, f.a))
-			}
-		}},
-		{"stealer X in a slot of another group, evicted into N's freed node past K", true, func(t *testing.T, f *tblNulls) (Tuple, uint32, func()) {
-			require.True(t, f.tab.cur().home.grouped())
-			// Bucket 4 is of group {0, 4, 8, 12}, A of {3, 7, 11, 15}:
-			// Z, of bucket 0, finds no free slot in its group and evicts
-			// X, an outsider, from slot 4.
-			return tblStealerPastK(t, f, func(x Tuple) {
-				f.freeHome(t, 4)
-				require.NoError(t, f.tab.Insert(x, valPtr("X")))
-				require.Equal(t, homeSlot(4), f.headIndex(t, f.a))
-			}, f.byBkt[0][0], 0, 4)
-		}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			var opts []Option
-			if c.grouped {
-				opts = append(opts, withHomeGroups(true))
-			}
-			f := newTblNulls(t, opts...)
-			sought, stop, write := c.setup(t, f)
-			want, ok := f.tab.Lookup(sought)
-			require.True(t, ok)
-			r, restarts := f.lookupAcross(t, sought, stop, write)
-			require.True(t, r.ok, "Lookup missed a key present throughout")
-			require.Same(t, want, r.v)
+				require.False(t, tab.nodes.at(xIdx).live(), "X's node not freed")
+				if recycle {
+					require.NoError(t, tab.Insert(f.byBkt[f.b][0], valPtr("Z")))
+					require.Equal(t, xIdx, f.headIndex(t, f.b))
+				}
+			})
+			require.True(t, r.ok, "Lookup(X) missed X, moved into the line")
+			require.Same(t, vx, r.v)
 			require.EqualValues(t, 1, restarts)
-			tblCheckHome(t, f.tab, c.name)
+			tblCheckBuckets(t, tab, "after the promotion")
 		})
 	}
 }
 
-// tblStealerPastK sets up a move past the key sought: steal makes X, a key
-// of bucket A, a stealer of another home slot, then A's chain becomes
-// N -> K -> X -> filler. The write deletes N, whose node tops the free
-// cache, and inserts Z, of bucket zb, which takes home slot slot (its own,
-// or one of its group's) and so moves X into N's node, behind K: a reader
-// standing on N's node goes on behind X, past K.
-func tblStealerPastK(t *testing.T, f *tblNulls, steal func(x Tuple), z Tuple, zb, slot uint32) (Tuple, uint32, func()) {
-	ka := f.byBkt[f.a]
-	x, k, n := ka[0], ka[1], ka[2]
-	steal(x)
-	require.NoError(t, f.tab.Insert(k, valPtr("K")))
-	require.NoError(t, f.tab.Insert(n, valPtr("N")))
-	nIdx := f.headIndex(t, f.a)
-	return k, nIdx, func() {
-		_, ok := f.tab.Delete(n)
-		require.True(t, ok)
-		require.NoError(t, f.tab.Insert(z, valPtr("Z")))
-		require.Equal(t, homeSlot(slot), f.headIndex(t, zb), "Z did not take home slot %d", slot)
-		l := f.tab.nodes.at(f.headIndex(t, f.a)).next.load()
-		require.Equal(t, nodeLink(nIdx), l, "X not moved into N's node behind K")
-	}
-}
-
-// TestTableNullsMovedHead stops a reader looking for Y on J, the head of
-// chain A; deleting A's entry at home moves J into the home slot, right
-// behind J: the reader goes on from J to the copy and on to Y, with no
-// restart, and the table holds J once, at home.
-func TestTableNullsMovedHead(t *testing.T) {
+// TestTableNullsPromotedUnderReader stops a reader on node N, first in A's
+// chain, looking for Y behind it; the line's entry is deleted and N's key
+// moves into the line. N's next link is left as it was (nulls.go's
+// invariant 4): the reader walks on to Y and finds it without a restart.
+func TestTableNullsPromotedUnderReader(t *testing.T) {
 	f := newTblNulls(t)
 	tab := f.tab
-	ka := f.byBkt[f.a]
-	y, j := ka[0], ka[1]
-	vy, vj := valPtr("Y"), valPtr("J")
+	n, y := f.byBkt[f.a][0], f.byBkt[f.a][1]
+	vy := valPtr("Y")
 	require.NoError(t, tab.Insert(y, vy))
-	require.NoError(t, tab.Insert(j, vj))
-	jIdx := f.headIndex(t, f.a) // A: J -> Y -> A's filler, at home
-
-	r, restarts := f.lookupAcross(t, y, jIdx, func() {
+	require.NoError(t, tab.Insert(n, valPtr("N")))
+	r, restarts := f.lookupAcross(t, y, f.headIndex(t, f.a), func() {
 		_, ok := tab.Delete(f.filler(f.a))
 		require.True(t, ok)
-		require.Equal(t, homeSlot(f.a), f.headIndex(t, f.a), "J did not move into A's home slot")
 	})
-	require.True(t, r.ok, "Lookup(Y) missed Y")
+	require.True(t, r.ok)
 	require.Same(t, vy, r.v)
 	require.Zero(t, restarts)
-
-	got, ok := tab.Lookup(j)
-	require.True(t, ok)
-	require.Same(t, vj, got)
-	n := 0
-	for tup := range tab.All() {
-		if tup == j {
-			n++
-		}
-	}
-	require.Equal(t, 1, n, "J yielded %d times", n)
-	tblCheckHome(t, tab, "after the move")
 }
 
-// TestTableNullsReadersKeyRecycled stops a reader looking for X on the
-// entry W before X, deletes W and X, and recycles X's entry: the reader
-// must answer not-found or a value of X, never the recycled entry's value.
-func TestTableNullsReadersKeyRecycled(t *testing.T) {
-	cases := []struct {
-		name string
-		// after W and X are deleted (X's entry on top of the free cache):
-		reinsert func(f *tblNulls, x Tuple) (zb uint32, z Tuple)
-		wantOK   bool // the deterministic outcome
-		wantX2   bool
+// TestTableNullsLineChangedUnderReader stops a reader that matched the key
+// X held in A's line, before it loads the value, and changes the line under
+// it: X deleted and the line reused for Z (the reader must not return Z's
+// value as X's: it restarts and misses X), X deleted and inserted again
+// with a new value (it restarts and finds the new one), X's value swapped
+// in place (no restart: either value is X's), and X moved to the table's
+// next array by growth (it restarts and finds X there).
+func TestTableNullsLineChangedUnderReader(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		change       func(t *testing.T, tab *Table[string], x, z Tuple)
+		want         string // the value found, or "" for a miss
+		wantRestarts uint64
 	}{
-		{"Z into bucket B", func(f *tblNulls, x Tuple) (uint32, Tuple) { return f.b, f.byBkt[f.b][0] }, false, false},
-		{"Z into bucket A", func(f *tblNulls, x Tuple) (uint32, Tuple) { return f.a, f.byBkt[f.a][2] }, false, false},
-		{"X itself again", func(f *tblNulls, x Tuple) (uint32, Tuple) { return f.a, x }, true, true},
-	}
-	for _, c := range cases {
+		{"deleted and reused", func(t *testing.T, tab *Table[string], x, z Tuple) {
+			_, ok := tab.Delete(x)
+			require.True(t, ok)
+			require.NoError(t, tab.Insert(z, valPtr("Z")))
+		}, "", 1},
+		{"deleted and inserted again", func(t *testing.T, tab *Table[string], x, _ Tuple) {
+			_, ok := tab.Delete(x)
+			require.True(t, ok)
+			require.NoError(t, tab.Insert(x, valPtr("X again")))
+		}, "X again", 1},
+		{"swapped", func(t *testing.T, tab *Table[string], x, _ Tuple) {
+			_, _, err := tab.Swap(x, valPtr("X swapped"))
+			require.NoError(t, err)
+		}, "X swapped", 0},
+		{"moved by growth", func(t *testing.T, tab *Table[string], _, _ Tuple) {
+			require.NoError(t, tab.Grow(64))
+		}, "X", 1},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := newTblNulls(t)
 			tab := f.tab
-			ka := f.byBkt[f.a]
-			w, x := ka[0], ka[1]
-			vx, vw := valPtr("X"), valPtr("W")
-			require.NoError(t, tab.Insert(x, vx))
-			xIdx := f.headIndex(t, f.a)
-			require.NoError(t, tab.Insert(w, vw))
-			wIdx := f.headIndex(t, f.a) // A: W -> X
-
-			arrived, release := f.blockAt(wIdx)
-			res := f.lookupAsync(x)
-			tblWait(t, arrived)
-
-			_, ok := tab.Delete(w) // W's next still leads to X's entry
+			x, z := f.filler(f.a), f.byBkt[f.a][0]
+			_, ok := tab.Delete(x)
 			require.True(t, ok)
-			_, ok = tab.Delete(x)
-			require.True(t, ok)
-			zb, z := c.reinsert(f, x)
-			vz := valPtr("new")
-			require.NoError(t, tab.Insert(z, vz))
-			require.Equal(t, xIdx, f.headIndex(t, zb), "X's entry was not recycled")
-
-			close(release)
-			r := tblWaitResult(t, res)
-			if r.ok {
-				require.True(t, r.v == vx || (z == x && r.v == vz), "Lookup(X) returned %q, not a value of X", *r.v)
+			require.NoError(t, tab.Insert(x, valPtr("X")))
+			require.True(t, tab.cur().lines[f.a].key.matchesHeld(tblKeyOf(tab, x)))
+			r, restarts := f.lookupAcross(t, x, visitLineHit, func() { c.change(t, tab, x, z) })
+			if c.want == "" {
+				require.False(t, r.ok, "found %v", r.v)
+			} else {
+				require.True(t, r.ok)
+				require.Equal(t, c.want, *r.v)
 			}
-			if z != x {
-				require.NotSame(t, vz, r.v, "Lookup(X) returned the value of %v", z)
-			}
-			require.Equal(t, c.wantOK, r.ok)
-			if c.wantX2 {
-				require.Same(t, vz, r.v)
-			}
+			require.Equal(t, c.wantRestarts, restarts)
 		})
 	}
+}
+
+// tblKeyOf returns tab's key of tup.
+func tblKeyOf[T any](tab *Table[T], tup Tuple) *key {
+	var k key
+	tab.tupleKey(&k, &tup)
+	return &k
+}
+
+// TestTableNullsReadersKeyRecycled has readers look up a key whose entry
+// is deleted and recycled, in line and in chains, over and over, by a
+// writer that inserts other keys: no reader ever returns another key's
+// value, and a key that stays is always found.
+func TestTableNullsReadersKeyRecycled(t *testing.T) {
+	f := newTblNulls(t)
+	tab := f.tab
+	ka, kb := f.byBkt[f.a], f.byBkt[f.b]
+	stay := ka[5]
+	vs := valPtr("stay")
+	require.NoError(t, tab.Insert(stay, vs))
+	vals := map[Tuple]*string{}
+	for _, k := range append(ka[:4:4], kb[:4]...) {
+		vals[k] = valPtr(k.String())
+	}
+	var stop atomic.Bool
+	var bad atomic.Int64
+	done := make(chan struct{})
+	for range 2 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for !stop.Load() {
+				for k := range vals {
+					if v, ok := tab.Lookup(k); ok && *v != k.String() {
+						bad.Add(1)
+					}
+				}
+				if v, ok := tab.Lookup(stay); !ok || v != vs {
+					bad.Add(1)
+				}
+				runtime.Gosched()
+			}
+		}()
+	}
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for i := 0; i < 2000 || time.Now().Before(deadline); i++ {
+		for k, v := range vals {
+			if i%2 == 0 {
+				require.NoError(t, tab.Insert(k, v))
+			} else {
+				_, ok := tab.Delete(k)
+				require.True(t, ok)
+			}
+		}
+		if i%7 == 0 { // and the line's own entry, so that chains move into it
+			k := f.filler(f.a)
+			if _, ok := tab.Delete(k); !ok {
+				require.NoError(t, tab.Insert(k, valPtr("filler")))
+			}
+		}
+	}
+	stop.Store(true)
+	<-done
+	<-done
+	require.Zero(t, bad.Load())
+}
+
+// TestBucketLock checks the bit lock of a bucket line: a writer of a locked
+// bucket waits for it while writers of other buckets and every reader go
+// on; the lock bit is invisible to readers, who compare seq without it; and
+// a waiter yields the processor, so that at GOMAXPROCS=1 the holder runs
+// and releases it.
+func TestBucketLock(t *testing.T) {
+	f := newTblNulls(t)
+	tab := f.tab
+	la := &tab.cur().lines[f.a]
+	la.lock()
+	require.NotZero(t, la.seq.Load()&seqLock)
+	// A reader of A's line, which the lock does not stop.
+	got, ok := tab.Lookup(f.filler(f.a))
+	require.True(t, ok)
+	require.Equal(t, "filler", *got)
+	// A writer of another bucket goes on.
+	require.NoError(t, tab.Insert(f.byBkt[f.b][0], valPtr("B")))
+	// A writer of A waits.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, ok := tab.Delete(f.filler(f.a))
+		require.True(t, ok)
+	}()
+	select {
+	case <-done:
+		t.Fatal("a writer of a locked bucket went on")
+	case <-time.After(50 * time.Millisecond):
+	}
+	_, ok = tab.Lookup(f.filler(f.a))
+	require.True(t, ok, "the waiting writer deleted under the lock")
+	la.unlock()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer never took the lock")
+	}
+	_, ok = tab.Lookup(f.filler(f.a))
+	require.False(t, ok)
+	require.Zero(t, la.seq.Load()&seqLock)
+
+	// At one processor, a waiter yields to the holder.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	la.lock()
+	go func() {
+		runtime.Gosched()
+		la.unlock()
+	}()
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		require.NoError(t, tab.Insert(f.byBkt[f.a][0], valPtr("A")))
+	}()
+	select {
+	case <-waited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a waiter kept the holder from running")
+	}
+	tblCheckBuckets(t, tab, "after the locks")
 }

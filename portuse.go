@@ -14,21 +14,22 @@ import (
 // then meets (inet_csk_bind_conflict).
 //
 // Lock order: a TCPTable's port slot lock, or a UDPSocket's lock and a
-// UDPTable's primary slot lock; then a table's stripe lock; then the
+// UDPTable's primary slot lock; then a table's bucket lock; then the
 // allocator's mu; then a portUse shard's mu. The table counts a flow (use,
-// unuse) under the stripe lock of the flow's chain; Bind and BindEphemeral
-// read the counts under mu; Connect checks a hold (heldFor, which takes
-// mu) after its stripe lock is released. TCPTable.Listen and UDPTable.Bind
+// unuse) under the bucket lock of the flow; Bind and BindEphemeral read the
+// counts under mu; Connect checks a hold (heldFor, which takes mu) after
+// its bucket lock is released. TCPTable.Listen and UDPTable.Bind
 // take mu (holdSocket, which reads the counts) under their port slot's
 // lock, and a listener's release and UDPSocket.Close give the hold back
 // under that lock or the socket's.
 //
 // N.B. the order has no cycle: a shard's lock is a leaf; mu is taken under
-// nothing but a stripe lock, a port slot's lock or a socket's lock; no
-// code takes a stripe lock, a port slot's lock or a socket's lock while it
+// nothing but a bucket lock, a port slot's lock or a socket's lock; no
+// code takes a bucket lock, a port slot's lock or a socket's lock while it
 // holds mu or a shard's lock; a socket's lock is taken under nothing, and
 // a port slot's lock under nothing but a socket's (udp.go, tcp.go), while
-// stripe locks are taken under port slot locks, never the reverse.
+// bucket and stripe locks are taken under port slot locks, never the
+// reverse.
 
 // portUseShards is the number of locks the counts are spread over, by
 // port: tables that connect or delete flows of different ports at once
@@ -59,7 +60,7 @@ type addrPortWords struct {
 }
 
 // use counts a flow from local (words of a key) and port. The caller
-// holds the stripe lock of the flow's chain.
+// holds the flow's bucket lock.
 func (a *PortAllocator) use(local *[2]uint64, port uint16) {
 	sh := &a.used.shards[port%portUseShards]
 	sh.mu.Lock()
@@ -130,29 +131,17 @@ func WithPortAllocator(a *PortAllocator) Option {
 	}
 }
 
-// PortAllocator returns the allocator the table was made with
-// ([WithPortAllocator]), or nil.
-func (t *Table[T]) PortAllocator() *PortAllocator { return t.alloc }
-
 // connectAllocator returns the allocator a Connect given a uses: a table
 // made WithPortAllocator takes its own for a nil a and refuses another, so
 // that the ports it counts are those its allocator scans.
 func (t *Table[T]) connectAllocator(a *PortAllocator) (*PortAllocator, error) {
-	switch {
-	case t.alloc == nil || a == t.alloc:
+	switch own := t.PortAllocator(); {
+	case own == nil || a == own:
 		return a, a.check()
 	case a == nil:
-		return t.alloc, nil
+		return own, nil
 	}
 	return nil, fmt.Errorf("%w: not the allocator the table was made with", ErrNilAllocator)
-}
-
-// unuseEntry undoes the count of the flow of entry e, about to be
-// removed, in the table's allocator, which it has. The caller holds e's
-// stripe lock.
-func (t *Table[T]) unuseEntry(e *entry[T]) {
-	local := [2]uint64{e.key.local[0].Load(), e.key.local[1].Load()}
-	t.alloc.unuse(&local, uint16(e.key.meta.Load()>>16))
 }
 
 // boundMeanwhile is called by a Connect of a table with an allocator, a,
@@ -168,7 +157,7 @@ func (t *Table[T]) unuseEntry(e *entry[T]) {
 // for Bind's outcome. An entry inserted with its value is seen by lookups
 // in between: only when a Bind of its very port races with the Connect.
 func (t *Table[T]) boundMeanwhile(a *PortAllocator, k *key, v *T, local netip.Addr, port uint16) bool {
-	if !a.mayBeHeld(port) || !a.heldFor(local, port) {
+	if t.PortAllocator() == nil || !a.mayBeHeld(port) || !a.heldFor(local, port) {
 		return false
 	}
 	if v == nil {

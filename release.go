@@ -37,6 +37,12 @@ type relUint32 struct{ v uint32 }
 // Load atomically loads x.
 func (x *relUint32) Load() uint32 { return atomic.LoadUint32(&x.v) }
 
+// CompareAndSwap is atomic.CompareAndSwapUint32 on x: a full fence, for the
+// bit lock of a bucket line (bucket.lock), which is x's writer's claim.
+func (x *relUint32) CompareAndSwap(old, new uint32) bool {
+	return atomic.CompareAndSwapUint32(&x.v, old, new)
+}
+
 // Store stores v into x with a release store. The caller is x's only
 // writer for the moment (it holds the lock that covers x).
 func (x *relUint32) Store(v uint32) { storeRel32(&x.v, v) }
@@ -65,55 +71,6 @@ func (x *relPointer[T]) Load() *T { return (*T)(atomic.LoadPointer(&x.v)) }
 
 // Store stores v into x with a release store, as relUint32.Store.
 func (x *relPointer[T]) Store(v *T) { storeRelPointer(&x.v, unsafe.Pointer(v)) }
-
-// entryKey is a key as an entry holds it (see key): words that readers
-// load one at a time and writers replace together, only while the entry is
-// free (see entry), so that the order of the words' stores does not matter.
-type entryKey struct {
-	meta          relUint64
-	remote, local [2]relUint64
-}
-
-// matches reports whether x holds key k, comparing the word that holds the
-// hash first. The caller checks the entry's seq around it. N.B. it is a
-// method of entryKey, not of the generic entry, so that it inlines into the
-// lookup loops: a generic method's shape body costs the inliner more.
-func (x *entryKey) matches(k *key) bool {
-	return x.meta.Load() == k.meta &&
-		x.remote[1].Load() == k.remote[1] && x.remote[0].Load() == k.remote[0] &&
-		x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
-}
-
-// matchesHeld reports whether x holds k or k's reservation (see entry):
-// the words of k with the local port's field of meta left out. N.B. that
-// field adds nothing to a real key's identity: with the addresses and the
-// remote port equal, the hashes are equal only if the local ports are (a
-// key's hash is its hash with local port 0 plus the port, below 2^16).
-// Writers' walks use it, under the chain's lock.
-func (x *entryKey) matchesHeld(k *key) bool {
-	return (x.meta.Load()^k.meta)&^lportMask == 0 &&
-		x.remote[1].Load() == k.remote[1] && x.remote[0].Load() == k.remote[0] &&
-		x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
-}
-
-// matchesLocal reports whether x holds k's hash, ports and local address,
-// the parts of a listener's key that name it (see TCPTable): its remote
-// words hold its listen word instead of an address. The caller checks the
-// entry's seq around it.
-func (x *entryKey) matchesLocal(k *key) bool {
-	return x.meta.Load() == k.meta && x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
-}
-
-// load returns the words of x, loaded one at a time: a consistent key only
-// if x does not change meanwhile (the caller holds the lock that covers x,
-// or checks the entry's seq around the load).
-func (x *entryKey) load() key {
-	return key{
-		meta:   x.meta.Load(),
-		remote: [2]uint64{x.remote[0].Load(), x.remote[1].Load()},
-		local:  [2]uint64{x.local[0].Load(), x.local[1].Load()},
-	}
-}
 
 // relUint64 is 8-byte aligned wherever it is built: this does not compile
 // otherwise. CI builds and tests it for 386, where a uint64 alone is 4-byte

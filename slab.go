@@ -12,23 +12,21 @@ import (
 // created with SLAB_TYPESAFE_BY_RCU. A node keeps its type and its place for
 // the life of the store, so a lock-free reader holding a stale index always
 // reads a node of the right type; whether it is still the node the reader
-// wanted is the reader's question to answer (nulls.go, and the sequence
-// counter of the node type).
+// wanted is the reader's question to answer (nulls.go, and entry's sequence
+// protocol).
 //
 // Nodes live in chunks that never move; a directory of chunks is replaced
 // (copied) when it grows, and readers load it atomically, so growth never
 // blocks them. The chunks hold a power-of-two count of nodes each, set per
-// store: a small table grows by small chunks, so that its first node beyond
-// the reserved ones does not bring 1024 with it. A range of reserved nodes
-// that its owner has done with is released (see release), and so are chunks
-// that a compaction has emptied (see beginCompaction): their chunks leave
-// the directory, and the memory goes back to the heap once no reader holds
-// a directory that has them.
+// store: a small table grows by small chunks. Chunks that a compaction has
+// emptied leave the directory (see beginCompaction), and their memory goes
+// back to the heap once no reader holds a directory that has them.
 //
-// Free indexes are kept in per-stripe caches used under the stripe's lock,
-// like per-CPU slab caches, backed by a shared depot under the store's mutex
-// (taken only when a cache runs empty or overfull), so steady-state churn
-// costs no allocation and no shared lock.
+// Free indexes are kept in caches, each used by one owner at a time (a
+// Table's per-processor shards, a socket table's lock stripes), like per-CPU
+// slab caches, backed by a shared depot under the store's mutex (taken only
+// when a cache runs empty or overfull), so steady-state churn costs no
+// allocation and no shared lock.
 
 const (
 	// slabChunkShift sets the largest chunk, and a store's chunk when
@@ -39,8 +37,6 @@ const (
 	// slabBatch is the most indexes a cache takes from, or gives back
 	// to, the depot at once (see slab.setBatch).
 	slabBatch = 16
-	// slabCacheMax is the most free indexes a cache keeps.
-	slabCacheMax = 4 * slabBatch
 	// slabDirMinChunks is the fewest chunk headers a directory has room
 	// for (see grow).
 	slabDirMinChunks = 16
@@ -62,13 +58,10 @@ type slab[N any] struct {
 	mu     sync.Mutex // guards what follows, and changes of dir
 	carved uint32     // next index to hand out for the first time; index 0 is never used
 	depot  []uint32   // free indexes not held by any cache
-	gaps   uint32     // indexes that are no node, past the ranges reserve made
-	// retired counts the nodes that are no longer nodes of the store:
-	// released (see release and endCompaction), or left out of use (see
-	// retire).
+	// retired counts the nodes of released chunks (see endCompaction).
 	retired uint32
 	// released is the chunk that stands in the directory for every
-	// released one, made at the first release (see release).
+	// released one, made at the first release (see releasing).
 	released []N
 	// kinds records what each chunk of the directory holds (slabKind).
 	kinds []slabKind
@@ -93,19 +86,12 @@ type slabKind uint8
 
 const (
 	slabCarved   slabKind = iota // nodes handed out by get
-	slabReserved                 // nodes of a range reserve made
-	slabReleased                 // the released chunk, in place of one of the others
+	slabReleased                 // the released chunk, in place of a carved one
 )
 
 // slabDir is a directory of chunks: node i is chunk (i-1)>>shift, at
-// (i-1)&(1<<shift-1); index 0 is never a node, and takes no room. Every
-// chunk but the one that ends a range of reserved nodes holds 1<<shift
-// nodes; that one may hold fewer, and the indexes past its end are never
-// handed out.
-//
-// N.B. counting from index 1 keeps the reserved nodes of a table of 2^k
-// buckets at 2^k nodes, a whole number of the allocator's pages (2^k+1
-// nodes took one page more).
+// (i-1)&(1<<shift-1); index 0 is never a node (the zero link is invalid),
+// and takes no room.
 //
 // N.B. every chain walk reads the directory, and the slice of chunk headers
 // it points to, so both fill whole cache lines of their own
@@ -124,9 +110,9 @@ type slabDir[N any] struct {
 // from 64 to 1024. It must be called before the store is shared and before
 // any other method.
 //
-// N.B. a store holds its nodes beyond the reserved ones in whole chunks:
-// a table sizes them to a 64th of its buckets (Table.New), so that
-// what a chunk brings that is not in use yet is a small part of the table.
+// N.B. a store holds its nodes in whole chunks: a table sizes them to a
+// 64th of its buckets (New), so that what a chunk brings that is not in use
+// yet is a small part of the table.
 func (s *slab[N]) setChunk(n int) {
 	s.chunkShift = uint32(min(max(bits.Len(uint(max(n, 1)-1)), slabMinChunkShift), slabChunkShift))
 }
@@ -167,9 +153,9 @@ type slabCache struct {
 	free []uint32
 }
 
-// at returns node i. Any index ever handed out by get, or reserved, is
-// valid for the life of the store: once released, it is a node of the
-// released chunk (see release).
+// at returns node i. Any index ever handed out by get is valid for the
+// life of the store: once released, it is a node of the released chunk
+// (see releasing).
 func (s *slab[N]) at(i uint32) *N {
 	d := s.dir.Load()
 	return &d.chunks[(i-1)>>(d.shift&31)][(i-1)&(1<<(d.shift&31)-1)]
@@ -212,86 +198,10 @@ func (s *slab[N]) get(c *slabCache) (uint32, bool) {
 	return c.pop(), true
 }
 
-// cached returns a free index held by c, if any, without touching the
-// depot.
-func (c *slabCache) cached() (uint32, bool) {
-	if len(c.free) == 0 {
-		return 0, false
-	}
-	return c.pop(), true
-}
-
 func (c *slabCache) pop() uint32 {
 	i := c.free[len(c.free)-1]
 	c.free = c.free[:len(c.free)-1]
 	return i
-}
-
-// reserve carves n nodes in one allocation, and returns the index of the
-// first and the nodes, for the caller to manage outside the caches: they
-// are never handed out by get. They begin at a chunk's first index (in an
-// empty store, index 1): the indexes left in the chunk carved last go to
-// the depot first. It reports false, and changes nothing, if the nodes
-// would not fit in the index space. The store may be shared.
-//
-// N.B. the directory's chunks cut the new array where it lies, and where n
-// is not a multiple of the chunk the indexes past its end, to the end of
-// its last chunk, are no node (counted in gaps): so the array's chunks are
-// its own, and release can take them out whole. Readers never index past
-// the directory they loaded, so the longer one is published whole, as grow
-// does. The nodes are allocated before the store's mutex is taken: writers
-// that refill their caches meanwhile do not wait for the allocation; so
-// whether they fit is checked before the allocation, as well as after it
-// (nodes carved meanwhile may take the room): a size beyond the index
-// space fails without allocating, rather than asking the heap for more
-// than it may have (2^29 nodes of a Table are 28 GiB).
-func (s *slab[N]) reserve(n uint32) (first uint32, nodes []N, ok bool) {
-	s.mu.Lock()
-	_, ok = s.reserveAt(n)
-	s.mu.Unlock()
-	if !ok {
-		return 0, nil, false
-	}
-	nodes = make([]N, n)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	first, ok = s.reserveAt(n)
-	if !ok {
-		return 0, nil, false
-	}
-	size := uint32(1) << s.shift()
-	carved := max(s.carved, 1)
-	chunks := (n + size - 1) / size
-	spent := s.hooks != nil && s.hooks.nodesSpent
-	for i := carved; i < first; i++ {
-		s.depot = append(s.depot, i)
-	}
-	d := s.nextDir()
-	for lo := uint32(0); lo < n; lo += size {
-		hi := min(lo+size, n)
-		d.chunks = appendChunk(d.chunks, nodes[lo:hi:hi])
-		s.kinds = append(s.kinds, slabReserved)
-	}
-	s.dir.Store(d)
-	s.carved = first + chunks*size
-	s.gaps += chunks*size - n
-	if spent {
-		s.hooks.nodeLimit = s.carved
-	}
-	return first, nodes, true
-}
-
-// reserveAt returns where reserve would carve n nodes, the first index of
-// a chunk, and whether they fit in the index space. s.mu is held.
-func (s *slab[N]) reserveAt(n uint32) (first uint32, ok bool) {
-	size := uint32(1) << s.shift()
-	first = (max(s.carved, 1)-1+size-1)/size*size + 1
-	chunks := (n + size - 1) / size
-	end := s.maxNodes()
-	if s.hooks != nil && s.hooks.nodesSpent {
-		end = slabMaxNodes
-	}
-	return first, uint64(first)+uint64(chunks)*uint64(size) <= uint64(end)
 }
 
 // put returns node i to c; when c holds limit indexes or more (limit is at
@@ -379,34 +289,6 @@ func appendChunk[N any](chunks [][]N, chunk []N) [][]N {
 		chunks = grown
 	}
 	return append(chunks, chunk)
-}
-
-// release takes the n reserved nodes from first, a range that reserve
-// returned, out of the store: each of their chunks in the directory is
-// replaced by the released chunk, whose nodes are free (their seq as the
-// zero node's) and whose next links are marker, which must end no chain.
-// The caller must hold none of the nodes in a chain or a cache, and hand
-// none out again. The store may be shared.
-//
-// N.B. a lock-free reader may still hold an index of the range, read
-// before the release from a chain that led to it. Through a directory
-// loaded before the release it reads the node as it was, and the garbage
-// collector keeps the array alive for it; through one loaded after, it
-// reads a free node of the released chunk, whose next link ends its walk
-// on a marker not its chain's, so it restarts, as a reader led into
-// another chain does (nulls.go). Every released chunk is the one array,
-// at least as long as any chunk, so the indexes of the range stay in
-// bounds.
-func (s *slab[N]) release(first, n uint32, marker func(*N)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	size := uint32(1) << s.shift()
-	d := s.releasing(marker)
-	for c := (first - 1) / size; c <= (first-1+n-1)/size; c++ {
-		s.releaseChunk(d, c)
-	}
-	s.dir.Store(d)
-	s.retired += n
 }
 
 // releasing returns a copy of the directory for the caller to release
@@ -521,7 +403,7 @@ func (s *slab[N]) beginCompaction(caches []*slabCache, keep int) *slabVictims {
 }
 
 // endCompaction ends the compaction of v: it releases each victim chunk
-// (as release does) but those marked stuck, whose free nodes (free reports
+// (puts the released chunk in its place) but those marked stuck, whose free nodes (free reports
 // which) go to the depot, and stops dropping their nodes in put. The
 // caller holds the lock of every cache's owner, as for beginCompaction,
 // and has moved every live node it could out of the victims: none but
@@ -547,19 +429,10 @@ func (s *slab[N]) endCompaction(v *slabVictims, free func(*N) bool, marker func(
 	s.victims.Store(nil)
 }
 
-// retire counts n reserved nodes that the caller leaves out of use, as
-// release does, but keeps in the store: for a range some of whose nodes
-// live on in chains (see Table.migrate).
-func (s *slab[N]) retire(n uint32) {
-	s.mu.Lock()
-	s.retired += n
-	s.mu.Unlock()
-}
-
-// stats returns the nodes carved (handed out at least once, or reserved
-// and not retired) and the free ones held by the depot.
+// stats returns the nodes carved (handed out at least once, and not
+// released) and the free ones held by the depot.
 func (s *slab[N]) stats() (carved, depot int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return int(max(s.carved, 1) - 1 - s.gaps - s.retired), len(s.depot)
+	return int(max(s.carved, 1) - 1 - s.retired), len(s.depot)
 }

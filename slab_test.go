@@ -26,15 +26,14 @@ func TestSlabBatch(t *testing.T) {
 
 	var s slab[int]
 	s.setChunk(1)
-	s.reserve(8)
 	s.setBatch(4)
 	var c slabCache
 	i, ok := s.get(&c)
 	require.True(t, ok)
-	require.EqualValues(t, 68, i, "the last of the batch carved at the chunk after the reserved nodes, 65 to 68")
+	require.EqualValues(t, 4, i, "the last of the batch carved, 1 to 4")
 	require.Len(t, c.free, 3, "a batch of 4 carved, one handed out")
 	carved, depot := s.stats()
-	require.Equal(t, 8+4, carved)
+	require.Equal(t, 4, carved)
 	require.Zero(t, depot)
 
 	// Back up to a limit of 8: the cache keeps 4, the depot takes the rest.
@@ -58,15 +57,13 @@ func TestSlabBatch(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, c.free, 3)
 	carved, depot = s.stats()
-	require.Equal(t, 12, carved, "nothing carved while the depot had nodes")
+	require.Equal(t, 4, carved, "nothing carved while the depot had nodes")
 	require.Equal(t, 5, depot)
 }
 
-// TestSlabChunks checks the directory's geometry: reserve allocates exactly
-// n nodes, indexes 1 to n, cut into chunks whose last may be short; nodes
-// carved later begin at the next chunk, whole chunks of the size setChunk
-// gave; at and a view's at reach the same node for every index handed out,
-// across growth; and stats counts nodes, not the indexes of the gap.
+// TestSlabChunks checks the directory's geometry: nodes are carved in whole
+// chunks of the size setChunk gave, from index 1; at and a view's at reach
+// the same node for every index handed out, across growth.
 func TestSlabChunks(t *testing.T) {
 	for _, c := range []struct{ set, shift int }{
 		{0, 6}, {1, 6}, {64, 6}, {65, 7}, {1000, 10}, {1 << 20, 10},
@@ -81,47 +78,28 @@ func TestSlabChunks(t *testing.T) {
 	var s slab[uint32]
 	s.setChunk(64)
 	s.setBatch(16)
-	const n = 100 // a chunk of 64 and one of 36
-	first, reserved, ok := s.reserve(n)
+	var cache slabCache
+	i, ok := s.get(&cache)
 	require.True(t, ok)
-	require.EqualValues(t, 1, first, "an empty store's reserve begins at index 1")
-	require.Len(t, reserved, n)
-	d := s.dir.Load()
-	require.Len(t, d.chunks, 2)
-	require.Len(t, d.chunks[0], 64)
-	require.Len(t, d.chunks[1], 36)
-	for i := uint32(1); i <= n; i++ {
-		require.Same(t, &reserved[i-1], s.at(i), "reserved node %d", i)
-		*s.at(i) = i
-	}
-	carved, _ := s.stats()
-	require.Equal(t, n, carved)
-
+	*s.at(i) = i
 	// A view that loaded the directory before it grew loads it again for
 	// an index past its end.
 	early := s.view()
-	require.Equal(t, uint32(1), *early.at(1))
-
-	var cache slabCache
-	var got []uint32
+	require.Equal(t, i, *early.at(i))
+	got := []uint32{i}
 	for range 200 {
 		i, ok := s.get(&cache)
 		require.True(t, ok)
-		require.Greater(t, i, uint32(128), "carved nodes begin at the chunk after the reserved ones")
 		*s.at(i) = i
 		got = append(got, i)
 	}
-	carved, _ = s.stats()
-	require.Equal(t, n+len(got)+len(cache.free), carved, "the gap, 101 to 128, is not counted")
-	d = s.dir.Load()
-	for _, ch := range d.chunks[2:] {
+	carved, _ := s.stats()
+	require.Equal(t, len(got)+len(cache.free), carved)
+	d := s.dir.Load()
+	for _, ch := range d.chunks {
 		require.Len(t, ch, 64, "carved chunks are whole")
 	}
 	v := s.view()
-	for i := uint32(1); i <= n; i++ {
-		require.Same(t, s.at(i), v.at(i))
-		require.Equal(t, i, *v.at(i))
-	}
 	for _, i := range got {
 		require.Same(t, s.at(i), v.at(i))
 		require.Same(t, s.at(i), early.at(i))
@@ -141,20 +119,25 @@ func TestSlabDirLines(t *testing.T) {
 	require.Equal(t, uintptr(cacheLineSize), unsafe.Sizeof(slabDir[entry[int]]{}))
 	var tab Table[int]
 	require.GreaterOrEqual(t, unsafe.Offsetof(tab.arr), uintptr(cacheLineSize))
-	require.GreaterOrEqual(t, unsafe.Sizeof(tab)-unsafe.Offsetof(tab.hooks)-unsafe.Sizeof(tab.hooks), uintptr(cacheLineSize))
-	var a tableArray[int]
-	require.GreaterOrEqual(t, unsafe.Offsetof(a.b), uintptr(cacheLineSize))
-	require.GreaterOrEqual(t, unsafe.Sizeof(a)-unsafe.Offsetof(a.homes)-unsafe.Sizeof(a.homes), uintptr(cacheLineSize))
+	require.Equal(t, unsafe.Offsetof(tab.arr)/cacheLineSize, unsafe.Offsetof(tab.hooks)/cacheLineSize, "arr and hooks on one line")
+	require.GreaterOrEqual(t, unsafe.Sizeof(tab)-unsafe.Offsetof(tab.watch)-unsafe.Sizeof(tab.watch), uintptr(cacheLineSize))
+	var a bucketArray[int]
+	require.GreaterOrEqual(t, unsafe.Offsetof(a.lines), uintptr(cacheLineSize))
+	require.GreaterOrEqual(t, unsafe.Sizeof(a)-unsafe.Offsetof(a.old)-unsafe.Sizeof(a.old), uintptr(cacheLineSize))
 	if ptrSize != 8 {
 		return
 	}
 	var s slab[entry[int]]
 	s.setChunk(1) // the smallest chunks, so that the directory grows often
-	first, _, _ := s.reserve(8)
+	s.grow()
 	for i := range 100 {
 		s.grow()
 		if i == 50 { // a release copies the headers
-			s.release(first, 8, func(*entry[int]) {})
+			s.mu.Lock()
+			d := s.releasing(func(*entry[int]) {})
+			s.releaseChunk(d, 0)
+			s.dir.Store(d)
+			s.mu.Unlock()
 		}
 		d := s.dir.Load()
 		require.Zero(t, uintptr(unsafe.Pointer(d))%cacheLineSize, "directory at %p", d)
@@ -169,64 +152,6 @@ func TestSlabDirLines(t *testing.T) {
 			at = 0
 		}
 		require.Zero(t, at, "%d chunk headers at %p", cap(hdrs), &hdrs[0])
-	}
-}
-
-// TestSlabRelease checks release: the released range's chunks, a whole one
-// and a short one, give way in the directory to the released chunk, whose
-// nodes the marker function set, while other nodes stay where they were; a
-// view loaded before the release still reads the range's old nodes; stats
-// no longer counts the range; and the store goes on carving past it.
-func TestSlabRelease(t *testing.T) {
-	var s slab[[2]uint32] // [0]: what the test wrote, [1]: the marker
-	s.setChunk(64)
-	s.setBatch(16)
-	first, nodes, ok := s.reserve(100) // indexes 1 to 100: a chunk of 64 and one of 36
-	require.True(t, ok)
-	var cache slabCache
-	var got []uint32
-	for range 40 {
-		i, ok := s.get(&cache)
-		require.True(t, ok)
-		s.at(i)[0] = i
-		got = append(got, i)
-	}
-	second, more, ok := s.reserve(70) // a chunk of 64 and one of 6
-	require.True(t, ok)
-	for i := range nodes {
-		nodes[i][0] = first + uint32(i)
-	}
-	for i := range more {
-		more[i][0] = second + uint32(i)
-	}
-	before, _ := s.stats()
-	early := s.view()
-	early.at(1)
-
-	s.release(first, uint32(len(nodes)), func(n *[2]uint32) { n[1] = 7 })
-	after, _ := s.stats()
-	require.Equal(t, before-len(nodes), after, "released nodes are not counted")
-	for i := first; i < first+uint32(len(nodes)); i++ {
-		require.Equal(t, [2]uint32{0, 7}, *s.at(i), "released node %d", i)
-		require.Equal(t, i, early.at(i)[0], "node %d through a view loaded before", i)
-	}
-	for _, i := range got {
-		require.Equal(t, i, s.at(i)[0], "carved node %d", i)
-	}
-	for i := second; i < second+uint32(len(more)); i++ {
-		require.Equal(t, i, s.at(i)[0], "reserved node %d, not released", i)
-	}
-
-	// The released chunk serves a second release; carving goes on past
-	// both ranges.
-	s.release(second, uint32(len(more)), func(n *[2]uint32) { n[1] = 9 })
-	require.Equal(t, [2]uint32{0, 7}, *s.at(second + 69), "the one released chunk, made once")
-	for range 100 {
-		i, ok := s.get(&cache)
-		require.True(t, ok)
-		require.False(t, i >= first && i < first+128 || i >= second && i < second+128, "index %d of a released range handed out", i)
-		s.at(i)[0] = i
-		require.Equal(t, i, s.at(i)[0])
 	}
 }
 

@@ -53,16 +53,14 @@ func stressSpell(k Tuple, r *rand.Rand) Tuple {
 // TestStress churns a small table (long chains, constant recycling) from
 // several writers while readers check that keys that are never deleted are
 // always found and that every value returned belongs to the key asked for,
-// by Lookup and by AppendLookups; with and without home groups. Meanwhile
+// by Lookup and by AppendLookups. Meanwhile
 // a swapper changes the values of the keys never deleted with
 // CompareAndSwap, so that readers also check that a swap never leaves a key
 // missing.
 func TestStress(t *testing.T) {
-	for _, grouped := range []bool{false, true} {
-		t.Run(fmt.Sprint("groups=", grouped), func(t *testing.T) { stress(t, grouped, stressFixed) })
-	}
-	t.Run("grow", func(t *testing.T) { stress(t, false, stressGrow) })
-	t.Run("autogrow", func(t *testing.T) { stress(t, false, stressAutoGrow) })
+	t.Run("fixed", func(t *testing.T) { stress(t, stressFixed) })
+	t.Run("grow", func(t *testing.T) { stress(t, stressGrow) })
+	t.Run("autogrow", func(t *testing.T) { stress(t, stressAutoGrow) })
 }
 
 // stressMode is how the bucket count of stress's table changes.
@@ -74,12 +72,12 @@ const (
 	stressAutoGrow                   // by the table itself only
 )
 
-// stress runs the writers, the swapper and the readers on a table of 32
-// buckets, with or without home groups; with stressGrow, another goroutine
-// grows the table meanwhile, doubling it every eighth of the run up to 4096
+// stress runs the writers, the swapper and the readers on a table of 16
+// buckets; with stressGrow, another goroutine grows the table meanwhile,
+// doubling it every eighth of the run up to 4096
 // buckets, while the table grows itself as well (then Grow may find it
 // grown already); with stressAutoGrow, the writers' inserts grow it.
-func stress(t *testing.T, grouped bool, mode stressMode) {
+func stress(t *testing.T, mode stressMode) {
 	const (
 		nPerm     = 128
 		nWriters  = 2
@@ -90,13 +88,12 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 	if testing.Short() {
 		dur = 500 * time.Millisecond
 	}
-	opts := []Option{WithCapacity(32), WithLockStripes(4), WithSecret(tblSecret), WithHasher(LinuxHasher), withHomeGroups(grouped)}
+	opts := []Option{WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher)}
 	if mode == stressFixed {
 		opts = append(opts, WithFixedBuckets())
 	}
 	grow := mode != stressFixed
 	tab := New[stressVal](opts...)
-	require.Equal(t, grouped, tab.cur().home.grouped())
 
 	perm := make([]Tuple, nPerm)
 	// permVal[i] holds key i's two values, which the swapper alternates;
@@ -199,7 +196,7 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 			defer growerDone.Store(true)
 			for b := 64; b <= 4096 && !stop.Load(); b *= 2 {
 				time.Sleep(dur / 8)
-				if err := tab.Grow(b); err != nil {
+				if err := tab.Grow(maxLoad * b); err != nil {
 					fail("Grow(%d): %v", b, err)
 				}
 				// Flows that peak and go, then a compaction
@@ -292,7 +289,7 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 	// goroutines may not have run at all by then.
 	happened := func() bool {
 		return inserts.Load() > nWriters*perWriter && churnHits.Load() > 0 && batchLookups.Load() > 0 && swaps.Load() > 0 &&
-			(mode != stressGrow || compacted.Load() > 0 || growerDone.Load()) && (!grow || len(tab.cur().b.heads) > 32)
+			(mode != stressGrow || compacted.Load() > 0 || growerDone.Load()) && (!grow || len(tab.cur().lines) > 16)
 	}
 	for deadline := time.Now().Add(30 * time.Second); !stop.Load() && !happened() && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
@@ -324,12 +321,13 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 	if !grow {
 		require.Greater(t, st.LongestChain, 4, "chains are long")
 	} else {
-		require.Greater(t, st.Buckets, 32, "the table grew")
+		require.Greater(t, st.Buckets, 16, "the table grew")
 	}
 	t.Logf("inserts %d, swaps %d, lookups %d (churn hits %d, batches %d), restarts %d, nodes %d, buckets %d, compacted %d",
 		inserts.Load(), swaps.Load(), lookups.Load(), churnHits.Load(), batchLookups.Load(), st.LookupRestarts, st.Nodes, st.Buckets, compacted.Load())
 	if mode == stressAutoGrow {
-		require.False(t, tab.cur().overfull(), "a stripe over its limit after the table grew")
+		limit := tab.growLimit(tab.cur())
+		require.LessOrEqual(t, int64(st.Entries), limit+limit/64, "over its limit after the table grew")
 	}
 	if mode == stressGrow {
 		require.Positive(t, compacted.Load(), "no compaction moved an entry or released a chunk")
@@ -338,23 +336,16 @@ func stress(t *testing.T, grouped bool, mode stressMode) {
 	require.Positive(t, churnHits.Load())
 	require.Positive(t, batchLookups.Load())
 	require.Positive(t, swaps.Load())
-	// Recycling: every insert beyond the live set reused a node (or a
-	// home slot, reserved per bucket: with grow, fewer than twice the last
-	// array's, and per Grow the rest of the last chunk, of 64 nodes).
-	reserved := st.Buckets
-	if grow {
-		reserved = 2*st.Buckets + 7*64
+	// Recycling: every insert beyond the live set reused a node, but for
+	// what the shards' caches hold and the rest of the chunk carved last.
+	peak := 0
+	if mode == stressGrow {
+		peak = 1024
 	}
-	require.LessOrEqual(t, st.Nodes, reserved+nPerm+len(churn)+st.LockStripes*(slabCacheMax+slabBatch))
-	// Beyond the home slots of the arrays it had, a table that grew holds
-	// fewer nodes than its inserts, too.
-	homes := 0
-	if grow {
-		homes = reserved
-	}
-	require.Less(t, int64(st.Nodes-homes), inserts.Load()+nPerm)
-	require.Positive(t, st.HomeEntries)
-	tblCheckHome(t, tab, "after the stress")
+	require.LessOrEqual(t, st.Nodes, nPerm+len(churn)+peak+len(tab.shards)*(shardCacheMax+slabBatch)+64)
+	require.Less(t, int64(st.Nodes), inserts.Load()+nPerm)
+	require.Positive(t, st.InLine)
+	tblCheckBuckets(t, tab, "after the stress")
 }
 
 // raceLookups runs readers goroutines that call probe, each with a PRNG of

@@ -189,7 +189,7 @@ func TestTableBadInput(t *testing.T) {
 	}
 	sentinels := []error{ErrExists, ErrInvalidTuple, ErrNilValue, ErrTableFull}
 
-	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	for i := range 40 {
 		require.NoError(t, tab.Insert(tblKey(i, i%2 == 1), valPtr(i)))
 	}
@@ -290,7 +290,7 @@ func TestTableLookupOrInsert(t *testing.T) {
 // key is inserted there; then LookupOrInsert must report the other
 // writer's value, found, and insert nothing.
 func TestTableLookupOrInsertInsertedMeanwhile(t *testing.T) {
-	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	ks := tblSameBucket(t, LinuxHasher, 3, 3, false)
 	require.NoError(t, tab.Insert(ks[0], valPtr("a")))
 	require.NoError(t, tab.Insert(ks[1], valPtr("b")))
@@ -317,14 +317,14 @@ func TestTableLookupOrInsertInsertedMeanwhile(t *testing.T) {
 }
 
 // TestTableLookupOrInsertPresentTakesNoLock checks that LookupOrInsert of
-// a present key answers while a writer holds every stripe lock.
+// a present key answers while a writer holds every bucket lock.
 func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
-	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithLockStripes(2), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	k := tblKey(1, true)
 	stored := valPtr("stored")
 	require.NoError(t, tab.Insert(k, stored))
-	for i := range tab.cur().b.stripes {
-		tab.cur().b.stripes[i].mu.Lock()
+	for i := range tab.cur().lines {
+		tab.cur().lines[i].lock()
 	}
 	tblNoDeadlock(t, func() {
 		got, found, err := tab.LookupOrInsert(tblMapped(k), valPtr("other"))
@@ -332,8 +332,8 @@ func TestTableLookupOrInsertPresentTakesNoLock(t *testing.T) {
 		require.True(t, found)
 		require.Same(t, stored, got)
 	})
-	for i := range tab.cur().b.stripes {
-		tab.cur().b.stripes[i].mu.Unlock()
+	for i := range tab.cur().lines {
+		tab.cur().lines[i].unlock()
 	}
 }
 
@@ -396,7 +396,7 @@ func TestTableCompareAndSwap(t *testing.T) {
 
 	after := tab.Stats()
 	require.Equal(t, before.Entries, after.Entries)
-	require.Equal(t, before.HomeEntries, after.HomeEntries)
+	require.Equal(t, before.InLine, after.InLine)
 	require.Equal(t, before.Nodes, after.Nodes)
 	require.Equal(t, map[Tuple]*string{tblCanon(k): conn}, tblCollect(t, tab))
 	require.False(t, tab.CompareAndDelete(k, timeWait))
@@ -410,7 +410,7 @@ func TestTableCompareAndSwap(t *testing.T) {
 // Then they churn a few flows with both.
 func TestTableLookupOrInsertRace(t *testing.T) {
 	const goroutines, flows = 8, 256
-	tab := New[int](WithFixedBuckets(), WithCapacity(64), WithLockStripes(4), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[int](WithFixedBuckets(), WithCapacity(64), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	keys := make([]Tuple, flows)
 	for i := range keys {
 		keys[i] = tblKey(i, i%2 == 1)
@@ -505,7 +505,7 @@ func TestTableIPv4MappedIsOneKey(t *testing.T) {
 	for _, h := range hashers {
 		for _, ins := range spellings {
 			for _, other := range spellings {
-				tab := New[int](WithFixedBuckets(), WithHasher(h), WithCapacity(16), WithLockStripes(1))
+				tab := New[int](WithFixedBuckets(), WithHasher(h), WithCapacity(16))
 				v := valPtr(1)
 				require.NoError(t, tab.Insert(ins, v))
 				got, ok := tab.Lookup(other)
@@ -569,48 +569,37 @@ func TestTableZonesIgnored(t *testing.T) {
 }
 
 func TestTableOptions(t *testing.T) {
-	// The default: 16 per P, at least 64, one per 1024 buckets in large
-	// tables, and at most one per 16 buckets.
-	defStripes := max(64, ceilPow2(16*runtime.GOMAXPROCS(0)))
 	cases := []struct {
-		name                 string
-		opts                 []Option
-		buckets, lockStripes int
+		name    string
+		opts    []Option
+		buckets int
 	}{
-		{"default", nil, 1024, min(defStripes, 64)},
-		{"cap 0 is the default", []Option{WithCapacity(0)}, 1024, min(defStripes, 64)},
-		{"cap 1", []Option{WithCapacity(1)}, 16, 1},
-		{"cap 15", []Option{WithCapacity(15)}, 16, 1},
-		{"cap 16", []Option{WithCapacity(16)}, 16, 1},
-		{"cap 17", []Option{WithCapacity(17)}, 32, 2},
-		{"cap 300: a stripe per 16 buckets", []Option{WithCapacity(300)}, 512, min(defStripes, 32)},
-		{"cap 1000", []Option{WithCapacity(1000)}, 1024, min(defStripes, 64)},
-		{"cap 4096", []Option{WithCapacity(4096)}, 4096, min(defStripes, 256)},
-		{"cap 100000", []Option{WithCapacity(100000)}, 1 << 17, min(max(defStripes, 128), 1<<13)},
-		{"cap 1<<18: a stripe per 1024 buckets", []Option{WithCapacity(1 << 18)}, 1 << 18, min(max(defStripes, 256), 1<<14)},
-		{"stripes 0 is the default", []Option{WithLockStripes(0)}, 1024, min(defStripes, 64)},
-		{"stripes 0 after 2", []Option{WithLockStripes(2), WithLockStripes(0)}, 1024, min(defStripes, 64)},
-		{"stripes 1", []Option{WithLockStripes(1)}, 1024, 1},
-		{"stripes 3", []Option{WithLockStripes(3)}, 1024, 4},
-		{"stripes 64", []Option{WithLockStripes(64)}, 1024, 64},
-		{"stripes 65", []Option{WithLockStripes(65)}, 1024, 128},
-		{"stripes 5000 clamped", []Option{WithLockStripes(5000)}, 1024, 1024},
-		{"stripes clamped to 16 buckets", []Option{WithCapacity(16), WithLockStripes(64)}, 16, 16},
-		{"stripes clamped to 32 buckets", []Option{WithLockStripes(33), WithCapacity(20)}, 32, 32},
-		{"last option wins", []Option{WithCapacity(16), WithCapacity(300), WithLockStripes(2), WithLockStripes(8)}, 512, 8},
+		{"default", nil, 512},
+		{"cap 0 is the default", []Option{WithCapacity(0)}, 512},
+		{"cap 1", []Option{WithCapacity(1)}, 16},
+		{"cap 32", []Option{WithCapacity(32)}, 16},
+		{"cap 33", []Option{WithCapacity(33)}, 16},
+		{"cap 34", []Option{WithCapacity(34)}, 32},
+		{"cap 300", []Option{WithCapacity(300)}, 256},
+		{"cap 1000", []Option{WithCapacity(1000)}, 512},
+		{"cap 4096", []Option{WithCapacity(4096)}, 2048},
+		{"cap 100000", []Option{WithCapacity(100000)}, 1 << 16},
+		{"cap 1e6", []Option{WithCapacity(1e6)}, 1 << 19},
+		{"cap 1<<20", []Option{WithCapacity(1 << 20)}, 1 << 19},
+		{"last option wins", []Option{WithCapacity(16), WithCapacity(300)}, 256},
+		{"max buckets below the default", []Option{WithMaxBuckets(100)}, 64},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			tab := New[int](append(c.opts, WithFixedBuckets())...)
 			st := tab.Stats()
 			require.Equal(t, c.buckets, st.Buckets)
-			require.Equal(t, c.lockStripes, st.LockStripes)
 			require.Len(t, st.ChainLengths, 1)
 			require.Equal(t, c.buckets, st.ChainLengths[0])
 			require.Zero(t, st.Entries)
 			require.Zero(t, st.LongestChain)
-			require.Equal(t, c.buckets, st.Nodes, "one reserved node per bucket")
-			require.Zero(t, st.HomeEntries)
+			require.Zero(t, st.Nodes)
+			require.Zero(t, st.InLine)
 			require.Zero(t, st.LookupRestarts)
 		})
 	}
@@ -625,7 +614,18 @@ func TestOptionPanics(t *testing.T) {
 		f          func()
 	}{
 		{"negative capacity", "WithCapacity(-5)", func() { New[int](WithCapacity(-5)) }},
-		{"negative stripes", "WithLockStripes(-3)", func() { New[int](WithLockStripes(-3)) }},
+		{"negative stripes", "WithLockStripes(-3)", func() { NewTCPTable[int](WithLockStripes(-3)) }},
+		{"too many stripes", "WithLockStripes(1073741825)", func() { NewUDPTable[int](WithLockStripes(1<<30 + 1)) }},
+		{"stripes for a Table", "New: WithLockStripes does not apply", func() { New[int](WithLockStripes(4)) }},
+		{"stripes 0 for a Table", "New: WithLockStripes does not apply", func() { New[int](WithLockStripes(0)) }},
+		{"nil Table, Lookup", "nil *Table", func() { (*Table[int])(nil).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
+		{"nil Table, Delete", "nil *Table", func() { (*Table[int])(nil).Delete(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
+		{"nil Table, Len", "nil *Table", func() { (*Table[int])(nil).Len() }},
+		{"nil function, Compute", "Compute with a nil function", func() { _, _, _ = New[int]().Compute(tblTuple("10.0.0.1:1", "10.0.0.2:2"), nil) }},
+		{"nil function, LookupOrCompute", "LookupOrCompute with a nil function", func() {
+			_, _, _ = New[int]().LookupOrCompute(tblTuple("10.0.0.1:1", "10.0.0.2:2"), nil)
+		}},
+		{"nil function, DeleteFunc", "DeleteFunc with a nil function", func() { New[int]().DeleteFunc(nil) }},
 		{"no such hasher", "WithHasher(99)", func() { New[int](WithHasher(99)) }},
 		{"TCP, negative capacity", "WithCapacity(-1)", func() { NewTCPTable[int](WithCapacity(-1)) }},
 		{"UDP, no such hasher", "WithHasher(9)", func() { NewUDPTable[int](WithHasher(9)) }},
@@ -665,107 +665,103 @@ func TestOptionPanics(t *testing.T) {
 
 // TestTableModelAcrossOptions runs random Insert, Delete and LookupOrInsert
 // against a map model in tables of every shape the options make: bucket
-// counts from the smallest up, stripes from one to more than the buckets
-// (clamped), with and without home groups (where the stripes allow them),
-// with keys drawn from sets of half, one and three times the bucket count,
-// for four steps per key or 2000 (the table settles at three quarters of
-// the set). Eight times in a run it checks the home-slot bookkeeping and
-// that Len, Stats, Lookup, AppendLookups and All agree with the model.
+// counts from the smallest up, with keys drawn from sets of half, one and
+// three times the bucket count, for four steps per key or 2000 (the table
+// settles at three quarters of the set). Eight times in a run it checks the
+// buckets' invariants and that Len, Stats, Lookup, AppendLookups and All
+// agree with the model.
 func TestTableModelAcrossOptions(t *testing.T) {
 	seed := uint64(0)
 	var ran, grew atomic.Int32 // tables that may grow themselves, and that did
-	for _, capacity := range []int{1, 64, 1024} {
-		for _, stripes := range []int{1, 4, 64, 2048} {
-			for _, grouped := range []bool{false, true} {
-				for _, c := range []struct {
-					perBucket float64
-					grows     bool
-				}{{0.5, false}, {1, false}, {3, false}, {3, true}} {
-					perBucket := c.perBucket
-					seed++
-					name := fmt.Sprintf("cap=%d/stripes=%d/groups=%v/keys=%v", capacity, stripes, grouped, perBucket)
-					opts := []Option{WithCapacity(capacity), WithLockStripes(stripes), WithSecret(tblSecret), WithHasher(LinuxHasher), withHomeGroups(grouped)}
-					if c.grows {
-						name += "/grows"
-					} else {
-						opts = append(opts, WithFixedBuckets())
-					}
-					t.Run(name, func(t *testing.T) {
-						tab := New[int](opts...)
-						st := tab.Stats()
-						require.Equal(t, grouped && st.LockStripes <= st.Buckets/4, tab.cur().home.grouped())
-						keys := make([]Tuple, int(perBucket*float64(st.Buckets)))
-						for i := range keys {
-							keys[i] = tblKey(i, i%3 == 0)
-						}
-						steps := max(2000, 4*len(keys))
-						if testing.Short() {
-							steps /= 4
-						}
-						checkEvery := steps / 8
-						r := rand.New(rand.NewPCG(seed, 1))
-						model := map[int]*int{}
-						for step := range steps {
-							i := r.IntN(len(keys))
-							v := valPtr(step)
-							switch r.IntN(4) {
-							case 0, 1:
-								err := tab.Insert(keys[i], v)
-								if _, ok := model[i]; ok {
-									require.ErrorIs(t, err, ErrExists)
-								} else {
-									require.NoError(t, err)
-									model[i] = v
-								}
-							case 2:
-								got, ok := tab.Delete(keys[i])
-								require.Equal(t, model[i] != nil, ok)
-								require.Same(t, model[i], got)
-								delete(model, i)
-							case 3:
-								got, found, err := tab.LookupOrInsert(keys[i], v)
-								require.NoError(t, err)
-								require.Equal(t, model[i] != nil, found)
-								if !found {
-									model[i] = v
-								}
-								require.Same(t, model[i], got)
-							}
-							if step%checkEvery != checkEvery-1 {
-								continue
-							}
-							tab.growers.Wait()
-							require.False(t, tab.cur().overfull(), "a stripe over its limit after the table grew")
-							tblCheckHome(t, tab, step)
-							require.Equal(t, len(model), tab.Len())
-							require.Equal(t, len(model), tab.Stats().Entries)
-							batch := tab.AppendLookups(nil, keys)
-							for j, k := range keys {
-								got, ok := tab.Lookup(k)
-								require.Equal(t, model[j] != nil, ok, "key %d at step %d", j, step)
-								require.Same(t, model[j], got)
-								require.Same(t, model[j], batch[j])
-							}
-							n := 0
-							for k, v := range tab.All() {
-								require.Same(t, model[slices.Index(keys, k)], v)
-								n++
-							}
-							require.Equal(t, len(model), n)
-						}
-						// (A table that went past twice its buckets need
-						// not have grown: its growth, on a goroutine of its
-						// own, may have found it back under its limit.)
-						tab.growers.Wait()
-						if c.grows {
-							ran.Add(1)
-						}
-						if tab.Stats().Buckets > st.Buckets {
-							grew.Add(1)
-						}
-					})
-				}
+	for _, capacity := range []int{1, 64, 1024, 4096} {
+		for _, c := range []struct {
+			perBucket float64
+			grows     bool
+		}{{0.5, false}, {1, false}, {3, false}, {3, true}} {
+			perBucket := c.perBucket
+			seed++
+			name := fmt.Sprintf("cap=%d/keys=%v", capacity, perBucket)
+			opts := []Option{WithCapacity(capacity), WithSecret(tblSecret), WithHasher(LinuxHasher)}
+			if c.grows {
+				name += "/grows"
+			} else {
+				opts = append(opts, WithFixedBuckets())
 			}
+			t.Run(name, func(t *testing.T) {
+				tab := New[int](opts...)
+				st := tab.Stats()
+				keys := make([]Tuple, int(perBucket*float64(st.Buckets)))
+				for i := range keys {
+					keys[i] = tblKey(i, i%3 == 0)
+				}
+				steps := max(2000, 4*len(keys))
+				if testing.Short() {
+					steps /= 4
+				}
+				checkEvery := steps / 8
+				r := rand.New(rand.NewPCG(seed, 1))
+				model := map[int]*int{}
+				for step := range steps {
+					i := r.IntN(len(keys))
+					v := valPtr(step)
+					switch r.IntN(4) {
+					case 0, 1:
+						err := tab.Insert(keys[i], v)
+						if _, ok := model[i]; ok {
+							require.ErrorIs(t, err, ErrExists)
+						} else {
+							require.NoError(t, err)
+							model[i] = v
+						}
+					case 2:
+						got, ok := tab.Delete(keys[i])
+						require.Equal(t, model[i] != nil, ok)
+						require.Same(t, model[i], got)
+						delete(model, i)
+					case 3:
+						got, found, err := tab.LookupOrInsert(keys[i], v)
+						require.NoError(t, err)
+						require.Equal(t, model[i] != nil, found)
+						if !found {
+							model[i] = v
+						}
+						require.Same(t, model[i], got)
+					}
+					if step%checkEvery != checkEvery-1 {
+						continue
+					}
+					tab.growers.Wait()
+					if c.grows {
+						require.LessOrEqual(t, int64(tab.Len()), tab.growLimit(tab.cur())+tab.growLimit(tab.cur())/64, "over its limit after the table grew")
+					}
+					tblCheckBuckets(t, tab, step)
+					require.Equal(t, len(model), tab.Len())
+					require.Equal(t, len(model), tab.Stats().Entries)
+					batch := tab.AppendLookups(nil, keys)
+					for j, k := range keys {
+						got, ok := tab.Lookup(k)
+						require.Equal(t, model[j] != nil, ok, "key %d at step %d", j, step)
+						require.Same(t, model[j], got)
+						require.Same(t, model[j], batch[j])
+					}
+					n := 0
+					for k, v := range tab.All() {
+						require.Same(t, model[slices.Index(keys, k)], v)
+						n++
+					}
+					require.Equal(t, len(model), n)
+				}
+				// (A table that went past twice its buckets need
+				// not have grown: its growth, on a goroutine of its
+				// own, may have found it back under its limit.)
+				tab.growers.Wait()
+				if c.grows {
+					ran.Add(1)
+				}
+				if tab.Stats().Buckets > st.Buckets {
+					grew.Add(1)
+				}
+			})
 		}
 	}
 	if ran.Load() > 0 {
@@ -902,33 +898,61 @@ func TestTableAllocs(t *testing.T) {
 	}
 }
 
-// A stripe fills one cache line on every target: these fail to compile
-// where it does not, on 386 too (.ci/run vets the package for it, and vet
-// type-checks with the target's sizes).
+// A bucket line, a node and a shard fill one cache line each on every
+// target: these fail to compile where they do not, on 386 too (.ci/run vets
+// the package for it, and vet type-checks with the target's sizes).
 var (
+	_ [unsafe.Sizeof(bucket[int]{}) - cacheLineSize]struct{}
+	_ [cacheLineSize - unsafe.Sizeof(bucket[int]{})]struct{}
+	_ [unsafe.Sizeof(node[int]{}) - cacheLineSize]struct{}
+	_ [cacheLineSize - unsafe.Sizeof(node[int]{})]struct{}
+	_ [unsafe.Sizeof(shard{}) - cacheLineSize]struct{}
+	_ [cacheLineSize - unsafe.Sizeof(shard{})]struct{}
 	_ [unsafe.Sizeof(stripe{}) - cacheLineSize]struct{}
 	_ [cacheLineSize - unsafe.Sizeof(stripe{})]struct{}
 )
 
-// TestTableMemoryLayout pins the entry and stripe sizes.
+// TestTableMemoryLayout pins the sizes of what a table is made of, and
+// that the 56 bytes of every bucket line's entry and every node's lie in one
+// cache line, in every array size: the heap places an array of 64-byte
+// elements on a 64-byte boundary, but for an 8-byte header before arrays
+// with pointers of 512 bytes to 32 KiB, which moves the 8 bytes of padding
+// at each element's end to the next line.
 func TestTableMemoryLayout(t *testing.T) {
-	require.LessOrEqual(t, unsafe.Sizeof(entry[int]{}), uintptr(60))
-	require.LessOrEqual(t, unsafe.Sizeof(entry[[64]byte]{}), uintptr(60), "the value is held by pointer")
-	require.Equal(t, uintptr(64), unsafe.Sizeof(stripe{}))
-	require.Equal(t, uintptr(cacheLineSize), unsafe.Sizeof(stripe{}))
+	require.Equal(t, uintptr(56), unsafe.Sizeof(entry[int]{}))
+	require.Equal(t, uintptr(56), unsafe.Sizeof(entry[[64]byte]{}), "the value is held by pointer")
+	require.Equal(t, uintptr(cacheLineSize), unsafe.Sizeof(bucket[[64]byte]{}))
 	require.Equal(t, uintptr(4), unsafe.Sizeof(linkField{}))
+	inLine := func(p unsafe.Pointer) bool {
+		return uintptr(p)%cacheLineSize+unsafe.Sizeof(entry[int]{}) <= cacheLineSize
+	}
+	for n := minBuckets; n <= 1<<16; n *= 2 {
+		a := newBucketArray[int](n, 0, false)
+		for i := range a.lines {
+			require.True(t, inLine(unsafe.Pointer(&a.lines[i])), "%d buckets: line %d at %p", n, i, &a.lines[i])
+		}
+	}
+	for _, capacity := range []int{32, 1 << 12, 1 << 17} {
+		tab := New[int](WithCapacity(capacity))
+		for i := range 1000 {
+			require.NoError(t, tab.Insert(tblKey(i, false), valPtr(1)))
+		}
+		carved, _ := tab.nodes.stats()
+		for i := uint32(1); i <= uint32(carved); i++ {
+			require.True(t, inLine(unsafe.Pointer(tab.nodes.at(i))), "capacity %d: node %d at %p", capacity, i, tab.nodes.at(i))
+		}
+	}
 }
 
 // TestTableMemoryPerEntry measures what a table holds on the heap per entry,
-// at one random flow per bucket, after inserts and after 8 rounds of churn
-// that each replace every flow (as many deletes of a random live flow and
-// inserts of a new one). With the default options: at most 64 bytes from
-// 2^16 entries up, and within a bound that the table held before its nodes
-// came in chunks sized to it (a 2^10-entry table held 126 bytes per entry,
-// 77 at 2^12) in smaller tables, whose lock stripes each cover fewer
-// buckets. With the fewer stripes README suggests for small tables (one at
-// 2^10, two at 2^12): at most 64. A table grown by Grow, or by itself from
-// the default size, holds more, as it keeps every array's nodes.
+// at as many random flows as it was made for, after inserts and after 8
+// rounds of churn that each replace every flow (as many deletes of a random
+// live flow and inserts of a new one), and after Compact. A table made for
+// n flows of 2^k has n/2 buckets, two flows per bucket: 32 bytes of bucket
+// lines per flow, and 64-byte nodes for the 57% of flows beyond one per
+// bucket. Grown by Grow, or by itself from the default size, it holds
+// about as much: growth moves nodes into the new array rather than copying
+// them, and the old array goes back to the heap.
 func TestTableMemoryPerEntry(t *testing.T) {
 	if raceEnabled {
 		// It measures the Go heap, which the race detector does not
@@ -944,31 +968,26 @@ func TestTableMemoryPerEntry(t *testing.T) {
 		return int64(ms.HeapAlloc)
 	}
 	for _, c := range []struct {
-		n, stripes int     // stripes 0: the default
-		grown      bool    // made for n/2 entries, filled, grown to n
-		itself     bool    // made with the default capacity, grown by itself
-		limit      float64 // bytes per entry; measured: see the log
-		compacted  float64 // the same after Compact
+		n         int
+		grown     bool    // made for n/2 entries, filled, grown to n
+		itself    bool    // made with the default capacity, grown by itself
+		limit     float64 // bytes per entry; measured: see the log
+		compacted float64 // the same after Compact
 	}{
-		{1 << 10, 0, false, false, 90, 90}, // 83.5 and 88.5, 88.5
-		{1 << 10, 1, false, false, 64, 64}, // 61 and 61, 61: one stripe, no stripe's imbalance
-		{1 << 12, 0, false, false, 72, 72}, // 67 and 69, 69
-		{1 << 12, 2, false, false, 64, 64}, // 62 and 63, 63
-		{1 << 16, 0, false, false, 64, 64}, // 61 and 63, 63
-		{1 << 16, 0, true, false, 64, 64},  // 62.5 and 63.5, 63.5: the first array's home slots released (see Table.Grow)
-		// 64.5 to 76 and 97 to 109, then 66 (8 runs; when the growths
-		// run differs): grown to 2^15 buckets by the inserts, to 2^16 by
-		// the churn, with the nodes of the entries beyond the home slots
-		// at 2^15 kept until Compact
-		{1 << 16, 0, false, true, 120, 68},
+		{1 << 10, false, false, 84, 84}, // 80.8
+		{1 << 12, false, false, 80, 80}, // 76.7
+		{1 << 16, false, false, 76, 76},
+		{1 << 16, true, false, 76, 76}, // 73.6, 73.9
+		{1 << 16, false, true, 79, 79}, // 75.8 to 76.5
+
 	} {
-		t.Run(fmt.Sprintf("n=%d/stripes=%d/grown=%v/itself=%v", c.n, c.stripes, c.grown, c.itself), func(t *testing.T) {
+		t.Run(fmt.Sprintf("n=%d/grown=%v/itself=%v", c.n, c.grown, c.itself), func(t *testing.T) {
 			// The least of three builds: now and then the runtime
-			// allocates about 5.6 KB while one runs (5.5 bytes per entry
-			// at 2^10), which failed 6 runs in 30 of this test alone.
+			// allocates a few KB while one runs (5.5 bytes per entry
+			// at 2^10).
 			filled, churned, compacted := math.Inf(1), math.Inf(1), math.Inf(1)
 			for range 3 {
-				f, ch, co := memoryPerEntry(t, c.n, c.stripes, c.grown, c.itself, heap)
+				f, ch, co := memoryPerEntry(t, c.n, c.grown, c.itself, heap)
 				filled, churned, compacted = min(filled, f), min(churned, ch), min(compacted, co)
 			}
 			require.LessOrEqual(t, filled, c.limit, "after inserts")
@@ -979,9 +998,9 @@ func TestTableMemoryPerEntry(t *testing.T) {
 }
 
 // memoryPerEntry builds a table of n flows as a case of
-// TestTableMemoryPerEntry says (stripes, grown, itself), churns it and
-// compacts it, and returns the heap it holds per entry after each step.
-func memoryPerEntry(t *testing.T, n, stripes int, grown, itself bool, heap func() int64) (filled, churned, compacted float64) {
+// TestTableMemoryPerEntry says (grown, itself), churns it and compacts it,
+// and returns the heap it holds per entry after each step.
+func memoryPerEntry(t *testing.T, n int, grown, itself bool, heap func() int64) (filled, churned, compacted float64) {
 	r := rand.New(rand.NewPCG(5, 6))
 	flow := func(i int) Tuple {
 		return Tuple{
@@ -998,9 +1017,6 @@ func memoryPerEntry(t *testing.T, n, stripes int, grown, itself bool, heap func(
 	opts := []Option{WithCapacity(n), WithSecret(tblSecret), WithHasher(LinuxHasher)}
 	if grown {
 		opts[0] = WithCapacity(n / 2)
-	}
-	if stripes > 0 {
-		opts = append(opts, WithLockStripes(stripes))
 	}
 	if itself {
 		opts = opts[1:]
@@ -1024,7 +1040,7 @@ func memoryPerEntry(t *testing.T, n, stripes int, grown, itself bool, heap func(
 	runtime.KeepAlive(live) // allocated before the table: not counted, but not freed either
 	st := tab.Stats()
 	runtime.KeepAlive(tab)
-	t.Logf("%.1f bytes per entry after inserts, %.1f after churn, %.1f after Compact; %d nodes for %d entries in %d buckets", filled, churned, compacted, st.Nodes, st.Entries, st.Buckets)
+	t.Logf("%.1f bytes per entry after inserts, %.1f after churn, %.1f after Compact; %d nodes for %d entries in %d buckets, %d in line", filled, churned, compacted, st.Nodes, st.Entries, st.Buckets, st.InLine)
 	require.Equal(t, n, st.Entries)
 	return filled, churned, compacted
 }
@@ -1043,21 +1059,13 @@ func churnFlows(t *testing.T, tab *Table[int], live []Tuple, r *rand.Rand, flow 
 	}
 }
 
-// TestTableChurnNoLeak fills a table, churns it, and checks that entries
-// are recycled: the node count stays within the free caches' slack of the
-// peak live count.
+// TestTableChurnNoLeak fills a table, churns it, and checks that nodes are
+// recycled: the nodes the table holds stay within the free caches' slack
+// of the most entries its chains held at once.
 func TestTableChurnNoLeak(t *testing.T) {
-	for _, c := range []struct{ n, stripes int }{
-		{1 << 16, 0}, // default stripes: a loose bound
-		{1 << 14, 4}, // few stripes: a tight one
-	} {
-		n, stripes := c.n, c.stripes
-		t.Run(fmt.Sprintf("n=%d,stripes=%d", n, stripes), func(t *testing.T) {
-			opts := []Option{WithCapacity(n)}
-			if stripes > 0 {
-				opts = append(opts, WithLockStripes(stripes))
-			}
-			tab := New[int](append(opts, WithFixedBuckets())...)
+	for _, n := range []int{1 << 14, 1 << 16} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			tab := New[int](WithCapacity(n), WithFixedBuckets())
 			v := valPtr(0)
 			key := func(i int) Tuple {
 				return Tuple{
@@ -1065,27 +1073,24 @@ func TestTableChurnNoLeak(t *testing.T) {
 					Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i >> 16), byte(i >> 8), byte(i)}), 40000),
 				}
 			}
-			// live[s] counts the entries of stripe s, and excess[s] the
-			// most it has held beyond its buckets' home slots.
-			homes := len(tab.cur().b.heads) / len(tab.cur().b.stripes)
-			live, excess := make([]int, len(tab.cur().b.stripes)), make([]int, len(tab.cur().b.stripes))
-			stripeOf := func(tup Tuple) int {
-				return int(HashTuple(tup, tab.hasher, tab.secret) & tab.cur().b.stripeMask)
-			}
-			// A stripe carves nodes only when its cache, the depot and
-			// its free home slots are exhausted; its cache holds fewer
-			// than slabCacheMax, and it carves slabBatch at a time.
-			bound := func() int {
-				b := len(tab.cur().b.heads)
-				for s := range live {
-					b += excess[s] + slabCacheMax + slabBatch
-				}
-				return b
-			}
+			// per[b] counts the entries of bucket b; chained those
+			// beyond one per bucket, the entries in nodes, and most
+			// the most of them at once.
+			per := make([]int, len(tab.cur().lines))
+			chained, most := 0, 0
 			add := func(i, d int) {
-				s := stripeOf(key(i))
-				live[s] += d
-				excess[s] = max(excess[s], live[s]-homes)
+				b := HashTuple(key(i), tab.hasher, tab.secret) & tab.cur().mask
+				if d > 0 && per[b] > 0 || d < 0 && per[b] > 1 {
+					chained += d
+				}
+				per[b] += d
+				most = max(most, chained)
+			}
+			// Each shard's cache holds at most shardCacheMax free
+			// nodes, and takes slabBatch at a time; the last chunk
+			// carved may hold nodes not handed out yet.
+			bound := func() int {
+				return most + len(tab.shards)*(shardCacheMax+slabBatch) + 1<<tab.nodes.shift()
 			}
 			bad := 0
 			for i := range n {
@@ -1097,6 +1102,7 @@ func TestTableChurnNoLeak(t *testing.T) {
 			require.Zero(t, bad)
 			st := tab.Stats()
 			require.Equal(t, n, st.Entries)
+			require.Equal(t, n-chained, st.InLine)
 			require.LessOrEqual(t, st.Nodes, bound())
 			r := rand.New(rand.NewPCG(3, 4))
 			next := n
@@ -1121,9 +1127,10 @@ func TestTableChurnNoLeak(t *testing.T) {
 			st = tab.Stats()
 			require.Equal(t, n, st.Entries)
 			require.Equal(t, n, tab.Len())
-			require.LessOrEqual(t, st.Nodes, bound(), "nodes leak: %d nodes for %d live", st.Nodes, n)
-			tblCheckHome(t, tab, "after churn")
-			t.Logf("after churn: %d of %d entries in their home slots", st.HomeEntries, st.Entries)
+			require.Equal(t, n-chained, st.InLine, "a non-empty bucket holds an entry in its line")
+			require.LessOrEqual(t, st.Nodes, bound(), "nodes leak: %d nodes for %d chained at most", st.Nodes, most)
+			tblCheckBuckets(t, tab, "after churn")
+			t.Logf("after churn: %d of %d entries in line; %d nodes, %d chained at most", st.InLine, st.Entries, st.Nodes, most)
 		})
 	}
 }
@@ -1140,10 +1147,9 @@ func TestTableErrorsWrapTuple(t *testing.T) {
 
 // TestTableEdgeInput checks inputs that must neither panic nor match.
 func TestTableEdgeInput(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), nil, WithCapacity(1), WithLockStripes(1), nil)
+	tab := New[int](WithFixedBuckets(), nil, WithCapacity(1), nil)
 	st := tab.Stats()
 	require.Equal(t, 16, st.Buckets)
-	require.Equal(t, 1, st.LockStripes)
 	tup := Tuple{Local: netip.MustParseAddrPort("10.0.0.1:1000"), Remote: netip.MustParseAddrPort("10.0.0.2:80")}
 	require.NoError(t, tab.Insert(tup, new(int)))
 	for _, bad := range []Tuple{
@@ -1162,11 +1168,7 @@ func TestTableEdgeInput(t *testing.T) {
 }
 
 // cur returns the table's current bucket array.
-func (t *Table[T]) cur() *tableArray[T] { return t.arr.Load() }
-
-// homeSlot returns the node index of bucket b's home slot in a table that
-// never grew.
-func homeSlot(b uint32) uint32 { return b + 1 }
+func (t *Table[T]) cur() *bucketArray[T] { return t.arr.Load() }
 
 // hooksOf returns tab's test hooks, which it makes on first use. Call it
 // before tab is shared.
@@ -1176,4 +1178,35 @@ func hooksOf[T any](tab *Table[T]) *testHooks {
 		tab.nodes.hooks = tab.hooks
 	}
 	return tab.hooks
+}
+
+// tblCheckBuckets checks the buckets' invariants in tab, which no writer
+// changes meanwhile: each bucket is unlocked, and holds an entry in its line
+// if its chain has any (bucket's rule 1); each entry, in line or in the
+// chain, is live and of the bucket's hash; each chain ends on its own
+// marker; the entries add up to Len.
+func tblCheckBuckets[T any](t require.TestingT, tab *Table[T], msg any) {
+	a := tab.cur()
+	n := 0
+	for b := range a.lines {
+		line := &a.lines[b]
+		seq := line.seq.Load()
+		require.Zero(t, seq&(seqLock|seqMoved), "%v: bucket %d locked or moved", msg, b)
+		l := line.next.load()
+		if !line.live() {
+			require.Equal(t, nullsLink(a.nullsBase+uint32(b)), l, "%v: bucket %d empty in line, not in its chain", msg, b)
+			continue
+		}
+		for e := &line.entry; ; {
+			require.True(t, e.live(), "%v: a free entry in bucket %d", msg, b)
+			require.Equal(t, uint32(b), uint32(e.key.meta.Load()>>32)&a.mask, "%v: an entry of another bucket in %d", msg, b)
+			n++
+			if l = e.next.load(); l.isNulls() {
+				break
+			}
+			e = &tab.nodes.at(l.index()).entry
+		}
+		require.Equal(t, nullsLink(a.nullsBase+uint32(b)), l, "%v: bucket %d ends on another marker", msg, b)
+	}
+	require.Equal(t, tab.Len(), n, "%v: entries counted and found", msg)
 }

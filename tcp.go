@@ -16,13 +16,11 @@ import (
 //
 // Invariants.
 //
-//   - Listener nodes are entries of the established Table's node store, so a
-//     node can be recycled between an established chain and a listener
-//     chain while lock-free readers stand on it. Listener chains end in
-//     nulls values offset by 2^29 (LISTENING_NULLS_BASE), so a reader that
-//     strays into a chain of the other kind ends on a foreign marker and
-//     restarts. A listener key holds remote port 0, which no established
-//     key has, so no false match is possible on the way.
+//   - Listener nodes are entries of a node store of their own, recycled
+//     between listener chains while lock-free readers stand on them.
+//     Listener chains end in nulls values offset by 2^29, as the kernel's
+//     (LISTENING_NULLS_BASE). A listener key holds remote port 0, which no
+//     established key has.
 //   - A listener key's first remote word is its listen word (listenReuse
 //     and the other bits below, and its listen sequence number); listener
 //     walks match a key on its hash, port and local address alone
@@ -79,7 +77,8 @@ var wordsAny4 = addrWords(netip.IPv4Unspecified())
 // [NewTCPTable]. Devices, network namespaces and CPUs are not modelled.
 type TCPTable[T any] struct {
 	est    *Table[T]
-	lb     buckets // listener chains (nulls base 2^29), keyed by the port+address hash
+	lb     chains // listener chains (nulls base 2^29), keyed by the port+address hash
+	lnodes slab[entry[T]]
 	ports  []tcpPort[T]
 	mix    uint32 // net_hash_mix of the port+address hash
 	anyMix uint32 // jhash_1word(0, mix)
@@ -156,31 +155,32 @@ func (f tcpFast) update(l *tcpListener, had bool) tcpFast {
 // NewTCPTable returns an empty table. Its options are those of New and
 // apply to the established Table, whose hasher is [LinuxHasher] unless
 // [WithHasher] says otherwise (its reuseport pick is then not the
-// kernel's). The listener table gets as many buckets and lock stripes, and
-// the advice of [WithHugePages]; Secret.Seed, folded to 32 bits, stands
-// for net_hash_mix in its port+address hash (IPv4PortaddrHash,
-// IPv6PortaddrHash). [WithPortAllocator](a) also makes the listeners hold
-// their ports in a (see [TCPTable.Listen]); NewTCPTable panics if a serves
-// a UDPTable, as TCP and UDP ports are separate spaces.
+// kernel's), but for [WithLockStripes], which sets the listener chains'
+// locks. The listener table gets as many buckets, and the advice of
+// [WithHugePages]; Secret.Seed, folded to 32 bits, stands for net_hash_mix
+// in its port+address hash (IPv4PortaddrHash, IPv6PortaddrHash).
+// [WithPortAllocator](a) also makes the listeners hold their ports in a
+// (see [TCPTable.Listen]); NewTCPTable panics if a serves a UDPTable, as
+// TCP and UDP ports are separate spaces.
 func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
-	var ok []Option
+	// N.B. LinuxHasher unless an option says otherwise: the reuseport pick
+	// (pickListener) uses the established table's hash, which must be the
+	// kernel's flow hash for the kernel's pick.
+	cfg := tableConfig{capacity: defaultCapacity, hasher: LinuxHasher}
 	for _, o := range opts {
 		if o != nil {
-			ok = append(ok, o)
+			o(&cfg)
 		}
 	}
-	// N.B. LinuxHasher first, so that a WithHasher in opts overrides it:
-	// the reuseport pick (pickListener) uses the established table's hash,
-	// which must be the kernel's flow hash for the kernel's pick.
-	t := &TCPTable[T]{est: New[T](append([]Option{WithHasher(LinuxHasher)}, ok...)...)}
-	a := t.est.arr.Load()
-	t.lb.init(len(a.b.heads), len(a.b.stripes), listenerNullsBase, t.est.groups.hugePages)
-	t.est.listenerStripes = t.lb.stripes
+	t := &TCPTable[T]{est: newTable[T](&cfg)}
+	n := len(t.est.arr.Load().lines)
+	t.lb.init(n, cfg.stripeCount(), listenerNullsBase, cfg.hugePages)
+	t.lnodes.setChunk(n / 64)
 	t.groups = make([]atomic.Pointer[[]*tcpGroup[T]], len(t.lb.stripes))
 	t.ports = make([]tcpPort[T], len(t.lb.heads))
 	t.mix = portaddrMix(&t.est.secret)
 	t.anyMix = JHash1Word(0, t.mix)
-	if a := t.est.alloc; a != nil {
+	if a := cfg.alloc; a != nil {
 		t.owner = a.share("NewTCPTable", "TCP")
 	}
 	return t
@@ -192,8 +192,7 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 // listeners share a's bind table: Connect skips a listener's port, from
 // any local address, as the kernel's connect() skips a bound port, and
 // Listen refuses the ports flows use (see [TCPTable.Listen]);
-// without an allocator, Connect sees no listener. Its Stats count the
-// listeners' nodes among Nodes, since listeners share its node store.
+// without an allocator, Connect sees no listener.
 func (t *TCPTable[T]) Established() *Table[T] {
 	if t.est == nil {
 		panic(zeroTCPTable)
@@ -321,7 +320,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 		// N.B. the fast path skips the flows as inet_csk_get_port skips
 		// inet_csk_bind_conflict, accepted connections included; see
 		// Listen for the flows' options.
-		if unhold, err = t.est.alloc.holdSocket(t.owner, local, heldAddrs(addr, v6only), fastOK || cfg.reuseAddr); err != nil {
+		if unhold, err = t.est.PortAllocator().holdSocket(t.owner, local, heldAddrs(addr, v6only), fastOK || cfg.reuseAddr); err != nil {
 			return nil, err
 		}
 	}
@@ -339,21 +338,17 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	h := uint32(k.meta >> 32)
 	st := t.lb.stripe(h)
 	st.mu.Lock()
-	i, ok := t.est.nodes.get(&st.cache)
+	i, ok := t.lnodes.get(&st.cache)
 	if !ok {
 		st.mu.Unlock()
 		unhold()
 		return nil, ErrTableFull
 	}
-	e := t.est.nodes.at(i)
-	// N.B. the node is free (seq even) and may have left an established
-	// chain a moment ago: readers that stand on it ignore its key while it
-	// is rewritten, and those that follow its next link into this chain
-	// end on a listener marker and restart.
-	e.key.store(&k)
-	e.val.Store(v)
-	linkAt(t.lb.head(h), nodeLink(i), &e.next)
-	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
+	// N.B. the node is free and may have left another chain a moment
+	// ago: readers that stand on it ignore its key while it is rewritten,
+	// and those that follow its next link into this chain end on this
+	// chain's marker, not their own, and restart.
+	t.lnodes.at(i).fill(&k, v, nodeLink(i), t.lb.head(h))
 	st.count.Store(st.count.Load() + 1)
 	if cfg.reusePort { // inet_reuseport_add_sock
 		m := tcpMember[T]{val: v, node: i}
@@ -401,14 +396,14 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 	st := t.lb.stripe(h)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	gone := t.est.nodes.at(i)
+	gone := t.lnodes.at(i)
 	var at *linkField // the field that links node i
 	for prev, l := t.lb.head(h), t.lb.head(h).load(); !l.isNulls(); l = prev.load() {
 		if l.index() == i {
 			at = prev
 			break
 		}
-		prev = &t.est.nodes.at(l.index()).next
+		prev = &t.lnodes.at(l.index()).next
 	}
 	if at == nil {
 		return
@@ -423,10 +418,8 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 			return members[:len(members)-1]
 		})
 	}
-	gone.seq.Store(gone.seq.Load() + 1) // free: N.B. before unlinking and clearing the value (see entry)
-	unlink(at, &gone.next)
-	gone.val.Store(nil)
-	t.est.nodes.put(&st.cache, i, t.est.nodes.cacheMax())
+	gone.empty(at) // N.B. free, then unlinked (entry's rule 2)
+	t.lnodes.put(&st.cache, i, t.lnodes.cacheMax())
 	st.count.Store(st.count.Load() - 1)
 }
 
@@ -448,7 +441,7 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	var k key
 	if pkt.Remote.Port() != 0 {
 		t.est.tupleKey(&k, &pkt)
-		if v, ok := t.est.lookup(&k, false); ok {
+		if v, ok := t.est.lookup(&k); ok {
 			return v, true
 		}
 	}
@@ -556,7 +549,7 @@ begin:
 	l := head.load()
 	for !l.isNulls() {
 		i := l.index()
-		e := t.est.nodes.at(i)
+		e := t.lnodes.at(i)
 		var hit listenerHit[T]
 		hit.v, hit.word = e.readListener(k1, t.hooks, i)
 		if hit.word == 0 && k2 != nil {
@@ -594,7 +587,7 @@ begin:
 // a match. h's matched hook runs between the match and the reads.
 func (e *entry[T]) readListener(k *key, h *testHooks, i uint32) (v *T, word uint64) {
 	seq := e.seq.Load()
-	if seq&1 == 0 || !e.key.matchesLocal(k) {
+	if seq&seqLive == 0 || !e.key.matchesLocal(k) {
 		return nil, 0
 	}
 	h.onMatched(i)

@@ -15,10 +15,9 @@ import (
 //
 // Invariants:
 //
-//   - A tuple's mark lives in the map of its stripe, changed under the
-//     stripe's lock only; the stripe of a hash is the same in every array,
-//     and moves (Grow, compaction, home slot refills) keep keys, so they
-//     leave the marks alone.
+//   - A tuple's mark is changed under its bucket's lock only (and a shard
+//     lock of the marks' own, taken under it); moves (growth, compaction,
+//     promotion) keep keys, so they leave the marks alone.
 //   - A mark is of a live entry, or of a claim: a ConnectFunc taking the
 //     tuple over holds it while its function runs. The entry stays live
 //     meanwhile, so Lookup finds the old value until the new is published;
@@ -78,67 +77,67 @@ func WithTimeWaitReuse[T any](allow ReusePolicy, old **T) ConnectOption {
 // mark for the zero time, and reports whether tup is present. A marked flow
 // stays in the table as any other, until it is deleted or a Connect given
 // [WithTimeWaitReuse] takes its tuple over. It costs a lock of tup's
-// stripe; the first mark makes a map per stripe.
+// bucket; the first mark attaches the marks to the table.
 func (t *Table[T]) TimeWait(tup Tuple, since time.Time) bool {
 	if validate(tup) != nil {
+		t.array() // a nil or zero Table panics here, named
 		return false
 	}
 	var k key
 	t.tupleKey(&k, &tup)
-	tw := t.timeWaits.Load()
-	if tw == nil {
+	c := t.clients()
+	if c == nil || !c.marks.made() {
 		if since.IsZero() {
 			// N.B. lookup, not Connect's present: a present flow
-			// whose entry moved under present's walk may be missed,
+			// whose entry moves under present's walk may be missed,
 			// and this answer must be exact. A reservation is
 			// matched by neither, as by the locked path below.
-			_, ok := t.lookup(&k, false)
+			_, ok := t.lookup(&k)
 			return ok
 		}
-		tw = t.makeTimeWaits()
+		c = t.attach()
+		c.marks.make()
 	}
-	a, st, s, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
-	defer st.mu.Unlock()
-	_, l := t.findLocked(a, &k)
-	if l.isNulls() || t.nodes.at(l.index()).reserved() {
+	_, b := t.lockBucket(k.hash())
+	defer b.unlock()
+	if e, _, _ := t.findLocked(b, &k); e == nil || e.reserved() {
 		return false
 	}
-	ms := &tw.stripes[s]
-	m, had := ms.marks[k]
+	m, had := c.marks.get(&k)
 	switch {
 	case !since.IsZero():
-		if ms.marks == nil {
-			ms.marks = make(map[key]timeWaitMark)
-		}
 		m.since = since
-		ms.marks[k] = m
-		if !had {
-			tw.n.Add(1)
-		}
+		c.marks.set(&k, m, !had)
 	case !had:
 		return true
 	case m.claimed: // the claim's end drops the mark (unclaim)
 		m.since = time.Time{}
-		ms.marks[k] = m
+		c.marks.set(&k, m, false)
 	default:
-		tw.drop(ms, &k)
+		c.marks.drop(&k)
 	}
 	if !m.claimed {
-		t.noteReuse(&k, !since.IsZero())
+		c.indexes.noteReuse(&k, !since.IsZero())
 	}
 	return true
 }
 
-// timeWaits are a table's TIME_WAIT marks, made at the first mark.
-type timeWaits struct {
-	stripes []timeWaitStripe // by lock stripe, each under its lock
-	n       atomic.Int64     // marks, for Connect's lock-free pre-check
+// timeWaitSet is a table's TIME_WAIT marks, in shards by hash, each under a
+// lock of its own taken under the bucket lock of the tuples it holds.
+type timeWaitSet struct {
+	shards atomic.Pointer[[timeWaitShards]timeWaitShard] // nil until the first mark
+	n      atomic.Int64                                  // marks, for Connect's lock-free pre-check
 }
 
-// timeWaitStripe holds the marks of the tuples of one lock stripe.
-type timeWaitStripe struct {
+// timeWaitShards is the number of the marks' shards.
+const timeWaitShards = 64
+
+// timeWaitShard holds the marks of the tuples whose hash is its index
+// modulo timeWaitShards.
+type timeWaitShard struct {
+	mu    sync.Mutex
 	marks map[key]timeWaitMark
-	_     [cacheLineSize - ptrSize]byte // N.B. stripes lock apart
+	_     [cacheLineSize - 8 - ptrSize]byte // N.B. shards lock apart
 }
 
 // timeWaitMark is a tuple's TIME_WAIT mark: since when, and whether a
@@ -149,89 +148,147 @@ type timeWaitMark struct {
 	claimed bool
 }
 
-// drop removes k's mark from ms, the marks of k's stripe.
-func (tw *timeWaits) drop(ms *timeWaitStripe, k *key) {
-	delete(ms.marks, *k)
-	tw.n.Add(-1)
+// made reports whether the set has its shards.
+func (s *timeWaitSet) made() bool { return s.shards.Load() != nil }
+
+// make gives the set its shards, unless it has them. The caller holds
+// attachMu or has attached the clients.
+func (s *timeWaitSet) make() {
+	attachMu.Lock()
+	defer attachMu.Unlock()
+	if s.shards.Load() == nil {
+		s.shards.Store(new([timeWaitShards]timeWaitShard))
+	}
 }
 
-// timeWaitMu serializes the making of tables' timeWaits: it happens once
-// per table, so one lock serves all of them.
-var timeWaitMu sync.Mutex
-
-// makeTimeWaits publishes the table's timeWaits, unless it has them.
-func (t *Table[T]) makeTimeWaits() *timeWaits {
-	timeWaitMu.Lock()
-	defer timeWaitMu.Unlock()
-	if tw := t.timeWaits.Load(); tw != nil {
-		return tw
+// shard returns the locked shard of k, or nil if the set has none.
+func (s *timeWaitSet) shard(k *key) *timeWaitShard {
+	ss := s.shards.Load()
+	if ss == nil {
+		return nil
 	}
-	tw := &timeWaits{stripes: make([]timeWaitStripe, len(t.array().b.stripes))}
-	t.timeWaits.Store(tw)
-	return tw
+	sh := &ss[k.hash()%timeWaitShards]
+	sh.mu.Lock()
+	return sh
+}
+
+// get returns k's mark and whether k has one.
+func (s *timeWaitSet) get(k *key) (timeWaitMark, bool) {
+	sh := s.shard(k)
+	if sh == nil {
+		return timeWaitMark{}, false
+	}
+	defer sh.mu.Unlock()
+	m, ok := sh.marks[*k]
+	return m, ok
+}
+
+// set sets k's mark, counting it if it is new. The set has its shards.
+func (s *timeWaitSet) set(k *key, m timeWaitMark, isNew bool) {
+	sh := s.shard(k)
+	if sh.marks == nil {
+		sh.marks = make(map[key]timeWaitMark)
+	}
+	sh.marks[*k] = m
+	sh.mu.Unlock()
+	if isNew {
+		s.n.Add(1)
+	}
+}
+
+// drop removes k's mark and reports whether it had one.
+func (s *timeWaitSet) drop(k *key) bool {
+	if s.n.Load() == 0 {
+		return false
+	}
+	sh := s.shard(k)
+	if sh == nil {
+		return false
+	}
+	_, ok := sh.marks[*k]
+	delete(sh.marks, *k)
+	sh.mu.Unlock()
+	if ok {
+		s.n.Add(-1)
+	}
+	return ok
+}
+
+// claimed reports whether k is marked and claimed by a ConnectFunc.
+func (s *timeWaitSet) claimed(k *key) bool {
+	if s.n.Load() == 0 {
+		return false
+	}
+	m, ok := s.get(k)
+	return ok && m.claimed
+}
+
+// reusable reports whether k is marked and not claimed.
+func (s *timeWaitSet) reusable(k *key) bool {
+	if s.n.Load() == 0 {
+		return false
+	}
+	m, ok := s.get(k)
+	return ok && !m.claimed
 }
 
 // reusable reports whether a Connect with policy allow may take over the
-// live entry e, of tuple tup and key k in stripe s, and returns its mark's
-// stripe. The caller holds the stripe's lock.
-func (t *Table[T]) reusable(e *entry[T], k *key, s uint32, tup Tuple, allow ReusePolicy) (*timeWaitStripe, bool) {
-	tw := t.timeWaits.Load()
-	if tw == nil || e.reserved() {
-		return nil, false
+// live entry e, of tuple tup and key k. The caller holds k's bucket lock.
+func (c *clients[T]) reusable(e *entry[T], k *key, tup Tuple, allow ReusePolicy) bool {
+	if e.reserved() {
+		return false
 	}
-	ms := &tw.stripes[s]
-	m, ok := ms.marks[*k]
-	if !ok || m.claimed || !allow(tup, m.since) {
-		return nil, false
-	}
-	return ms, true
+	m, ok := c.marks.get(k)
+	return ok && !m.claimed && allow(tup, m.since)
 }
 
 // takeOver is insert for a Connect with policy allow: if k is present,
 // marked and allowed, it replaces its value with v, drops its mark and
 // returns the old value with insertTakenOver.
 func (t *Table[T]) takeOver(k *key, v *T, tup Tuple, allow ReusePolicy) (*T, insertResult) {
-	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
-	_, l := t.findLocked(a, k)
-	if l.isNulls() {
-		n, res := t.add(a, st, s, b, k, v)
-		st.mu.Unlock()
-		t.grown(a, s, n)
+	c := t.attach()
+	_, b := t.lockBucket(k.hash())
+	e, _, _ := t.findLocked(b, k)
+	if e == nil {
+		res := t.add(b, k, v)
+		b.unlock()
+		if res == inserted {
+			t.counted(1)
+		}
 		return nil, res
 	}
-	defer st.mu.Unlock()
-	e := t.nodes.at(l.index())
-	ms, ok := t.reusable(e, k, s, tup, allow)
-	if !ok {
+	defer b.unlock()
+	if !c.reusable(e, k, tup, allow) {
 		return nil, insertExists
 	}
 	old := e.val.Load()
-	// N.B. seq stays odd, as in CompareAndSwap: a Lookup finds old or v.
+	// N.B. seq stays live, as in CompareAndSwap: a Lookup finds old or v.
 	e.val.Store(v)
 	// N.B. the mark goes once v is in (see the invariants).
-	t.timeWaits.Load().drop(ms, k)
-	t.noteReuse(k, false)
+	c.marks.drop(k)
+	c.indexes.noteReuse(k, false)
 	return old, insertTakenOver
 }
 
 // claim is reserve for a ConnectFunc with policy allow: if k is present,
 // marked and allowed, it claims the tuple (see the invariants above) and
-// returns insertTakenOver; the entry keeps its value until settle publishes the new one.
+// returns insertTakenOver; the entry keeps its value until settle
+// publishes the new one.
 func (t *Table[T]) claim(k *key, tup Tuple, allow ReusePolicy) insertResult {
-	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
-	defer st.mu.Unlock()
-	_, l := t.findLocked(a, k)
-	if l.isNulls() {
-		return t.reserveLocked(a, st, s, b, k)
+	c := t.attach()
+	_, b := t.lockBucket(k.hash())
+	defer b.unlock()
+	e, _, _ := t.findLocked(b, k)
+	if e == nil {
+		return t.add(b, k, nil)
 	}
-	ms, ok := t.reusable(t.nodes.at(l.index()), k, s, tup, allow)
-	if !ok {
+	if !c.reusable(e, k, tup, allow) {
 		return insertExists
 	}
-	m := ms.marks[*k]
+	m, _ := c.marks.get(k)
 	m.claimed = true
-	ms.marks[*k] = m
-	t.noteReuse(k, false)
+	c.marks.set(k, m, false)
+	c.indexes.noteReuse(k, false)
 	return insertTakenOver
 }
 
@@ -239,86 +296,43 @@ func (t *Table[T]) claim(k *key, tup Tuple, allow ReusePolicy) insertResult {
 // holds, drops its mark and returns the value it replaced: nil if a delete
 // made the entry a reservation meanwhile, which it publishes.
 func (t *Table[T]) publishTakeover(k *key, v *T) (old *T) {
-	a, st, s, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
-	_, l := t.findLocked(a, k)
-	e := t.nodes.at(l.index()) // N.B. the claim keeps the tuple: l is not nulls
-	tw := t.timeWaits.Load()
+	c := t.attach()
+	_, b := t.lockBucket(k.hash())
+	e, _, _ := t.findLocked(b, k) // N.B. the claim keeps the tuple: e is not nil
 	if e.reserved() {
-		tw.drop(&tw.stripes[s], k)
-		st.mu.Unlock()
+		c.marks.drop(k)
+		b.unlock()
 		t.publish(k, v)
 		return nil
 	}
 	old = e.val.Load()
-	e.val.Store(v) // N.B. seq stays odd, as in CompareAndSwap
+	e.val.Store(v) // N.B. seq stays live, as in CompareAndSwap
 	// N.B. the mark goes once v is in (see the invariants).
-	tw.drop(&tw.stripes[s], k)
-	st.mu.Unlock()
+	c.marks.drop(k)
+	b.unlock()
 	return old
 }
 
 // unclaim ends the claim of k: the flow stays marked, unless its mark was
 // cleared meanwhile; a reservation that a delete left is dropped.
 func (t *Table[T]) unclaim(k *key) {
-	a, st, s, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
-	tw := t.timeWaits.Load()
-	ms := &tw.stripes[s]
-	m := ms.marks[*k]
-	_, l := t.findLocked(a, k)
-	if t.nodes.at(l.index()).reserved() {
-		tw.drop(ms, k)
-		st.mu.Unlock()
+	c := t.attach()
+	_, b := t.lockBucket(k.hash())
+	m, _ := c.marks.get(k)
+	if e, _, _ := t.findLocked(b, k); e.reserved() {
+		c.marks.drop(k)
+		b.unlock()
 		t.unreserve(k)
 		return
 	}
-	defer st.mu.Unlock()
+	defer b.unlock()
 	if m.since.IsZero() {
-		tw.drop(ms, k)
+		c.marks.drop(k)
 		return
 	}
 	m.claimed = false
-	ms.marks[*k] = m
-	t.noteReuse(k, true)
-}
-
-// forgetTimeWait is remove's part for the marks: if e, a live entry of
-// stripe s about to be removed, is marked, it returns the stripe of its
-// mark, with its key in *k, for remove to drop once e is unlinked (see the
-// invariants); if a claim holds the mark, it makes e a reservation in
-// place, with the stripe's count as a remove leaves it, and returns its
-// value and held = true for the remove to return. The caller holds the
-// stripe's lock.
-func (t *Table[T]) forgetTimeWait(tw *timeWaits, st *stripe, s uint32, e *entry[T], k *key) (ms *timeWaitStripe, v *T, held bool) {
-	ms = &tw.stripes[s]
-	if len(ms.marks) == 0 {
-		return nil, nil, false
-	}
-	*k = e.key.load()
-	m, ok := ms.marks[*k]
-	if !ok {
-		return nil, nil, false
-	}
-	if !m.claimed {
-		return ms, nil, false
-	}
-	// N.B. as a recycling: seq even (readers restart), the reservation's
-	// key and nil value, then odd again; the chain is the same, and so
-	// are the bind table's count and the index's used bit.
-	seq := e.seq.Load()
-	e.seq.Store(seq + 1)
-	e.key.meta.Store(k.meta &^ lportMask)
-	v = e.val.Load()
-	e.val.Store(nil)
-	e.seq.Store(seq + 2)
-	st.count.Store(st.count.Load() - 1)
-	return nil, v, true
-}
-
-// dropRemoved drops the mark of a removed entry, of key k, from ms (see
-// forgetTimeWait).
-func (t *Table[T]) dropRemoved(ms *timeWaitStripe, k *key) {
-	t.timeWaits.Load().drop(ms, k)
-	t.noteReuse(k, false)
+	c.marks.set(k, m, false)
+	c.indexes.noteReuse(k, true)
 }
 
 // reuseOut returns the *T of cc's WithTimeWaitReuse, or an error if its

@@ -105,7 +105,7 @@ func TestTimeWaitMarks(t *testing.T) {
 	require.NoError(t, tb.Insert(tups[1], valPtr(7)))
 	_, err = tb.Connect(a, connLocal, connDsts[0], valPtr(1), WithTimeWaitReuse[int](allowAll, nil))
 	require.ErrorIs(t, err, ErrNoPorts)
-	tw := tb.timeWaits.Load()
+	tw := &tb.clients().marks
 	require.Zero(t, tw.n.Load(), "marks left")
 	require.True(t, tb.TimeWait(tups[1], time.Now()))
 	require.Equal(t, int64(1), tw.n.Load())
@@ -119,7 +119,7 @@ func TestTimeWaitReuseType(t *testing.T) {
 	_, err := tb.Connect(a, connLocal, connDsts[0], valPtr(1), WithTimeWaitReuse(allowAll, &wrong))
 	require.ErrorContains(t, err, "WithTimeWaitReuse")
 	require.Equal(t, 4, tb.Len())
-	require.Equal(t, int64(4), tb.timeWaits.Load().n.Load(), "nothing changed")
+	require.Equal(t, int64(4), tb.clients().marks.n.Load(), "nothing changed")
 }
 
 func TestTCPTimeWaitReuse(t *testing.T) {
@@ -216,7 +216,7 @@ func TestTimeWaitConnectFunc(t *testing.T) {
 	require.ErrorIs(t, err, fail)
 	_, err = tb.Connect(a, connLocal, connDsts[0], valPtr(1), reuse)
 	require.ErrorIs(t, err, ErrNoPorts, "no mark is left")
-	require.Zero(t, tb.timeWaits.Load().n.Load())
+	require.Zero(t, tb.clients().marks.n.Load())
 }
 
 // TestTimeWaitTakeoverConcurrent takes flows over while lookups of every
@@ -316,7 +316,7 @@ func TestTimeWaitConnectRacesDelete(t *testing.T) {
 		}
 		tb.Delete(tup)
 	}
-	require.Zero(t, tb.timeWaits.Load().n.Load(), "marks left")
+	require.Zero(t, tb.clients().marks.n.Load(), "marks left")
 }
 
 // TestTimeWaitClearExact: TimeWait with the zero time, on a table without
@@ -325,7 +325,7 @@ func TestTimeWaitConnectRacesDelete(t *testing.T) {
 // once came from Connect's pre-check, which may miss a present flow.
 func TestTimeWaitClearExact(t *testing.T) {
 	for round := 0; round < 20; round++ {
-		tb := New[int](WithCapacity(16), WithLockStripes(2))
+		tb := New[int](WithCapacity(16))
 		pinned := make([]Tuple, 8)
 		for i := range pinned {
 			pinned[i] = stressKey(i)

@@ -75,7 +75,7 @@ type UDPTable[T any] struct {
 	slots []udpSlot[T] // hash2
 	ports []udpPort[T] // the primary table, by port
 	mask  uint32
-	h4    buckets // hash4 chains (nulls base 0); stripes guard chains and node caches
+	h4    chains // hash4 chains (nulls base 0); stripes guard chains and node caches
 	nodes slab[entry[T]]
 
 	secret Secret
@@ -161,7 +161,7 @@ type udpBinding[T any] struct {
 	group atomic.Pointer[udpReuse[T]]
 
 	hashed4 bool   // its node is linked in hash4; under s.mu
-	live4   bool   // its node's seq is odd: it matches its key; under s.mu
+	live4   bool   // its node is live: it matches its key; under s.mu
 	h4      uint32 // hash4 hash of the chain its node is linked in
 }
 
@@ -302,7 +302,7 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 			return nil, ErrTableFull
 		}
 		b.node = i
-		// N.B. the node is free (seq even) and in no chain: readers that
+		// N.B. the node is free and in no chain: readers that
 		// stand on it from its last life ignore it, so it can be written.
 		t.nodes.at(i).val.Store(v)
 	}
@@ -439,7 +439,7 @@ func (t *UDPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 
 // lookup4 walks the hash4 chain of k without locks, as the kernel's
 // udp4_lib_lookup4, and returns the value of the first live node holding k,
-// or nil. A match is trusted only if the node's seq was odd and unchanged
+// or nil. A match is trusted only if the node was live and its seq unchanged
 // across the read (see entry); a miss only if the walk ended on its own
 // chain's nulls marker, since a node moved or recycled into another chain
 // while the walk stood on it leads into that chain; otherwise the walk

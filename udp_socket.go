@@ -201,7 +201,7 @@ func (s *UDPSocket[T]) Disconnect() error {
 	// a socket with a concrete address in hash4 (udp_lib_hash4).
 	if b.live4 {
 		e := s.t.nodes.at(b.node)
-		e.seq.Store(e.seq.Load() + 1)
+		e.flip()
 		b.live4 = false
 	}
 	b.peer.Store(nil)
@@ -251,14 +251,14 @@ func (t *UDPTable[T]) hash4(b *udpBinding[T]) {
 	e := t.nodes.at(b.node)
 	if b.hashed4 {
 		if b.live4 {
-			e.seq.Store(e.seq.Load() + 1) // N.B. even while the key is rewritten
+			e.flip() // N.B. free while the key is rewritten
 		}
 		e.key.store(&k)
-		e.seq.Store(e.seq.Load() + 1)
+		e.flip()
 		b.live4 = true
 		return
 	}
-	// N.B. the node's seq is even (it is in no chain, see unhash4): readers
+	// N.B. the node is free (it is in no chain, see unhash4): readers
 	// that still stand on it ignore its key while it is rewritten.
 	e.key.store(&k)
 	// N.B. counted before it can be found (see udpSlot.hash4Cnt).
@@ -266,7 +266,7 @@ func (t *UDPTable[T]) hash4(b *udpBinding[T]) {
 	st := t.h4.stripe(h)
 	st.mu.Lock()
 	linkAt(t.h4.head(h), nodeLink(b.node), &e.next)
-	e.seq.Store(e.seq.Load() + 1) // live, with its new key: N.B. after linking (see entry)
+	e.flip() // live, with its new key: N.B. after linking (see entry)
 	st.count.Store(st.count.Load() + 1)
 	st.mu.Unlock()
 	b.h4, b.hashed4, b.live4 = h, true, true
@@ -282,12 +282,12 @@ func (t *UDPTable[T]) unhash4(b *udpBinding[T]) {
 	for l := prev.load(); !l.isNulls(); l = prev.load() {
 		e := t.nodes.at(l.index())
 		if l == target {
-			// N.B. seq turns even before the node is unlinked (see
+			// N.B. the node turns free before it is unlinked (see
 			// entry) and before its key may be rewritten, so a reader
 			// standing on it stops trusting the key; e.next is left
 			// as it is, so such a reader walks on.
 			if b.live4 {
-				e.seq.Store(e.seq.Load() + 1)
+				e.flip()
 			}
 			unlink(prev, &e.next)
 			st.count.Store(st.count.Load() - 1)

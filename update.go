@@ -4,7 +4,7 @@ import "fmt"
 
 // This file holds the read-modify-write operations that sync.Map and xsync
 // users expect: Store, Swap, Compute and LookupOrCompute. Each takes the
-// stripe lock of its tuple once, as Insert does.
+// bucket lock of its tuple once, as Insert does.
 
 // Store sets the value of tup to v, inserting tup if it is absent. A
 // present entry keeps its place and only its value changes, as in
@@ -20,38 +20,31 @@ func (t *Table[T]) Store(tup Tuple, v *T) error {
 
 // Swap is [Table.Store] that also returns the value tup had, and
 // loaded = true if it had one, as sync.Map's Swap. It costs what Store
-// does: one lock of tup's stripe.
+// does: one lock of tup's bucket.
 func (t *Table[T]) Swap(tup Tuple, v *T) (old *T, loaded bool, err error) {
 	if err := validateInsert(tup, v); err != nil {
 		return nil, false, err
 	}
 	var k key
 	t.tupleKey(&k, &tup)
-	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
-	if _, l := t.findLocked(a, &k); !l.isNulls() {
-		e := t.nodes.at(l.index())
+	_, b := t.lockBucket(k.hash())
+	if e, _, _ := t.findLocked(b, &k); e != nil {
 		if e.reserved() {
-			st.mu.Unlock()
+			b.unlock()
 			return nil, false, errReserved(tup)
 		}
 		old = e.val.Load()
-		// N.B. seq stays odd, as in CompareAndSwap.
-		e.val.Store(v)
-		st.mu.Unlock()
+		e.val.Store(v) // N.B. seq stays live, as in CompareAndSwap
+		b.unlock()
 		return old, true, nil
 	}
-	n, res := t.add(a, st, s, b, &k, v)
-	st.mu.Unlock()
+	res := t.add(b, &k, v)
+	b.unlock()
 	if res == insertFull {
 		return nil, false, ErrTableFull
 	}
-	t.grown(a, uint32(k.meta>>32), n)
+	t.counted(1)
 	return nil, false, nil
-}
-
-// errReserved is the error of a write to a tuple that a ConnectFunc holds.
-func errReserved(tup Tuple) error {
-	return fmt.Errorf("%w: %v, held by a ConnectFunc in progress", ErrExists, tup)
 }
 
 // ComputeOp tells [Table.Compute] what to do with the value its function
@@ -70,79 +63,94 @@ const (
 // Compute calls f once with the value of tup (nil and loaded = false if
 // absent) and stores, deletes or keeps it as f's op says, as xsync's
 // Compute; it returns the value tup has afterwards and whether it has one.
-// f runs under the lock of tup's stripe, atomically with every other write
+// f runs under the lock of tup's bucket, atomically with every other write
 // of tup: it must be short and must not call the table. Bad input, nil
 // with UpdateOp, an unknown op, a tuple a [Table.ConnectFunc] holds or a
-// full table give an error (as [Table.Store]) and change nothing.
+// full table give an error (as [Table.Store]) and change nothing. It panics
+// for a nil f, naming it.
 func (t *Table[T]) Compute(tup Tuple, f func(old *T, loaded bool) (v *T, op ComputeOp)) (actual *T, ok bool, err error) {
+	if t == nil {
+		panic(nilTable)
+	}
+	if f == nil {
+		panic("hash4: Compute with a nil function")
+	}
 	if err := validate(tup); err != nil {
 		return nil, false, err
 	}
 	var k key
 	t.tupleKey(&k, &tup)
-	a, actual, ok, n, err := t.compute(&k, tup, f)
-	t.grown(a, uint32(k.meta>>32), n)
+	actual, ok, n, err := t.compute(&k, tup, f)
+	if n != 0 {
+		t.counted(n)
+	}
 	return actual, ok, err
 }
 
-// compute is Compute under the stripe lock; n is the stripe's entry count
-// if it inserted, for grown, else 0.
-func (t *Table[T]) compute(k *key, tup Tuple, f func(*T, bool) (*T, ComputeOp)) (a *tableArray[T], actual *T, ok bool, n uint64, err error) {
-	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
-	// N.B. deferred, so that a panic in f leaves the stripe unlocked.
-	defer st.mu.Unlock()
-	prev, l := t.findLocked(a, k)
-	var e *entry[T]
+// compute is Compute under the bucket lock; n is the change in the table's
+// entries, for counted.
+func (t *Table[T]) compute(k *key, tup Tuple, f func(*T, bool) (*T, ComputeOp)) (actual *T, ok bool, n int64, err error) {
+	_, b := t.lockBucket(k.hash())
+	// N.B. deferred, so that a panic in f leaves the bucket unlocked.
+	defer b.unlock()
+	e, prev, i := t.findLocked(b, k)
 	var old *T
-	if !l.isNulls() {
-		if e = t.nodes.at(l.index()); e.reserved() {
-			return a, nil, false, 0, errReserved(tup)
+	if e != nil {
+		if e.reserved() {
+			return nil, false, 0, errReserved(tup)
 		}
 		old = e.val.Load()
 	}
 	v, op := f(old, e != nil)
 	switch {
 	case op == CancelOp:
-		return a, old, e != nil, 0, nil
+		return old, e != nil, 0, nil
 	case op == DeleteOp:
 		if e != nil {
-			t.remove(a, st, prev, l)
+			t.remove(b, e, prev, i, k)
+			return nil, false, -1, nil
 		}
-		return a, nil, false, 0, nil
+		return nil, false, 0, nil
 	case op != UpdateOp:
-		return a, old, e != nil, 0, fmt.Errorf("hash4: Compute of %v: unknown ComputeOp %d", tup, op)
+		return old, e != nil, 0, fmt.Errorf("hash4: Compute of %v: unknown ComputeOp %d", tup, op)
 	case v == nil:
-		return a, old, e != nil, 0, fmt.Errorf("%w from Compute of %v", ErrNilValue, tup)
+		return old, e != nil, 0, fmt.Errorf("%w from Compute of %v", ErrNilValue, tup)
 	case e != nil:
-		e.val.Store(v) // N.B. seq stays odd, as in CompareAndSwap
-		return a, v, true, 0, nil
+		e.val.Store(v) // N.B. seq stays live, as in CompareAndSwap
+		return v, true, 0, nil
 	}
-	n, res := t.add(a, st, s, b, k, v)
-	if res == insertFull {
-		return a, nil, false, 0, ErrTableFull
+	if t.add(b, k, v) == insertFull {
+		return nil, false, 0, ErrTableFull
 	}
-	return a, v, true, n, nil
+	return v, true, 1, nil
 }
 
 // LookupOrCompute returns the value of tup and loaded = true if tup is
 // present, at the cost of a Lookup; otherwise it calls f once and inserts
 // the value f returns, as xsync's LoadOrCompute. Of concurrent calls for an
 // absent tuple, one calls f and inserts, the others return its value. f
-// runs under the lock of tup's stripe: it must be short and must not call
+// runs under the lock of tup's bucket: it must be short and must not call
 // the table (build a slow value, such as one that needs a socket, in
 // [Table.ConnectFunc]). f's error, or a nil value, inserts nothing and is
-// returned; other errors are those of [Table.Store].
+// returned; other errors are those of [Table.Store]. It panics for a nil
+// f, naming it.
 func (t *Table[T]) LookupOrCompute(tup Tuple, f func() (*T, error)) (actual *T, loaded bool, err error) {
+	if t == nil {
+		panic(nilTable)
+	}
+	if f == nil {
+		panic("hash4: LookupOrCompute with a nil function")
+	}
 	if err := validate(tup); err != nil {
 		return nil, false, err
 	}
 	var k key
 	t.tupleKey(&k, &tup)
-	if v, ok := t.lookup(&k, false); ok {
+	if v, ok := t.lookup(&k); ok {
 		return v, true, nil
 	}
 	called := false
-	a, actual, _, n, cerr := t.compute(&k, tup, func(old *T, ok bool) (*T, ComputeOp) {
+	actual, _, n, cerr := t.compute(&k, tup, func(old *T, ok bool) (*T, ComputeOp) {
 		if ok { // inserted since the lookup
 			return old, CancelOp
 		}
@@ -158,7 +166,9 @@ func (t *Table[T]) LookupOrCompute(tup Tuple, f func() (*T, error)) (actual *T, 
 		}
 		return nil, CancelOp
 	})
-	t.grown(a, uint32(k.meta>>32), n)
+	if n != 0 {
+		t.counted(n)
+	}
 	if err == nil {
 		err = cerr
 	}

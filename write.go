@@ -2,23 +2,86 @@ package hash4
 
 import "fmt"
 
-// findLocked returns the field that links the entry holding k, or k's
-// reservation (see entry), in its chain (the head or the predecessor's
-// next) and the entry's link, or a nulls link if k is absent. The caller
-// holds the chain's stripe lock, so the chain and its entries are stable; a
-// is the table's array, loaded under the lock (see lockStripe).
-func (t *Table[T]) findLocked(a *tableArray[T], k *key) (*linkField, link) {
-	prev := a.b.head(uint32(k.meta >> 32))
-	l := prev.load()
-	for !l.isNulls() {
-		e := t.nodes.at(l.index())
+// This file holds the writers' side of a Table: every insert and delete
+// locks the bucket of its tuple (bucket.lock), finds the tuple under the
+// lock (findLocked), and changes the line or its chain. Lock order: a
+// bucket of an old array before one of the new (grow.go); a bucket before
+// a shard (percpu.go), the node store's mutex, and what the table's
+// watcher takes (tupleWatcher).
+
+// tupleWatcher is told of every tuple a Table's writers add or remove, under
+// the tuple's bucket lock, so that what depends on the tuples present (the
+// bind table of a PortAllocator, Connect's occupancy indexes, TIME_WAIT
+// marks) stays exact without the table knowing of it. Moves of entries
+// (promotion, growth, compaction) keep their tuples and are not told.
+//
+// N.B. keys go by value: a pointer passed to a method the compiler cannot
+// see into escapes, and every write would allocate its key.
+type tupleWatcher interface {
+	// added: k went into the table, live or reserved.
+	added(k key)
+	// removing: k's entry is about to be removed. hold keeps it as a
+	// reservation instead (a ConnectFunc that took the tuple over holds
+	// it); the table counts it removed.
+	removing(k key) (hold bool)
+	// removed: k's entry is out of its chain.
+	removed(k key)
+}
+
+// watchSlot holds a table's watcher, published once.
+type watchSlot struct{ tupleWatcher }
+
+// watcher returns the table's watcher, or nil. N.B. without one, a load
+// and a branch per write.
+func (t *Table[T]) watcher() tupleWatcher {
+	if w := t.watch.Load(); w != nil {
+		return w.tupleWatcher
+	}
+	return nil
+}
+
+// lockBucket locks the bucket of hash h in the table's array, after moving
+// the entries of h's bucket of the array before, if a growth is moving them
+// (see grow), and returns the array and the locked bucket.
+//
+// N.B. the array is checked again under the lock: a growth published since
+// moves the bucket's entries only under its lock, so once the check passes
+// the bucket is the table's until it is unlocked.
+func (t *Table[T]) lockBucket(h uint32) (*bucketArray[T], *bucket[T]) {
+	for {
+		a := t.array()
+		if o := a.old.Load(); o != nil {
+			t.moveBucket(a, o, h)
+		}
+		b := a.line(h)
+		b.lock()
+		if t.arr.Load() == a {
+			return a, b
+		}
+		b.unlock()
+	}
+}
+
+// findLocked returns the entry holding k, or k's reservation (see entry),
+// in bucket b, with the field that links it in b's chain and its node
+// index (nil and 0 for the line's own entry); nil if k is absent. The
+// caller holds b's lock.
+func (t *Table[T]) findLocked(b *bucket[T], k *key) (e *entry[T], prev *linkField, i uint32) {
+	if !b.live() {
+		return nil, nil, 0 // the chain is empty (bucket's rule 1)
+	}
+	if b.key.matchesHeld(k) {
+		return &b.entry, nil, 0
+	}
+	prev = &b.next
+	for l := prev.load(); !l.isNulls(); l = prev.load() {
+		e := &t.nodes.at(l.index()).entry
 		if e.key.matchesHeld(k) {
-			return prev, l
+			return e, prev, l.index()
 		}
 		prev = &e.next
-		l = prev.load()
 	}
-	return prev, l
+	return nil, nil, 0
 }
 
 // Insert adds the flow tup with value v. It returns an error matching
@@ -55,7 +118,7 @@ func (t *Table[T]) LookupOrInsert(tup Tuple, v *T) (actual *T, found bool, err e
 	}
 	var k key
 	t.tupleKey(&k, &tup)
-	if old, ok := t.lookup(&k, false); ok {
+	if old, ok := t.lookup(&k); ok {
 		return old, true, nil
 	}
 	switch old, res := t.insert(&k, v); res {
@@ -79,205 +142,90 @@ const (
 	insertTakenOver // a Connect took over a flow in TIME_WAIT (timewait.go)
 )
 
-// insert adds k with value v under the stripe lock, unless k is present;
-// then it returns the value k has (insertExists), or insertReserved. An
-// insert that leaves its stripe holding more entries than the array's
-// growAt has the table's growth check the table (see grown).
+// insert adds k with value v, unless k is present; then it returns the
+// value k has (insertExists), or insertReserved.
 func (t *Table[T]) insert(k *key, v *T) (*T, insertResult) {
-	a, st, s, b := t.lockStripe(uint32(k.meta>>32), lockToInsert)
-	if _, l := t.findLocked(a, k); !l.isNulls() {
-		e := t.nodes.at(l.index())
+	_, b := t.lockBucket(k.hash())
+	if e, _, _ := t.findLocked(b, k); e != nil {
 		res := insertExists
 		if e.reserved() {
 			res = insertReserved
 		}
 		old := e.val.Load()
-		st.mu.Unlock()
+		b.unlock()
 		return old, res
 	}
-	n, res := t.add(a, st, s, b, k, v)
-	st.mu.Unlock()
-	t.grown(a, s, n)
+	res := t.add(b, k, v)
+	b.unlock()
+	if res == inserted {
+		t.counted(1)
+	}
 	return nil, res
 }
 
-// add inserts k, absent, with value v into bucket b of stripe s (st),
-// whose lock the caller holds, and returns the stripe's entry count after
-// it, to pass to grown once the lock is released.
-func (t *Table[T]) add(a *tableArray[T], st *stripe, s, b uint32, k *key, v *T) (uint64, insertResult) {
-	i, ok := t.place(a, st, s, b)
+// add inserts k, absent, with value v into bucket b, whose lock the caller
+// holds, and tells the watcher; a nil v inserts k's reservation (see
+// entry). The caller counts a live entry (counted) once it has unlocked b.
+func (t *Table[T]) add(b *bucket[T], k *key, v *T) insertResult {
+	stored := k
+	if v == nil {
+		r := *k
+		r.meta &^= lportMask
+		stored = &r
+	}
+	if !t.place(b, stored, v) {
+		return insertFull
+	}
+	if w := t.watcher(); w != nil {
+		w.added(*k)
+	}
+	return inserted
+}
+
+// place writes k with value v into bucket b, whose lock the caller holds:
+// into the line's own entry if it is free, else into a node at the head of
+// the chain. It reports false if the node store is out of indexes.
+func (t *Table[T]) place(b *bucket[T], k *key, v *T) bool {
+	if !b.live() {
+		b.fill(k, v, 0, nil)
+		return true
+	}
+	i, n, sh := t.takeNode()
+	if n == nil {
+		return false
+	}
+	n.fill(k, v, nodeLink(i), &b.next)
+	sh.release()
+	return true
+}
+
+// takeNode returns a free node and its index, with the caller's shard,
+// locked: the caller fills and links the node, then releases the shard
+// (percpu.go's rule 2). A nil node means the node store is out of indexes,
+// and the shard is released.
+func (t *Table[T]) takeNode() (uint32, *node[T], *shard) {
+	sh := t.shard()
+	i, ok := t.nodes.get(&sh.cache)
 	if !ok {
-		return 0, insertFull
+		sh.release()
+		return 0, nil, nil
 	}
-	t.fill(i, k, v, &a.b.heads[b])
-	if t.alloc != nil {
-		t.alloc.use(&k.local, uint16(k.meta>>16))
-	}
-	if t.indexes.Load() != nil { // N.B. without indexes, a load and a branch
-		t.noteIndex(k, uint16(k.meta>>16), true)
-	}
-	n := st.count.Load() + 1
-	st.count.Store(n)
-	return n, inserted
+	return i, t.nodes.at(i), sh
 }
 
-// grown has the table's growth check the table (see overLimit) if an insert
-// of hash h left its stripe of a holding n entries, more than a's growAt.
-// The caller has released the stripe's lock.
-func (t *Table[T]) grown(a *tableArray[T], h uint32, n uint64) {
-	if n > a.growAt {
-		t.overLimit(a, h&a.b.stripeMask, n) // N.B. after the unlock (see overLimit)
-	}
+// freeNode returns node i, free and unlinked, for reuse.
+func (t *Table[T]) freeNode(i uint32) {
+	sh := t.shard()
+	t.nodes.put(&sh.cache, i, shardCacheMax)
+	sh.release()
 }
 
-// lockIntent says what a writer locking a stripe is about to do, and so
-// which lines lockStripe asks for before it takes the lock (Table.touch).
-type lockIntent uint8
-
-const (
-	lockOnly     lockIntent = iota // no request: CompareAndSwap, iteration, statistics, compaction
-	lockToInsert                   // an insert (Table.insert)
-	lockToDelete                   // a delete (Table.delete), which may refill a home slot (Table.free)
-)
-
-// lockStripe locks the stripe of hash h, after asking for the lines that
-// an insert or a delete writes (touch) unless intent is lockOnly, and
-// returns the array that holds the stripe's entries, the stripe and its
-// index, and h's bucket in the array. If Grow has published a new array
-// and the stripe's entries are still in the old one, it moves them first
-// (see migrate).
-//
-// N.B. the array is loaded again under the lock, and the stripe of a hash
-// is the same in every array. An array loaded under the lock is the
-// table's, or was until a Grow published a newer one since; then the
-// stripe's entries stay in it until the lock is released, when the next
-// holder (or Grow) moves them.
-func (t *Table[T]) lockStripe(h uint32, intent lockIntent) (a *tableArray[T], st *stripe, s, b uint32) {
-	a = t.array()
-	s = h & a.b.stripeMask
-	st = &a.b.stripes[s]
-	if intent != lockOnly {
-		t.touch(a, a.b.bucket(h), intent)
-	}
-	st.mu.Lock()
-	a = t.arr.Load()
-	if st.flipped != a.flipped() {
-		t.migrate(a, st, s)
-	}
-	return a, st, s, a.b.bucket(h)
-}
-
-// fill writes key k and value v into free node i and links it at field at
-// of k's chain (its head, or a node's next field). The caller holds the
-// chain's stripe lock.
-func (t *Table[T]) fill(i uint32, k *key, v *T, at *linkField) {
-	e := t.nodes.at(i)
-	// N.B. the entry is free (seq even): readers that still stand on it
-	// ignore its key, so it can be written field by field.
-	e.key.store(k)
-	e.val.Store(v)
-	linkAt(at, nodeLink(i), &e.next)
-	e.seq.Store(e.seq.Load() + 1) // live: N.B. after linking (see entry)
-}
-
-// touch asks for the lines that insert and delete write under the stripe
-// lock of bucket b, before the caller takes the lock: the chain head and
-// the home slot; and in tables with home groups, whose lines are beyond the
-// caches (home.go), the stripe's word of the home bitmap and its move
-// count, and the other home slots of b's group, where the walk under the
-// lock finds most of the chain; for a delete, also the chain heads of the
-// group's other buckets. N.B. the requests do not wait, so their
-// misses overlap with each other and with the lock's, rather than come one
-// after the other under it.
-//
-// With PREFETCHW (prefetch_amd64.go) a line comes in the state a store
-// needs: a line another core wrote last comes over once, rather than once
-// to read and again to write. With two goroutines on cores that do not
-// share a cache, the head and home slot made churn of a 1K table 9.5%
-// faster than plain loads (8 interleaved rounds); the bitmap, the move
-// count and the group made churn of a 1M table 13% faster (6 rounds),
-// and cost a Connect in a 32K-bucket table, whose lines are all cached,
-// 4%, hence only with groups. Without PREFETCHW, touch loads the head and
-// the home slot's seq only.
-//
-// A delete of an entry held in the home slot of another bucket of its
-// group frees that slot, and free reads that bucket's head to learn
-// whether an entry must refill it: a miss under the lock, for 11% of the
-// keys churned in the benchmark's 1M table (28.5% of them sit in such a
-// slot when it is filled once). Asking for the three heads with the rest
-// made churn at 1M 4.7% faster with one goroutine (p = 0.04, 28
-// interleaved rounds) and 5.0% with two (p = 0.02, 38). Inserts do not
-// ask: the only other head they read is a stealer's, whose bucket is
-// known only under the lock.
-//
-// N.B. the head and home slot go through touchForWrite, three pointers in
-// registers, and only the group's lines through a list: with every line in
-// one list, building it made churn of a 1K table 2.3% slower, and 5.6% with
-// a table per goroutine (6 interleaved rounds).
-func (t *Table[T]) touch(a *tableArray[T], b uint32, intent lockIntent) {
-	e := a.homeAt(b)
-	touchForWrite(&a.b.heads[b], &e.seq, &e.val.v)
-	if canPrefetchW && a.home.grouped() {
-		var h lineHints
-		s := b & a.b.stripeMask
-		w, _ := a.home.bit(&a.b.stripes[s], b)
-		addLineHint(&h, w)
-		addLineHint(&h, &t.moves[s])
-		for _, x := range a.home.group {
-			// Both halves, as touchForWrite's seq and val.
-			g := a.homeAt(b ^ x)
-			addLineHint(&h, &g.seq)
-			addLineHint(&h, &g.val)
-			if intent == lockToDelete {
-				addLineHint(&h, &a.b.heads[b^x])
-			}
-		}
-		h.prefetchW()
-	}
-}
-
-// unlinkLocked deletes the entry of link l, linked by prev, and returns its
-// value; the caller frees its node. The caller holds the chain's stripe
-// lock.
-func (t *Table[T]) unlinkLocked(prev *linkField, l link) *T {
-	e := t.nodes.at(l.index())
-	e.seq.Store(e.seq.Load() + 1) // free: N.B. before unlinking, and before the value is cleared (see entry)
-	unlink(prev, &e.next)
-	v := e.val.Load()
-	e.val.Store(nil)
-	return v
-}
-
-// free returns node i, deleted under stripe st, for reuse. The caller holds
-// st's lock. A home slot whose bucket still has entries is not freed but
-// refilled at once with the entry at the head of that bucket's chain, and
-// the node that entry leaves is freed in turn: so a home slot is free only
-// while its bucket is empty.
-func (t *Table[T]) free(a *tableArray[T], st *stripe, i uint32) {
-	for {
-		c, ok := a.home.isHome(i)
-		if !ok {
-			// A stripe that has free home slots takes them before
-			// its cached nodes (spareNode): it keeps few, and the
-			// depot passes the rest to stripes that need nodes.
-			limit := t.nodes.cacheMax()
-			if st.homeFree > 0 {
-				limit = t.nodes.batchSize()
-			}
-			t.nodes.put(&st.cache, i, limit)
-			return
-		}
-		head := a.b.heads[c].load()
-		if head.isNulls() {
-			a.home.release(st, c)
-			if a.home.grouped() { // see steal
-				st.homeLast = c + 1
-			}
-			return
-		}
-		j := head.index()
-		t.move(a, &a.b.heads[c], c, j, i)
-		i = j
+// counted adds n to the entries counted in the caller's shard and, for an
+// insert, checks whether the table should grow (grow.go).
+func (t *Table[T]) counted(n int64) {
+	sh := &t.shards[procID()&uint32(len(t.shards)-1)]
+	if c := sh.count.Add(n); n > 0 && c > sh.checkAt.Load() {
+		t.overLimit()
 	}
 }
 
@@ -291,9 +239,9 @@ func (t *Table[T]) Delete(tup Tuple) (*T, bool) {
 }
 
 // CompareAndDelete removes tup if its value is old (the same pointer), and
-// reports whether it did, as sync.Map's CompareAndDelete: a flow reaper that read old can
-// remove the flow without removing a newer one that took the same 4-tuple
-// since. A nil old deletes nothing.
+// reports whether it did, as sync.Map's CompareAndDelete: a flow reaper that
+// read old can remove the flow without removing a newer one that took the
+// same 4-tuple since. A nil old deletes nothing.
 func (t *Table[T]) CompareAndDelete(tup Tuple, old *T) (deleted bool) {
 	if old == nil {
 		return false
@@ -306,7 +254,7 @@ func (t *Table[T]) CompareAndDelete(tup Tuple, old *T) (deleted bool) {
 
 // CompareAndSwap sets the value of tup to new if it is old (the same
 // pointer), and reports whether it did, as sync.Map's CompareAndSwap. The
-// entry stays in its chain and only its value changes, so a lookup running
+// entry stays where it is and only its value changes, so a lookup running
 // meanwhile finds old or new, never neither: a connection can take over the
 // 4-tuple of a TIME_WAIT socket with no moment at which its segments find
 // no socket, as they would between a Delete and an Insert. (Linux's
@@ -318,19 +266,15 @@ func (t *Table[T]) CompareAndSwap(tup Tuple, old, new *T) (swapped bool) {
 	}
 	var k key
 	t.tupleKey(&k, &tup)
-	a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockOnly)
-	defer st.mu.Unlock()
-	_, l := t.findLocked(a, &k)
-	if l.isNulls() {
+	_, b := t.lockBucket(k.hash())
+	defer b.unlock()
+	e, _, _ := t.findLocked(b, &k)
+	if e == nil || e.val.Load() != old {
 		return false
 	}
-	e := t.nodes.at(l.index())
-	if e.val.Load() != old {
-		return false
-	}
-	// N.B. seq stays odd: a reader that loaded the value before this store
-	// returns old, one after it new, and both were the entry's value while
-	// it read.
+	// N.B. seq stays live: a reader that loaded the value before this
+	// store returns old, one after it new, and both were the entry's value
+	// while it read (entry's rule 4).
 	e.val.Store(new)
 	return true
 }
@@ -338,44 +282,74 @@ func (t *Table[T]) CompareAndSwap(tup Tuple, old, new *T) (swapped bool) {
 // delete removes k if its value is old, or whatever its value if old is
 // nil, and returns the value removed.
 func (t *Table[T]) delete(k *key, old *T) (*T, bool) {
-	a, st, _, _ := t.lockStripe(uint32(k.meta>>32), lockToDelete)
-	defer st.mu.Unlock()
-	prev, l := t.findLocked(a, k)
-	if l.isNulls() {
-		return nil, false
-	}
+	_, b := t.lockBucket(k.hash())
+	e, prev, i := t.findLocked(b, k)
 	// N.B. a reservation's value is nil: a compare never matches it.
-	if e := t.nodes.at(l.index()); e.reserved() || (old != nil && e.val.Load() != old) {
+	if e == nil || e.reserved() || (old != nil && e.val.Load() != old) {
+		b.unlock()
 		return nil, false
 	}
-	return t.remove(a, st, prev, l), true
+	v := t.remove(b, e, prev, i, k)
+	b.unlock()
+	t.counted(-1)
+	return v, true
 }
 
-// remove deletes the entry of link l, linked by prev, from stripe st,
-// whose lock the caller holds, frees its node and returns its value.
-func (t *Table[T]) remove(a *tableArray[T], st *stripe, prev *linkField, l link) *T {
-	// The stripe of the entry's mark, if it has one, and the entry's key.
-	var marked *timeWaitStripe
-	var k key
-	if tw := t.timeWaits.Load(); tw != nil { // N.B. without marks, a load and a branch
-		e := t.nodes.at(l.index())
-		ms, v, held := t.forgetTimeWait(tw, st, uint32(e.key.meta.Load()>>32)&a.b.stripeMask, e, &k)
-		if held {
-			return v
-		}
-		marked = ms
+// remove deletes the entry e of tuple k, found by findLocked with prev and
+// i, from bucket b, whose lock the caller holds, tells the watcher and
+// returns e's value; the caller counts the removal (counted) once it has
+// unlocked b. A watcher that holds the tuple has e turned into a
+// reservation in place instead.
+func (t *Table[T]) remove(b *bucket[T], e *entry[T], prev *linkField, i uint32, k *key) *T {
+	w := t.watcher()
+	if w != nil && w.removing(*k) {
+		return t.toReservation(e, k)
 	}
-	if t.alloc != nil {
-		t.unuseEntry(t.nodes.at(l.index()))
-	}
-	if t.indexes.Load() != nil { // N.B. without indexes, a load and a branch
-		t.noteEntry(t.nodes.at(l.index()))
-	}
-	v := t.unlinkLocked(prev, l)
-	t.free(a, st, l.index())
-	st.count.Store(st.count.Load() - 1)
-	if marked != nil {
-		t.dropRemoved(marked, &k) // N.B. once unlinked (timewait.go)
+	v := t.unlinkEntry(b, e, prev, i)
+	if w != nil {
+		w.removed(*k)
 	}
 	return v
+}
+
+// unlinkEntry takes entry e, found by findLocked with prev and i, out of
+// bucket b, whose lock the caller holds, and returns its value. The line's
+// own entry is refilled with the chain's first, whose node is freed
+// (bucket's rule 1).
+func (t *Table[T]) unlinkEntry(b *bucket[T], e *entry[T], prev *linkField, i uint32) *T {
+	if prev != nil {
+		v := e.empty(prev)
+		t.freeNode(i)
+		return v
+	}
+	v := b.empty(nil)
+	if l := b.next.load(); !l.isNulls() {
+		n := &t.nodes.at(l.index()).entry
+		// N.B. the key is in two live entries for a moment, with one
+		// value, so that a reader finds it in one or the other; the
+		// line's seq changed twice, so a lookup that missed meanwhile
+		// walks again (bucket's rule 2).
+		k := n.key.load()
+		b.fill(&k, n.val.Load(), 0, nil)
+		n.empty(&b.next)
+		t.freeNode(l.index())
+	}
+	return v
+}
+
+// toReservation makes live entry e, of key k, a reservation in place: as a
+// recycling (seq free, the reservation's key and no value, then live
+// again), in the same chain. It returns e's value.
+func (t *Table[T]) toReservation(e *entry[T], k *key) *T {
+	e.flip()
+	e.key.meta.Store(k.meta &^ lportMask)
+	v := e.val.Load()
+	e.val.Store(nil)
+	e.flip()
+	return v
+}
+
+// errReserved is the error of a write to a tuple that a ConnectFunc holds.
+func errReserved(tup Tuple) error {
+	return fmt.Errorf("%w: %v, held by a ConnectFunc in progress", ErrExists, tup)
 }

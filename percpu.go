@@ -1,0 +1,96 @@
+package hash4
+
+import (
+	"runtime"
+	"sync/atomic"
+	_ "unsafe" // go:linkname
+)
+
+// This file holds a Table's per-processor shards: the count of its entries
+// and its caches of free nodes, a cache line for each processor (each P of
+// the Go scheduler), as Linux keeps per-CPU counters (percpu_counter) and
+// per-CPU slab caches. A writer uses the shard of the P it runs on, which
+// other Ps rarely touch: counting an insert or taking a node costs no line
+// that the writers of other cores write too.
+//
+// Invariants:
+//
+//  1. A shard's cache is used only under its lock, which is held only for a
+//     few stores and never across a call that may block but for the node
+//     store's mutex (refill, put).
+//  2. A node taken from a cache is filled and linked (or put back) before
+//     the shard's lock is released: no index is held outside a cache, the
+//     depot or a chain but under a shard lock. Compaction locks every shard
+//     to take a chunk's free nodes out of circulation (compact.go).
+//  3. Counts are changed with atomic adds, and may go below zero in one
+//     shard (an entry inserted on one P and deleted on another): only
+//     their sum means something.
+
+// procPin pins the calling goroutine to its P and returns the P's id. The
+// runtime keeps it for packages outside the standard library
+// (go.dev/issue/67401); it and procUnpin cost a few instructions each.
+//
+//go:linkname procPin runtime.procPin
+func procPin() int
+
+//go:linkname procUnpin runtime.procUnpin
+func procUnpin()
+
+// procID returns the id of the P the caller runs on: a hint of which shard
+// is local, which may be stale as soon as it returns.
+func procID() uint32 {
+	p := procPin()
+	procUnpin()
+	return uint32(p)
+}
+
+// shard is one P's share of a Table's counters and free nodes.
+type shard struct {
+	count atomic.Int64 // entries inserted less entries removed through it
+	// checkAt is the count past which an insert has the table check its
+	// growth (grow.go): its share of the growth limit, raised by checks
+	// that decided not to grow.
+	checkAt atomic.Int64
+	cache   slabCache
+	lock    atomic.Uint32 // guards cache
+	_       [cacheLineSize - 8 - 8 - 3*ptrSize - 4]byte
+}
+
+// shardCacheMax is the most free nodes a shard's cache keeps: a put past
+// it gives half back to the depot.
+const shardCacheMax = 2 * slabBatch
+
+// newShards returns the shards of a table: one per P, a power of two.
+func newShards() []shard {
+	return make([]shard, ceilPow2(runtime.GOMAXPROCS(0)))
+}
+
+// shard returns the shard of the P the caller runs on, locked.
+func (t *Table[T]) shard() *shard {
+	sh := &t.shards[procID()&uint32(len(t.shards)-1)]
+	sh.take()
+	return sh
+}
+
+// take locks sh. N.B. its holders run a few dozen instructions, so a waiter
+// spins; it yields if the holder was preempted.
+func (sh *shard) take() {
+	for spins := 0; !sh.lock.CompareAndSwap(0, 1); spins++ {
+		if spins >= lockSpins {
+			runtime.Gosched()
+		}
+	}
+}
+
+// release unlocks sh.
+func (sh *shard) release() { sh.lock.Store(0) }
+
+// count returns the sum of the shards' counts: the table's entries, a
+// moment's count of each shard under concurrent writes.
+func (t *Table[T]) count() int64 {
+	var n int64
+	for i := range t.shards {
+		n += t.shards[i].count.Load()
+	}
+	return max(n, 0)
+}
