@@ -14,7 +14,7 @@ import (
 // Every entry is found after, every node is accounted for, and the table
 // goes on.
 func TestTableCompactNodes(t *testing.T) {
-	tab := New[int](WithCapacity(32), WithFixedBuckets(), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[int](WithCapacity(16), WithFixedBuckets(), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	tab.shards = tab.shards[:1] // one cache: nodes carved in order, a batch at a time
 	const chunk = 64
 	require.EqualValues(t, 6, tab.nodes.shift())

@@ -369,7 +369,7 @@ func ExampleTable_Grow() {
 	st := flows.Stats()
 	fmt.Println("flows", st.Entries, "buckets", st.Buckets)
 	// Output:
-	// flows 1000 buckets 512
+	// flows 1000 buckets 1024
 }
 
 func ExampleTable_Compact() {

@@ -128,8 +128,8 @@ func (t *Table[T]) Grow(n int) error {
 		panic(fmt.Sprintf("hash4: Grow(%d): negative size", n))
 	}
 	t.array() // a nil or zero Table panics here, named
-	nb := bucketCount(n / maxLoad)
-	if n/maxLoad > t.bucketLimit {
+	nb := bucketCount(n / capLoad)
+	if n/capLoad > t.bucketLimit {
 		return fmt.Errorf("%w: Grow(%d) beyond %d buckets", ErrTooLarge, n, t.bucketLimit)
 	}
 	if limit := debug.SetMemoryLimit(-1); uint64(nb)*cacheLineSize > uint64(limit) {

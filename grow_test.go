@@ -50,7 +50,7 @@ func growCheck(t *testing.T, tab *Table[int], want map[Tuple]*int, msg string) {
 func TestTableGrow(t *testing.T) {
 	for _, h := range hashers {
 		t.Run(h.String(), func(t *testing.T) {
-			tab := New[int](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(h))
+			tab := New[int](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(h))
 			want := map[Tuple]*int{}
 			next := 0
 			add := func(n int) {
@@ -63,12 +63,12 @@ func TestTableGrow(t *testing.T) {
 				}
 			}
 			add(48) // three per bucket
-			for _, n := range []int{34, 128, 200, 2048, 8192} {
+			for _, n := range []int{17, 64, 100, 1024, 4096} {
 				before := tab.cur()
 				require.NoError(t, tab.Grow(n))
 				a := tab.cur()
 				require.NotSame(t, before, a)
-				require.Equal(t, bucketCount(n/maxLoad), len(a.lines))
+				require.Equal(t, bucketCount(n), len(a.lines))
 				require.Equal(t, before.nullsBase^arrayNullsFlip, a.nullsBase)
 				require.Nil(t, a.old.Load())
 				for i := range before.lines {
@@ -102,7 +102,7 @@ func TestTableGrow(t *testing.T) {
 // in its own node; no node is carved, and those whose entries went to a
 // line are free for reuse.
 func TestTableGrowTakesNoNode(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	want := map[Tuple]*int{}
 	for i := range 400 {
 		k := tblKey(i, i%2 == 0)
@@ -112,7 +112,7 @@ func TestTableGrowTakesNoNode(t *testing.T) {
 	carved, _ := tab.nodes.stats()
 	relinked := 0
 	hooksOf(tab).relinked = func(uint32) { relinked++ }
-	require.NoError(t, tab.Grow(256))
+	require.NoError(t, tab.Grow(128))
 	after, _ := tab.nodes.stats()
 	require.Equal(t, carved, after, "growth carved nodes")
 	require.Positive(t, relinked)
@@ -122,7 +122,7 @@ func TestTableGrowTakesNoNode(t *testing.T) {
 // TestTableGrowNoOp checks that Grow to no more buckets than a table has
 // changes nothing, and that a negative size panics and changes nothing.
 func TestTableGrowNoOp(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(128))
+	tab := New[int](WithFixedBuckets(), WithCapacity(64))
 	want := map[Tuple]*int{}
 	for i := range 100 {
 		k := tblKey(i, false)
@@ -131,7 +131,7 @@ func TestTableGrowNoOp(t *testing.T) {
 	}
 	a := tab.cur()
 	nodes := tab.Stats().Nodes
-	for _, n := range []int{0, 1, 16, 64, 127, 128} {
+	for _, n := range []int{0, 1, 16, 63, 64} {
 		require.NoError(t, tab.Grow(n), n)
 		require.Same(t, a, tab.cur(), "Grow(%d) replaced the array", n)
 	}
@@ -147,9 +147,9 @@ func TestTableGrowNoOp(t *testing.T) {
 // of one into a chain of the next, through a node that moved, must end on a
 // value not its own and restart.
 func TestTableGrowMarkers(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(32))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16))
 	a := tab.cur()
-	for _, n := range []int{64, 512, 2048} {
+	for _, n := range []int{32, 256, 1024} {
 		require.NoError(t, tab.Grow(n))
 		b := tab.cur()
 		values := map[uint32]bool{}
@@ -185,7 +185,7 @@ func TestTableGrowReaderOnMovedNode(t *testing.T) {
 			require.NoError(t, tab.Insert(x, vx))
 			xIdx := f.headIndex(t, f.a)
 			r, restarts := f.lookupAcross(t, y, xIdx, func() {
-				require.NoError(t, tab.Grow(64))
+				require.NoError(t, tab.Grow(32))
 				if !reuse || tab.nodes.at(xIdx).live() {
 					return
 				}
@@ -214,7 +214,7 @@ func TestTableGrowReaderOnMovedNode(t *testing.T) {
 func TestTableGrowAllExactlyOnce(t *testing.T) {
 	for _, every := range []bool{false, true} {
 		t.Run(fmt.Sprint("every=", every), func(t *testing.T) {
-			tab := New[int](WithFixedBuckets(), WithCapacity(32))
+			tab := New[int](WithFixedBuckets(), WithCapacity(16))
 			want := map[Tuple]*int{}
 			for i := range 500 {
 				k := tblCanon(tblKey(i, i%3 == 0))
@@ -228,10 +228,10 @@ func TestTableGrowAllExactlyOnce(t *testing.T) {
 				seen[k]++
 				if every && buckets < 1<<14 {
 					buckets *= 2
-					require.NoError(t, tab.Grow(maxLoad*buckets))
+					require.NoError(t, tab.Grow(buckets))
 				} else if !every && n == 100 {
 					buckets *= 16
-					require.NoError(t, tab.Grow(maxLoad*buckets))
+					require.NoError(t, tab.Grow(buckets))
 				}
 				n++
 			}
@@ -268,7 +268,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 	rounds, lookups := 0, int64(0)
 	for rounds < 3 || time.Now().Before(end) {
 		rounds++
-		tab := New[val](WithFixedBuckets(), WithCapacity(32), WithSecret(NewSecret()))
+		tab := New[val](WithFixedBuckets(), WithCapacity(16), WithSecret(NewSecret()))
 		hooksOf(tab) // before the table is shared: lookups read its hooks
 		vals := make([]*val, len(stay))
 		for i, k := range stay {
@@ -356,7 +356,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 			}
 		}()
 		for b := 32; b <= 4096; b *= 2 {
-			if err := tab.Grow(maxLoad * b); err != nil {
+			if err := tab.Grow(b); err != nil {
 				fail("round %d: Grow(%d): %v", rounds, b, err)
 			}
 			time.Sleep(time.Millisecond)
@@ -380,7 +380,7 @@ func TestTableGrowConcurrent(t *testing.T) {
 // TestTCPTableEstablishedGrow grows a TCPTable's established table: its
 // flows and its listeners are still found.
 func TestTCPTableEstablishedGrow(t *testing.T) {
-	tbl := NewTCPTable[string](WithCapacity(32), WithFixedBuckets())
+	tbl := NewTCPTable[string](WithCapacity(16), WithFixedBuckets())
 	lis := netip.MustParseAddrPort("10.0.0.1:80")
 	vl := valPtr("listener")
 	release, err := tbl.Listen(lis, vl)
@@ -391,7 +391,7 @@ func TestTCPTableEstablishedGrow(t *testing.T) {
 		flows[k] = valPtr(fmt.Sprint(i))
 		require.NoError(t, tbl.Established().Insert(k, flows[k]))
 	}
-	require.NoError(t, tbl.Established().Grow(512))
+	require.NoError(t, tbl.Established().Grow(256))
 	for k, v := range flows {
 		got, ok := tbl.Lookup(k)
 		require.True(t, ok)
@@ -479,7 +479,7 @@ func TestTableGrowBucketByBucket(t *testing.T) {
 	for _, iterate := range []string{"", "All", "Stats"} {
 		t.Run("iterate="+iterate, func(t *testing.T) {
 			const buckets = 16
-			tab := New[int](WithFixedBuckets(), WithCapacity(2*buckets), WithSecret(tblSecret), WithHasher(LinuxHasher))
+			tab := New[int](WithFixedBuckets(), WithCapacity(buckets), WithSecret(tblSecret), WithHasher(LinuxHasher))
 			old := tab.cur()
 			want := map[Tuple]*int{}
 			next := 0
@@ -548,7 +548,7 @@ func TestTableGrowBucketByBucket(t *testing.T) {
 				want[swap] = vSwap
 			}
 
-			step, wait := growPaused(t, tab, 4*buckets)
+			step, wait := growPaused(t, tab, 2*buckets)
 			for i := range buckets {
 				b := step()
 				if i > 0 && iterate != "" {
@@ -606,7 +606,7 @@ func TestTableGrowWriterAcrossPublish(t *testing.T) {
 	kx, kz := tblKeyOf(tab, x), tblKeyOf(tab, z)
 	old, la := tab.lockBucket(kx.hash())
 	grown := make(chan error, 1)
-	go func() { grown <- tab.Grow(64) }()
+	go func() { grown <- tab.Grow(32) }()
 	for start := time.Now(); tab.cur() == old; time.Sleep(time.Millisecond) {
 		require.Less(t, time.Since(start), 30*time.Second, "Grow never published its array")
 	}
@@ -654,7 +654,7 @@ func (f *tblNulls) headIndexIn(t *testing.T, a *bucketArray[string], b uint32) u
 // line's seq changed when Y moved into it, so it walks again and finds Y.
 // (Had it loaded old after its check of seq, it would have missed Y.)
 func TestTableGrowReaderBeforeMove(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	var y Tuple
 	for i := 0; ; i++ {
 		if y = tblKey(i, false); bucketOf(tab, tab.cur(), y) == 1 {
@@ -663,7 +663,7 @@ func TestTableGrowReaderBeforeMove(t *testing.T) {
 	}
 	vy := valPtr(1)
 	require.NoError(t, tab.Insert(y, vy))
-	step, wait := growPaused(t, tab, 64)
+	step, wait := growPaused(t, tab, 32)
 	require.Equal(t, uint32(0), step())
 	require.Equal(t, uint32(1), step())
 	require.Contains(t, unmoved(tab), uint32(1))
@@ -682,16 +682,16 @@ func TestTableGrowReaderBeforeMove(t *testing.T) {
 // Y's bucket in B empty and unchanged since it looked: only the array check
 // tells it that B is no longer the table's, and it walks C and finds Y.
 func TestTableGrowReaderOnOlderArray(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	y := tblKey(1, false)
 	vy := valPtr(1)
 	require.NoError(t, tab.Insert(y, vy))
-	step, wait := growPaused(t, tab, 64)
+	step, wait := growPaused(t, tab, 32)
 	require.Equal(t, uint32(0), step())
 	b := tab.cur()
 	lookedUp := lookupStopped(t, tab, y, visitGrowing, "the lookup never reached lookupGrowing")
 	require.NoError(t, wait())
-	require.NoError(t, tab.Grow(128))
+	require.NoError(t, tab.Grow(64))
 	require.NotSame(t, b, tab.cur())
 	require.Nil(t, b.old.Load())
 	require.Same(t, vy, lookedUp(), "Lookup(Y) missed Y")
@@ -745,9 +745,9 @@ func TestTableGrowsItself(t *testing.T) {
 		opts []Option
 		n    int
 	}{
-		{"small", []Option{WithCapacity(32)}, 5000},
+		{"small", []Option{WithCapacity(16)}, 5000},
 		{"default", nil, 20000},
-		{"at a power of two", []Option{WithCapacity(32)}, 4097},
+		{"at a power of two", []Option{WithCapacity(16)}, 4097},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tab := New[int](append(c.opts, WithSecret(tblSecret), WithHasher(LinuxHasher))...)
@@ -792,7 +792,7 @@ func TestTableGrowsItself(t *testing.T) {
 		})
 	}
 	t.Run("TCPTable", func(t *testing.T) {
-		tbl := NewTCPTable[string](WithCapacity(32), WithLockStripes(2))
+		tbl := NewTCPTable[string](WithCapacity(16), WithLockStripes(2))
 		lis := netip.MustParseAddrPort("10.0.0.1:80")
 		vl := valPtr("listener")
 		release, err := tbl.Listen(lis, vl)
@@ -846,7 +846,7 @@ func TestTableGrowthChecksFew(t *testing.T) {
 	}
 	tab.growers.Wait()
 	require.Zero(t, over.Load(), "past its limit at its limit")
-	require.Equal(t, limit/maxLoad, tab.Stats().Buckets)
+	require.Equal(t, 1<<12, tab.Stats().Buckets)
 	require.LessOrEqual(t, checks.Load()-base, int32(turns/(limit/64)+len(tab.shards)+1))
 }
 
@@ -918,21 +918,21 @@ var huge = int(min(uint64(1)<<40, uint64(math.MaxInt)))
 // capacity is lowered to it.
 func TestTableMaxBuckets(t *testing.T) {
 	for _, c := range []struct{ max, limit, buckets int }{
-		{0, maxBuckets, 512},
+		{0, maxBuckets, 1024},
 		{1, 16, 16},
 		{16, 16, 16},
 		{100, 64, 64},
 		{1000, 512, 512},
-		{1024, 1024, 512},
-		{5000, 4096, 512},
-		{huge, maxBuckets, 512},
+		{1024, 1024, 1024},
+		{5000, 4096, 1024},
+		{huge, maxBuckets, 1024},
 	} {
 		tab := New[int](WithMaxBuckets(c.max), WithSecret(tblSecret), WithHasher(LinuxHasher))
 		require.Equal(t, c.limit, tab.bucketLimit, "WithMaxBuckets(%d)", c.max)
 		require.Equal(t, c.buckets, tab.Stats().Buckets, "WithMaxBuckets(%d)", c.max)
 	}
 	// Grown by itself, up to the bound and no further.
-	tab := New[int](WithCapacity(32), WithMaxBuckets(100), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[int](WithCapacity(16), WithMaxBuckets(100), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	want := map[Tuple]*int{}
 	for i := range 1000 {
 		k := tblKey(i, i%2 == 0)
@@ -944,9 +944,9 @@ func TestTableMaxBuckets(t *testing.T) {
 	require.False(t, tab.growing.Load(), "a table at its bound is not growing")
 	growCheck(t, tab, want, "at its bound")
 	a := tab.cur()
-	require.ErrorIs(t, tab.Grow(2*65), ErrTooLarge)
+	require.ErrorIs(t, tab.Grow(65), ErrTooLarge)
 	require.ErrorIs(t, tab.Grow(huge), ErrTooLarge)
-	require.NoError(t, tab.Grow(2*64))
+	require.NoError(t, tab.Grow(64))
 	require.Same(t, a, tab.cur())
 	growCheck(t, tab, want, "after Grows past its bound")
 }
@@ -969,21 +969,21 @@ func TestTableSizesFailCleanly(t *testing.T) {
 		opts []Option
 		msg  string
 	}{
-		{[]Option{WithCapacity(huge)}, fmt.Sprintf("hash4: WithCapacity(%d) beyond 1073741824 entries, the most a table is sized for (536870912 buckets)", huge)},
-		{[]Option{WithCapacity(2*maxBuckets + 1)}, "hash4: WithCapacity(1073741825) beyond 1073741824 entries, the most a table is sized for (536870912 buckets)"},
-		{[]Option{WithMaxBuckets(1000), WithCapacity(1025)}, "hash4: WithCapacity(1025) beyond WithMaxBuckets(1000), 512 buckets"},
-		{[]Option{WithCapacity(8192), WithMaxBuckets(4095)}, "hash4: WithCapacity(8192) beyond WithMaxBuckets(4095), 2048 buckets"},
+		{[]Option{WithCapacity(huge)}, fmt.Sprintf("hash4: WithCapacity(%d) beyond 536870912 buckets, the most a table can have", huge)},
+		{[]Option{WithCapacity(maxBuckets + 1)}, "hash4: WithCapacity(536870913) beyond 536870912 buckets, the most a table can have"},
+		{[]Option{WithMaxBuckets(1000), WithCapacity(513)}, "hash4: WithCapacity(513) beyond WithMaxBuckets(1000), 512 buckets"},
+		{[]Option{WithCapacity(4096), WithMaxBuckets(4095)}, "hash4: WithCapacity(4096) beyond WithMaxBuckets(4095), 2048 buckets"},
 		{[]Option{WithMaxBuckets(-1)}, "hash4: WithMaxBuckets(-1): negative"},
 	} {
 		require.PanicsWithValue(t, c.msg, func() { New[int](c.opts...) })
 	}
-	require.Equal(t, 512, New[int](WithMaxBuckets(1000), WithCapacity(1024)).Stats().Buckets)
+	require.Equal(t, 512, New[int](WithMaxBuckets(1000), WithCapacity(512)).Stats().Buckets)
 	require.PanicsWithValue(t, fmt.Sprintf("hash4: WithCapacity(%d) beyond 536870912 buckets, the most a table can have", huge), func() { NewUDPTable[int](WithCapacity(huge)) })
-	require.PanicsWithValue(t, fmt.Sprintf("hash4: WithCapacity(%d) beyond 1073741824 entries, the most a table is sized for (536870912 buckets)", huge), func() { NewTCPTable[int](WithCapacity(huge)) })
+	require.PanicsWithValue(t, fmt.Sprintf("hash4: WithCapacity(%d) beyond 536870912 buckets, the most a table can have", huge), func() { NewTCPTable[int](WithCapacity(huge)) })
 
 	tab := New[int](WithCapacity(64), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	a := tab.cur()
-	for _, n := range []int{2*maxBuckets + 2, huge, math.MaxInt} {
+	for _, n := range []int{maxBuckets + 1, huge, math.MaxInt} {
 		err := tab.Grow(n)
 		require.ErrorIs(t, err, ErrTooLarge)
 		require.Equal(t, fmt.Sprintf("hash4: size beyond the table's bucket limit: Grow(%d) beyond 536870912 buckets", n), err.Error())
@@ -992,13 +992,13 @@ func TestTableSizesFailCleanly(t *testing.T) {
 
 	// Past the process's memory limit: refused before the array is made.
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(1 << 30))
-	require.PanicsWithValue(t, "hash4: WithCapacity(67108864): 33554432 buckets take 2147483648 bytes, beyond the memory limit of 1073741824", func() { New[int](WithCapacity(1 << 26)) })
-	err := tab.Grow(1 << 26)
+	require.PanicsWithValue(t, "hash4: WithCapacity(33554432): 33554432 buckets take 2147483648 bytes, beyond the memory limit of 1073741824", func() { New[int](WithCapacity(1 << 25)) })
+	err := tab.Grow(1 << 25)
 	require.ErrorIs(t, err, ErrTooLarge)
-	require.Equal(t, "hash4: size beyond the table's bucket limit: Grow(67108864): 33554432 buckets take 2147483648 bytes, beyond the memory limit of 1073741824", err.Error())
-	require.Less(t, allocated(func() { _ = tab.Grow(1 << 26) }), uint64(1024))
+	require.Equal(t, "hash4: size beyond the table's bucket limit: Grow(33554432): 33554432 buckets take 2147483648 bytes, beyond the memory limit of 1073741824", err.Error())
+	require.Less(t, allocated(func() { _ = tab.Grow(1 << 25) }), uint64(1024))
 	require.Same(t, a, tab.cur())
-	require.NoError(t, tab.Grow(1<<11))
+	require.NoError(t, tab.Grow(1<<10))
 	require.Equal(t, 1<<10, tab.Stats().Buckets)
 }
 

@@ -25,7 +25,7 @@ type tblNulls struct {
 func (f *tblNulls) filler(b uint32) Tuple { return f.byBkt[b][len(f.byBkt[b])-1] }
 
 func newTblNulls(t *testing.T) *tblNulls {
-	tab := New[string](WithFixedBuckets(), WithCapacity(32), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	tab := New[string](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	tab.shards = tab.shards[:1]
 	hooksOf(tab) // made before tab is shared: tests set hooks while lookups run
 	f := &tblNulls{tab: tab, byBkt: map[uint32][]Tuple{}}
@@ -261,7 +261,7 @@ func TestTableNullsLineChangedUnderReader(t *testing.T) {
 			require.NoError(t, err)
 		}, "X swapped", 0},
 		{"moved by growth", func(t *testing.T, tab *Table[string], _, _ Tuple) {
-			require.NoError(t, tab.Grow(64))
+			require.NoError(t, tab.Grow(32))
 		}, "X", 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {

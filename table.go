@@ -14,14 +14,14 @@ import (
 // allocation. Make one with [New]; all methods are safe for concurrent use.
 //
 // Cost: each bucket is one 64-byte cache line that holds one entry, so a
-// [Table.Lookup] of a flow held there reads one line; other flows are in
-// 64-byte nodes of the bucket's chain. Lookups take no lock and never
+// [Table.Lookup] of a flow held there reads one line; the other flows of a
+// bucket are in 64-byte nodes of its chain. Lookups take no lock and never
 // allocate; writes lock one bucket and allocate only when the table needs
-// more nodes. A table holds between one and two entries per bucket: 32 to
-// 64 bytes of buckets per entry, plus 64 for each entry beyond one per
-// bucket (about 65 to 85 bytes per entry in all, beyond the caller's T). It
-// doubles its buckets past two entries per bucket (see [WithMaxBuckets],
-// [WithFixedBuckets]).
+// more nodes. A table made for n flows ([WithCapacity]) holds one per bucket
+// when full: 63% of them in their buckets' lines, about 88 bytes per entry
+// beyond the caller's T. Past two entries per bucket it doubles its buckets
+// (see [WithMaxBuckets], [WithFixedBuckets]); in between it holds 64 to 88
+// bytes per entry, and fewer flows in line.
 //
 // Keys: an IPv4 address and its IPv4-mapped form are one; zones are not
 // part of a key. Values: a Lookup that began before a Delete or Swap may
@@ -68,11 +68,17 @@ type node[T any] struct {
 	_ [cacheLineSize - 56]byte // an entry is 56 bytes on every target (TestTableMemoryLayout)
 }
 
-// maxLoad is the entries per bucket past which a table doubles its
-// buckets, and which WithCapacity sizes for. At 2, a full table holds 43%
-// of its flows in their buckets' lines and 69 bytes per entry (1M flows);
-// at 1, 63% and 87 bytes (docs/performance.md, "Load factor").
-const maxLoad = 2
+// capLoad is the entries per bucket that WithCapacity and Grow size a table
+// for, and maxLoad those past which a table doubles its buckets by itself.
+// At one entry per bucket, 63% of the flows are in their buckets' lines,
+// and a table holds about 88 bytes per entry; at two, 43% and 68 bytes: a
+// lookup of a random flow is a third slower there (docs/performance.md,
+// "Load factor"). So a table sized ahead is sized for speed, and one that
+// grows by itself trades some for memory until it doubles.
+const (
+	capLoad = 1
+	maxLoad = 2
+)
 
 // testHooks are the points where tests step into a table's work. Tests set
 // a table's hooks before they share it; every other table has none.
@@ -170,15 +176,17 @@ func (c *tableConfig) stripeCount() int {
 	return defaultStripes(bucketCount(c.capacity))
 }
 
-// WithCapacity sizes the table for about n entries before it grows: n/2
-// buckets, rounded up to a power of two (at least 16), as a table grows
-// past two entries per bucket; 0 means the default, 1024. New reserves the
-// buckets at once, 64 bytes each: 32 to 64 bytes per entry asked for (a
-// million entries, 32 MiB), as make(map[K]V, n) reserves room for n. It
-// panics if n is negative, beyond 2^30 (2^29 buckets), beyond the bound set
-// by [WithMaxBuckets], or if the buckets alone would pass the process's
-// memory limit ([debug.SetMemoryLimit]). Unless made [WithFixedBuckets],
-// the table grows past n.
+// WithCapacity sizes the table for about n entries: n buckets, rounded up
+// to a power of two (at least 16), one entry per bucket when full, as Linux
+// sizes its established table; 0 means the default, 1024. New reserves the
+// buckets at once, 64 bytes each: 64 to 128 bytes per entry asked for (a
+// million entries, 64 MiB), as make(map[K]V, n) reserves room for n. The
+// table grows itself past two entries per bucket, unless made
+// [WithFixedBuckets]; sized for half its flows, it holds about a fifth less
+// memory and looks up a third slower (see [Table]). New panics if n is
+// negative, beyond 2^29, beyond the bound set by [WithMaxBuckets], or if the
+// buckets alone would pass the process's memory limit
+// ([debug.SetMemoryLimit]).
 func WithCapacity(n int) Option {
 	return func(c *tableConfig) {
 		if n < 0 {
@@ -286,7 +294,7 @@ func newTable[T any](cfg *tableConfig) *Table[T] {
 	}
 	t.fold = foldKeys(t.secret.Seed)
 	t.bucketLimit = cfg.sizes()
-	n := bucketCount(cfg.capacity / maxLoad)
+	n := bucketCount(cfg.capacity / capLoad)
 	if limit := debug.SetMemoryLimit(-1); uint64(n)*cacheLineSize > uint64(limit) {
 		panic(fmt.Sprintf("hash4: WithCapacity(%d): %d buckets take %d bytes, beyond the memory limit of %d", cfg.capacity, n, uint64(n)*cacheLineSize, limit))
 	}
@@ -316,10 +324,10 @@ func (c *tableConfig) sizes() int {
 	}
 	switch {
 	case !c.capacitySet:
-		c.capacity = min(c.capacity, maxLoad*limit)
-	case c.capacity > maxLoad*limit && c.maxBuckets > 0:
+		c.capacity = min(c.capacity, capLoad*limit)
+	case c.capacity > capLoad*limit && c.maxBuckets > 0:
 		panic(fmt.Sprintf("hash4: WithCapacity(%d) beyond WithMaxBuckets(%d), %d buckets", c.capacity, c.maxBuckets, limit))
-	case c.capacity > maxLoad*limit:
+	case c.capacity > capLoad*limit:
 		panic(capacityBeyond(c.capacity))
 	}
 	return limit
@@ -328,5 +336,5 @@ func (c *tableConfig) sizes() int {
 // capacityBeyond returns the message of a panic for a WithCapacity(n)
 // beyond the most buckets any table can have.
 func capacityBeyond(n int) string {
-	return fmt.Sprintf("hash4: WithCapacity(%d) beyond %d entries, the most a table is sized for (%d buckets)", n, maxLoad*maxBuckets, maxBuckets)
+	return fmt.Sprintf("hash4: WithCapacity(%d) beyond %d buckets, the most a table can have", n, maxBuckets)
 }

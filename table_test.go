@@ -574,19 +574,18 @@ func TestTableOptions(t *testing.T) {
 		opts    []Option
 		buckets int
 	}{
-		{"default", nil, 512},
-		{"cap 0 is the default", []Option{WithCapacity(0)}, 512},
+		{"default", nil, 1024},
+		{"cap 0 is the default", []Option{WithCapacity(0)}, 1024},
 		{"cap 1", []Option{WithCapacity(1)}, 16},
-		{"cap 32", []Option{WithCapacity(32)}, 16},
-		{"cap 33", []Option{WithCapacity(33)}, 16},
-		{"cap 34", []Option{WithCapacity(34)}, 32},
-		{"cap 300", []Option{WithCapacity(300)}, 256},
-		{"cap 1000", []Option{WithCapacity(1000)}, 512},
-		{"cap 4096", []Option{WithCapacity(4096)}, 2048},
-		{"cap 100000", []Option{WithCapacity(100000)}, 1 << 16},
-		{"cap 1e6", []Option{WithCapacity(1e6)}, 1 << 19},
-		{"cap 1<<20", []Option{WithCapacity(1 << 20)}, 1 << 19},
-		{"last option wins", []Option{WithCapacity(16), WithCapacity(300)}, 256},
+		{"cap 15", []Option{WithCapacity(15)}, 16},
+		{"cap 16", []Option{WithCapacity(16)}, 16},
+		{"cap 17", []Option{WithCapacity(17)}, 32},
+		{"cap 300", []Option{WithCapacity(300)}, 512},
+		{"cap 1000", []Option{WithCapacity(1000)}, 1024},
+		{"cap 4096", []Option{WithCapacity(4096)}, 4096},
+		{"cap 100000", []Option{WithCapacity(100000)}, 1 << 17},
+		{"cap 1e6", []Option{WithCapacity(1e6)}, 1 << 20},
+		{"last option wins", []Option{WithCapacity(16), WithCapacity(300)}, 512},
 		{"max buckets below the default", []Option{WithMaxBuckets(100)}, 64},
 	}
 	for _, c := range cases {
@@ -948,11 +947,14 @@ func TestTableMemoryLayout(t *testing.T) {
 // at as many random flows as it was made for, after inserts and after 8
 // rounds of churn that each replace every flow (as many deletes of a random
 // live flow and inserts of a new one), and after Compact. A table made for
-// n flows of 2^k has n/2 buckets, two flows per bucket: 32 bytes of bucket
-// lines per flow, and 64-byte nodes for the 57% of flows beyond one per
-// bucket. Grown by Grow, or by itself from the default size, it holds
-// about as much: growth moves nodes into the new array rather than copying
-// them, and the old array goes back to the heap.
+// n flows of 2^k has n buckets, one flow per bucket: 64 bytes of bucket
+// line per flow, and 64-byte nodes for the 37% of flows beyond one per
+// bucket, 88 bytes in all. Grown by Grow to the same size, it holds as
+// much: growth moves nodes into the new array rather than copying them,
+// and the old array goes back to the heap. Grown by itself from the
+// default size, it has doubled only past two flows per bucket, and holds
+// n/2 buckets and fewer bytes. Smaller tables hold a few more: a chunk of
+// nodes, and the shards, are a larger part of them.
 func TestTableMemoryPerEntry(t *testing.T) {
 	if raceEnabled {
 		// It measures the Go heap, which the race detector does not
@@ -974,12 +976,11 @@ func TestTableMemoryPerEntry(t *testing.T) {
 		limit     float64 // bytes per entry; measured: see the log
 		compacted float64 // the same after Compact
 	}{
-		{1 << 10, false, false, 84, 84}, // 80.8
-		{1 << 12, false, false, 80, 80}, // 76.7
-		{1 << 16, false, false, 76, 76},
-		{1 << 16, true, false, 76, 76}, // 73.6, 73.9
-		{1 << 16, false, true, 79, 79}, // 75.8 to 76.5
-
+		{1 << 10, false, false, 102, 102}, // 93.8 and 98.9
+		{1 << 12, false, false, 97, 97},   // 94.1 and 94.4
+		{1 << 16, false, false, 91, 91},   // 88.0 and 88.1
+		{1 << 16, true, false, 91, 91},    // 87.9 and 88.4
+		{1 << 16, false, true, 79, 79},    // 75.8 and 76.5, at two flows per bucket
 	} {
 		t.Run(fmt.Sprintf("n=%d/grown=%v/itself=%v", c.n, c.grown, c.itself), func(t *testing.T) {
 			// The least of three builds: now and then the runtime

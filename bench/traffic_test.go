@@ -98,6 +98,11 @@ var trafficImpls = []trafficImpl{
 			return flowHash4{hash4.New[benchVal](hash4.WithCapacity(n)), false}
 		})
 	}},
+	{"hash4-lf1", func(b *testing.B, n int, bd trafficBody) {
+		flowRun(b, "hash4-lf1", n, bd, func(t Tuple) Tuple { return t }, func() flowMap[Tuple] {
+			return flowHash4{hash4.New[benchVal](hash4.WithCapacity(2 * n)), false}
+		})
+	}},
 	{"hash4-batch", func(b *testing.B, n int, bd trafficBody) {
 		flowRun(b, "hash4-batch", n, bd, func(t Tuple) Tuple { return t }, func() flowMap[Tuple] {
 			return flowHash4{hash4.New[benchVal](hash4.WithCapacity(n)), true}
@@ -462,7 +467,7 @@ func trafficEach(b *testing.B, bd trafficBody, prefix string, impls ...string) {
 	}
 }
 
-var trafficPeers = []string{"hash4", "xsync", "rwmutex", "syncmap"}
+var trafficPeers = []string{"hash4", "hash4-lf1", "xsync", "rwmutex", "syncmap"}
 
 // BenchmarkTurnover measures turnover ops: the delete of a random flow and
 // the insert of a new one, both cold, as one op.
