@@ -178,7 +178,7 @@ done:
 	}
 	noPorts = true
 	if c.refuse > 0 {
-		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (%d ports refused)", ErrNoPorts, local, remote, c.refuse)
+		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (ports refused: %d)", ErrNoPorts, local, remote, c.refuse)
 	}
 	return Tuple{}, nil, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
 }

@@ -33,9 +33,9 @@ var (
 	ErrTooLarge = errors.New("hash4: size beyond the table's bucket limit")
 	// ErrNilAllocator: a nil *PortAllocator, or one that NewPortAllocator
 	// did not make (its zero value), was given to Connect, ConnectFunc,
-	// Bind or BindEphemeral; or Connect was given another allocator than
-	// that of a table made WithPortAllocator.
-	ErrNilAllocator = errors.New("hash4: PortAllocator not made by NewPortAllocator")
+	// Bind or BindEphemeral; or Connect or ConnectFunc of a table made
+	// WithPortAllocator(a) was given another allocator than a.
+	ErrNilAllocator = errors.New("hash4: unusable PortAllocator")
 	// ErrPortRefused is for the function of a ConnectFunc to return,
 	// wrapped, when the flow cannot have the port it was offered (the
 	// operating system refused to bind it): ConnectFunc then tries the

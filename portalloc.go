@@ -507,13 +507,22 @@ func (s *portScan) taken(j uint32) {
 }
 
 // check returns an error matching ErrNilAllocator if a is nil or was not
-// made by NewPortAllocator (its zero value has no range).
+// made by NewPortAllocator.
 func (a *PortAllocator) check() error {
-	if a == nil {
-		return fmt.Errorf("%w: nil *PortAllocator", ErrNilAllocator)
-	}
-	if a.rng.Low == 0 {
-		return fmt.Errorf("%w: zero PortAllocator", ErrNilAllocator)
+	if why := a.unusable(); why != "" {
+		return fmt.Errorf("%w: %s", ErrNilAllocator, why)
 	}
 	return nil
+}
+
+// unusable says why a cannot serve, or returns "": it is nil, or was not
+// made by NewPortAllocator (its zero value has no range).
+func (a *PortAllocator) unusable() string {
+	switch {
+	case a == nil:
+		return "nil *PortAllocator"
+	case a.rng.Low == 0:
+		return "zero PortAllocator, not made by NewPortAllocator"
+	}
+	return ""
 }

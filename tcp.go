@@ -312,7 +312,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	if !fastOK {
 		for _, o := range ps.ls {
 			if o.port == port && addrEqual(l.addr, o.addr, true) && !(l.reuse && o.reuse) {
-				return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, local)
+				return nil, fmt.Errorf("%w: %v, by another listener", ErrPortInUse, local)
 			}
 		}
 	}
