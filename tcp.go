@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -463,6 +464,19 @@ const (
 	KindEstablished             // the established flow of the segment's 4-tuple
 	KindListener                // a listener on the segment's destination
 )
+
+// String returns "none", "established" or "listener".
+func (k Kind) String() string {
+	switch k {
+	case KindNone:
+		return "none"
+	case KindEstablished:
+		return "established"
+	case KindListener:
+		return "listener"
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
 
 // LookupKind is [TCPTable.Lookup] that also says which kind of socket
 // answered, as a stack must know to pass a SYN to a listener and anything
