@@ -18,8 +18,10 @@ var (
 	// ConnectFunc that has not returned yet.
 	ErrExists = errors.New("hash4: 4-tuple already in table")
 	// ErrInvalidTuple: an address is invalid or unspecified (0.0.0.0, ::)
-	// where a concrete one is needed, a port is 0, or two addresses that
-	// must be of one family are not (see the rule above).
+	// where a concrete one is needed, a port is 0, or a flow's local and
+	// remote addresses are of different families: an IPv4 address and an
+	// IPv4-mapped one (::ffff:a.b.c.d) are both IPv4, and go with each
+	// other but not with an IPv6 address.
 	ErrInvalidTuple error = &invalidInput{"hash4: invalid tuple"}
 	// ErrInvalidAddr is ErrInvalidTuple under the name that the socket
 	// tables' methods and PortAllocator use.
