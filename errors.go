@@ -41,7 +41,9 @@ var (
 	// ErrPortRefused is for the function of a ConnectFunc to return,
 	// wrapped, when the flow cannot have the port it was offered (the
 	// operating system refused to bind it): ConnectFunc then tries the
-	// next port.
+	// next port. The refusal lasts for that call only, as the allocator
+	// knows nothing of other programs' sockets: to keep later calls off
+	// the port, hold it with PortAllocator.Bind (see Table.ConnectFunc).
 	ErrPortRefused = errors.New("hash4: port refused")
 )
 
