@@ -598,6 +598,52 @@ func ExamplePortAllocator_Bind() {
 	// after release: <nil>
 }
 
+// A program that binds ports as well as connecting makes its flow table with
+// WithPortAllocator: BindEphemeral and Bind then see the ports its flows
+// use. A table made without it is invisible to them.
+func ExamplePortAllocator_BindEphemeral() {
+	local := netip.MustParseAddr("203.0.113.1")
+	upstream := netip.MustParseAddrPort("198.51.100.7:443")
+	onePort := hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40000})
+
+	ports, err := hash4.NewPortAllocator(onePort)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	flows := hash4.New[int](hash4.WithPortAllocator(ports))
+	tup, err := flows.Connect(nil, local, upstream, new(int)) // nil: the table's allocator
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, _, err = ports.BindEphemeral(local)
+	fmt.Println("flow on", tup.Local.Port(), "- BindEphemeral finds no port:", errors.Is(err, hash4.ErrNoPorts))
+
+	// The same with a table made without WithPortAllocator: BindEphemeral
+	// hands out the port the flow uses.
+	unseen, err := hash4.NewPortAllocator(onePort)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	tup, err = hash4.New[int]().Connect(unseen, local, upstream, new(int))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	port, release, err := unseen.BindEphemeral(local)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer release()
+	fmt.Println("flow on", tup.Local.Port(), "- BindEphemeral returns", port)
+	// Output:
+	// flow on 40000 - BindEphemeral finds no port: true
+	// flow on 40000 - BindEphemeral returns 40000
+}
+
 func ExampleParsePortRange() {
 	// The sysctl's own form, as /proc/sys/net/ipv4/ip_local_port_range reads.
 	r, err := hash4.ParsePortRange("32768\t60999\n")

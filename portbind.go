@@ -245,9 +245,10 @@ func (a *PortAllocator) holdSocket(o *bindOwner, local netip.AddrPort, addrs []n
 // address, for its family's wildcard, or (binding the wildcard) for any
 // address of the family, or a flow of a table made WithPortAllocator(a)
 // uses it from a conflicting address. Of a Bind and a racing Connect of
-// such a table, one gets the port. Port 0, an invalid address or a nil
-// allocator give errors matching [ErrInvalidAddr] or [ErrNilAllocator];
-// release may be called more than once.
+// such a table, one gets the port. The flows of other tables are not seen,
+// even those a's Connect placed (see [NewPortAllocator]). Port 0, an
+// invalid address or a nil allocator give errors matching [ErrInvalidAddr]
+// or [ErrNilAllocator]; release may be called more than once.
 func (a *PortAllocator) Bind(local netip.AddrPort, opts ...BindOption) (release func(), err error) {
 	if err := a.check(); err != nil {
 		return nil, err
@@ -273,6 +274,11 @@ func (a *PortAllocator) Bind(local netip.AddrPort, opts ...BindOption) (release 
 // [WithPortAllocator](a), ports any of its flows of local's family uses
 // (of both families for a dual-stack ::). opts are Bind's. It returns
 // [ErrNoPorts] if none is left, and Bind's errors for bad input.
+//
+// The flows of a table not made WithPortAllocator(a) are not seen, even
+// those a's Connect placed: BindEphemeral may return a port one of them
+// uses. Make the tables that a serves with WithPortAllocator(a), as the
+// example does.
 func (a *PortAllocator) BindEphemeral(local netip.Addr, opts ...BindOption) (port uint16, release func(), err error) {
 	if err := a.check(); err != nil {
 		return 0, nil, err
