@@ -57,6 +57,29 @@ func TestErrorVocabulary(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidAddr, name)
 		require.NotErrorIs(t, err, ErrNilValue, name)
 	}
+
+	// A nil value, with valid addresses, matches ErrNilValue only.
+	good := tblTuple("10.0.0.1:1", "10.0.0.2:80")
+	nils := map[string]error{
+		"Table.Insert": tab.Insert(good, nil),
+		"Table.Connect": func() error {
+			_, err := tab.Connect(alloc, good.Local.Addr(), good.Remote, nil)
+			return err
+		}(),
+		"UDPTable.Bind": func() error {
+			_, err := udp.Bind(netip.MustParseAddrPort("10.0.0.1:54"), nil)
+			return err
+		}(),
+		"TCPTable.Listen": func() error {
+			_, err := NewTCPTable[int]().Listen(netip.MustParseAddrPort("10.0.0.1:80"), nil)
+			return err
+		}(),
+	}
+	for name, err := range nils {
+		require.ErrorIs(t, err, ErrNilValue, name)
+		require.NotErrorIs(t, err, ErrInvalidTuple, name)
+		require.NotErrorIs(t, err, ErrInvalidAddr, name)
+	}
 	require.Zero(t, tab.Len())
 }
 
