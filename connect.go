@@ -58,6 +58,16 @@ func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 // next port; any other error, or a nil value, ends it with nothing inserted
 // and is returned. Its other errors are Connect's; it costs Connect's scan
 // and two locks of the tuple's bucket.
+//
+// A port f refuses is skipped by this call only: the allocator sees its
+// holds and the flows of the tables made [WithPortAllocator], not the
+// sockets of other programs, so a later call may offer the port again, and
+// a port held elsewhere for long is offered to call after call. To keep
+// Connect and ConnectFunc off it, hold it with [PortAllocator.Bind] once
+// ConnectFunc has returned (until then the flow holds the tuple, and a Bind
+// of the port in the table's own allocator fails with [ErrPortInUse]), and
+// release the hold when the port may be free again. [Metrics] counts the
+// refusals (ConnectRefused).
 func (t *Table[T]) ConnectFunc(a *PortAllocator, local netip.Addr, remote netip.AddrPort, f func(Tuple) (*T, error), opts ...ConnectOption) (Tuple, *T, error) {
 	if f == nil {
 		return Tuple{}, nil, fmt.Errorf("%w: ConnectFunc with a nil function, for a flow to %v", ErrNilValue, remote)
@@ -175,10 +185,8 @@ done:
 		return Tuple{}, nil, ErrTableFull
 	}
 	noPorts = true
-	if c.refuse == 1 {
-		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (1 port refused)", ErrNoPorts, local, remote)
-	} else if c.refuse > 0 {
-		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (%d ports refused)", ErrNoPorts, local, remote, c.refuse)
+	if c.refuse > 0 {
+		return Tuple{}, nil, fmt.Errorf("%w: %v to %v (ports refused: %d)", ErrNoPorts, local, remote, c.refuse)
 	}
 	return Tuple{}, nil, fmt.Errorf("%w: %v to %v", ErrNoPorts, local, remote)
 }

@@ -146,7 +146,7 @@ func TestConnectFuncRefused(t *testing.T) {
 		return nil, ErrPortRefused
 	}, WithConnectRange(PortRange{40000, 40009}))
 	require.ErrorIs(t, err, ErrNoPorts)
-	require.ErrorContains(t, err, "10 ports refused")
+	require.ErrorContains(t, err, "(ports refused: 10)")
 	require.Equal(t, 10, tries)
 	require.Zero(t, small.Stats().Entries)
 

@@ -18,8 +18,10 @@ var (
 	// ConnectFunc that has not returned yet.
 	ErrExists = errors.New("hash4: 4-tuple already in table")
 	// ErrInvalidTuple: an address is invalid or unspecified (0.0.0.0, ::)
-	// where a concrete one is needed, a port is 0, or two addresses that
-	// must be of one family are not (see the rule above).
+	// where a concrete one is needed, a port is 0, or a flow's local and
+	// remote addresses are of different families: an IPv4 address and an
+	// IPv4-mapped one (::ffff:a.b.c.d) are both IPv4, and go with each
+	// other but not with an IPv6 address.
 	ErrInvalidTuple error = &invalidInput{"hash4: invalid tuple"}
 	// ErrInvalidAddr is ErrInvalidTuple under the name that the socket
 	// tables' methods and PortAllocator use.
@@ -33,13 +35,15 @@ var (
 	ErrTooLarge = errors.New("hash4: size beyond the table's bucket limit")
 	// ErrNilAllocator: a nil *PortAllocator, or one that NewPortAllocator
 	// did not make (its zero value), was given to Connect, ConnectFunc,
-	// Bind or BindEphemeral; or Connect was given another allocator than
-	// that of a table made WithPortAllocator.
-	ErrNilAllocator = errors.New("hash4: PortAllocator not made by NewPortAllocator")
+	// Bind or BindEphemeral; or Connect or ConnectFunc of a table made
+	// WithPortAllocator(a) was given another allocator than a.
+	ErrNilAllocator = errors.New("hash4: unusable PortAllocator")
 	// ErrPortRefused is for the function of a ConnectFunc to return,
 	// wrapped, when the flow cannot have the port it was offered (the
 	// operating system refused to bind it): ConnectFunc then tries the
-	// next port.
+	// next port. The refusal lasts for that call only, as the allocator
+	// knows nothing of other programs' sockets: to keep later calls off
+	// the port, hold it with PortAllocator.Bind (see Table.ConnectFunc).
 	ErrPortRefused = errors.New("hash4: port refused")
 )
 

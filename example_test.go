@@ -502,6 +502,54 @@ func ExampleTable_ConnectFunc() {
 	// true true false 1
 }
 
+// A port another program holds is refused call after call, as the allocator
+// cannot see that program's socket. A gateway that holds a refused port with
+// Bind keeps Connect and ConnectFunc off it, and releases the hold after a
+// while, when the port may be free again.
+func ExampleTable_ConnectFunc_holdRefused() {
+	type flow struct{ outside hash4.Tuple }
+	flows := hash4.New[flow]()
+	ports, err := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40007}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	local := netip.MustParseAddr("203.0.113.1")
+	upstream := netip.MustParseAddrPort("93.184.216.34:443")
+	const elsewhere = 40004 // another program's port: the system refuses it
+	offered := 0
+	for range 10 { // 7 flows, then the range is spent
+		var refused []uint16
+		_, _, err := flows.ConnectFunc(ports, local, upstream, func(tup hash4.Tuple) (*flow, error) {
+			if tup.Local.Port() == elsewhere { // stands in for a socket's bind
+				offered++
+				refused = append(refused, tup.Local.Port())
+				return nil, fmt.Errorf("bind %v: %w", tup.Local, hash4.ErrPortRefused)
+			}
+			return &flow{outside: tup}, nil
+		})
+		// Hold what the system refused, once ConnectFunc has returned.
+		for _, p := range refused {
+			if release, err := ports.Bind(netip.AddrPortFrom(local, p)); err == nil {
+				time.AfterFunc(time.Minute, release) // then try the port again
+			}
+		}
+		if err != nil && !errors.Is(err, hash4.ErrNoPorts) {
+			fmt.Println(err)
+			return
+		}
+	}
+	fmt.Println("flows:", flows.Len())
+	// Without the hold, the calls that reach the port in their scan, most
+	// of the ten, would each be offered it.
+	fmt.Println("calls offered the refused port:", offered)
+	fmt.Println("refusals counted:", flows.Metrics().ConnectRefused)
+	// Output:
+	// flows: 7
+	// calls offered the refused port: 1
+	// refusals counted: 1
+}
+
 // A gateway publishes its flow table's counters with expvar, where
 // /debug/vars serves them; here under a map of its own, as a program would
 // with expvar.Publish("flows", ...).
@@ -548,6 +596,52 @@ func ExamplePortAllocator_Bind() {
 	// Output:
 	// second bind: true
 	// after release: <nil>
+}
+
+// A program that binds ports as well as connecting makes its flow table with
+// WithPortAllocator: BindEphemeral and Bind then see the ports its flows
+// use. A table made without it is invisible to them.
+func ExamplePortAllocator_BindEphemeral() {
+	local := netip.MustParseAddr("203.0.113.1")
+	upstream := netip.MustParseAddrPort("198.51.100.7:443")
+	onePort := hash4.WithPortRange(hash4.PortRange{Low: 40000, High: 40000})
+
+	ports, err := hash4.NewPortAllocator(onePort)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	flows := hash4.New[int](hash4.WithPortAllocator(ports))
+	tup, err := flows.Connect(nil, local, upstream, new(int)) // nil: the table's allocator
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, _, err = ports.BindEphemeral(local)
+	fmt.Println("flow on", tup.Local.Port(), "- BindEphemeral finds no port:", errors.Is(err, hash4.ErrNoPorts))
+
+	// The same with a table made without WithPortAllocator: BindEphemeral
+	// hands out the port the flow uses.
+	unseen, err := hash4.NewPortAllocator(onePort)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	tup, err = hash4.New[int]().Connect(unseen, local, upstream, new(int))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	port, release, err := unseen.BindEphemeral(local)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer release()
+	fmt.Println("flow on", tup.Local.Port(), "- BindEphemeral returns", port)
+	// Output:
+	// flow on 40000 - BindEphemeral finds no port: true
+	// flow on 40000 - BindEphemeral returns 40000
 }
 
 func ExampleParsePortRange() {

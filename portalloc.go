@@ -190,6 +190,14 @@ type ownerPort struct {
 // NewPortAllocator returns an allocator configured by opts. It returns an
 // error, and no allocator, for an invalid range, reserved-port list or
 // policy.
+//
+// Connect and ConnectFunc skip the ports an allocator holds (Bind,
+// BindEphemeral) whatever the table. The converse holds only for the tables
+// made [WithPortAllocator](a): Bind and BindEphemeral see the ports of
+// their flows and of no other table's, even flows that a's Connect placed.
+// An allocator that serves Bind or BindEphemeral too should therefore be
+// given to its tables with WithPortAllocator, which then also use it for
+// a Connect given a nil allocator (see the example of BindEphemeral).
 func NewPortAllocator(opts ...PortOption) (*PortAllocator, error) {
 	c := portConfig{rng: DefaultPortRange, policy: OddEven}
 	for _, o := range opts {
@@ -507,13 +515,22 @@ func (s *portScan) taken(j uint32) {
 }
 
 // check returns an error matching ErrNilAllocator if a is nil or was not
-// made by NewPortAllocator (its zero value has no range).
+// made by NewPortAllocator.
 func (a *PortAllocator) check() error {
-	if a == nil {
-		return fmt.Errorf("%w: nil *PortAllocator", ErrNilAllocator)
-	}
-	if a.rng.Low == 0 {
-		return fmt.Errorf("%w: zero PortAllocator", ErrNilAllocator)
+	if why := a.unusable(); why != "" {
+		return fmt.Errorf("%w: %s", ErrNilAllocator, why)
 	}
 	return nil
+}
+
+// unusable says why a cannot serve, or returns "": it is nil, or was not
+// made by NewPortAllocator (its zero value has no range).
+func (a *PortAllocator) unusable() string {
+	switch {
+	case a == nil:
+		return "nil *PortAllocator"
+	case a.rng.Low == 0:
+		return "zero PortAllocator, not made by NewPortAllocator"
+	}
+	return ""
 }

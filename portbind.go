@@ -159,10 +159,16 @@ func (a *PortAllocator) holdUnusedLocked(o *bindOwner, addrs []netip.Addr, anyOf
 	return a.releaser(o, addrs, port)
 }
 
-// bindAddrs returns the addresses that Bind or BindEphemeral of addr with
-// opts holds its port for (heldAddrs: a dual-stack :: holds 0.0.0.0 too),
-// or an error matching ErrInvalidAddr for options it does not take.
-func bindAddrs(caller string, addr netip.Addr, opts []BindOption) ([]netip.Addr, error) {
+// bindAddrs returns the addresses that Bind or BindEphemeral (caller) of
+// local with opts holds its port for (heldAddrs: a dual-stack :: holds
+// 0.0.0.0 too), or an error matching ErrInvalidAddr for options it does
+// not take. BindEphemeral gives port 0, which the error leaves out.
+func bindAddrs(caller string, local netip.AddrPort, opts []BindOption) ([]netip.Addr, error) {
+	addr := local.Addr()
+	var at any = local
+	if local.Port() == 0 {
+		at = addr
+	}
 	var cfg bindConfig
 	for _, o := range opts {
 		if o != nil {
@@ -171,9 +177,9 @@ func bindAddrs(caller string, addr netip.Addr, opts []BindOption) ([]netip.Addr,
 	}
 	switch {
 	case cfg.reuseAddr || cfg.reusePort:
-		return nil, fmt.Errorf("%w: %s of %v: WithReuseAddr and WithReusePort are for the sockets of tables, not an allocator's holds", ErrInvalidAddr, caller, addr)
+		return nil, fmt.Errorf("%w: %s of %v: WithReuseAddr and WithReusePort are for the sockets of tables, not an allocator's holds", ErrInvalidAddr, caller, at)
 	case cfg.v6only && isIPv4(addr):
-		return nil, fmt.Errorf("%w: %s of %v: IPv6-only option on an IPv4 address", ErrInvalidAddr, caller, addr)
+		return nil, fmt.Errorf("%w: %s of %v: IPv6-only option on an IPv4 address", ErrInvalidAddr, caller, at)
 	}
 	return heldAddrs(addr.WithZone(""), cfg.v6only), nil
 }
@@ -239,9 +245,10 @@ func (a *PortAllocator) holdSocket(o *bindOwner, local netip.AddrPort, addrs []n
 // address, for its family's wildcard, or (binding the wildcard) for any
 // address of the family, or a flow of a table made WithPortAllocator(a)
 // uses it from a conflicting address. Of a Bind and a racing Connect of
-// such a table, one gets the port. Port 0, an invalid address or a nil
-// allocator give errors matching [ErrInvalidAddr] or [ErrNilAllocator];
-// release may be called more than once.
+// such a table, one gets the port. The flows of other tables are not seen,
+// even those a's Connect placed (see [NewPortAllocator]). Port 0, an
+// invalid address or a nil allocator give errors matching [ErrInvalidAddr]
+// or [ErrNilAllocator]; release may be called more than once.
 func (a *PortAllocator) Bind(local netip.AddrPort, opts ...BindOption) (release func(), err error) {
 	if err := a.check(); err != nil {
 		return nil, err
@@ -253,7 +260,7 @@ func (a *PortAllocator) Bind(local netip.AddrPort, opts ...BindOption) (release 
 	if port == 0 {
 		return nil, fmt.Errorf("%w: Bind of %v: port 0 (use BindEphemeral)", ErrInvalidAddr, local)
 	}
-	addrs, err := bindAddrs("Bind", addr, opts)
+	addrs, err := bindAddrs("Bind", local, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +274,11 @@ func (a *PortAllocator) Bind(local netip.AddrPort, opts ...BindOption) (release 
 // [WithPortAllocator](a), ports any of its flows of local's family uses
 // (of both families for a dual-stack ::). opts are Bind's. It returns
 // [ErrNoPorts] if none is left, and Bind's errors for bad input.
+//
+// The flows of a table not made WithPortAllocator(a) are not seen, even
+// those a's Connect placed: BindEphemeral may return a port one of them
+// uses. Make the tables that a serves with WithPortAllocator(a), as the
+// example does.
 func (a *PortAllocator) BindEphemeral(local netip.Addr, opts ...BindOption) (port uint16, release func(), err error) {
 	if err := a.check(); err != nil {
 		return 0, nil, err
@@ -274,7 +286,7 @@ func (a *PortAllocator) BindEphemeral(local netip.Addr, opts ...BindOption) (por
 	if !local.IsValid() {
 		return 0, nil, fmt.Errorf("%w: BindEphemeral of an invalid local address", ErrInvalidAddr)
 	}
-	addrs, err := bindAddrs("BindEphemeral", local, opts)
+	addrs, err := bindAddrs("BindEphemeral", netip.AddrPortFrom(local, 0), opts)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -296,7 +308,7 @@ func (a *PortAllocator) BindEphemeral(local netip.Addr, opts ...BindOption) (por
 			}
 		}
 	}
-	return 0, nil, ErrNoPorts
+	return 0, nil, fmt.Errorf("%w: BindEphemeral of %v, range %s", ErrNoPorts, local, a.rng.text())
 }
 
 // ephemeralFreeLocked reports whether BindEphemeral may take p for addrs,

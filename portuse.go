@@ -124,8 +124,8 @@ func (a *PortAllocator) usedConflicts(local netip.Addr, port uint16) bool {
 // not make.
 func WithPortAllocator(a *PortAllocator) Option {
 	return func(c *tableConfig) {
-		if err := a.check(); err != nil {
-			panic(fmt.Sprintf("hash4: WithPortAllocator: %v", err))
+		if why := a.unusable(); why != "" {
+			panic("hash4: WithPortAllocator: " + why)
 		}
 		c.alloc = a
 	}
@@ -141,7 +141,7 @@ func (t *Table[T]) connectAllocator(a *PortAllocator) (*PortAllocator, error) {
 	case a == nil:
 		return own, nil
 	}
-	return nil, fmt.Errorf("%w: not the allocator the table was made with", ErrNilAllocator)
+	return nil, fmt.Errorf("%w: not the one the table was made with (WithPortAllocator)", ErrNilAllocator)
 }
 
 // boundMeanwhile is called by a Connect of a table with an allocator, a,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -311,7 +312,7 @@ func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (re
 	if !fastOK {
 		for _, o := range ps.ls {
 			if o.port == port && addrEqual(l.addr, o.addr, true) && !(l.reuse && o.reuse) {
-				return nil, fmt.Errorf("%w: listener on %v", ErrPortInUse, local)
+				return nil, fmt.Errorf("%w: %v, by another listener", ErrPortInUse, local)
 			}
 		}
 	}
@@ -456,6 +457,19 @@ const (
 	KindEstablished             // the established flow of the segment's 4-tuple
 	KindListener                // a listener on the segment's destination
 )
+
+// String returns "none", "established" or "listener".
+func (k Kind) String() string {
+	switch k {
+	case KindNone:
+		return "none"
+	case KindEstablished:
+		return "established"
+	case KindListener:
+		return "listener"
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
 
 // LookupKind is [TCPTable.Lookup] that also says which kind of socket
 // answered, as a stack must know to pass a SYN to a listener and anything

@@ -800,3 +800,13 @@ func tcpName(tbl *TCPTable[string], pkt Tuple) string {
 	}
 	return ""
 }
+
+// TestKindString: each Kind has a name, as Hasher and Policy have, and a
+// value that names none says so with its number.
+func TestKindString(t *testing.T) {
+	require.Equal(t, "none", KindNone.String())
+	require.Equal(t, "established", KindEstablished.String())
+	require.Equal(t, "listener", KindListener.String())
+	require.Equal(t, "Kind(7)", Kind(7).String())
+	require.Equal(t, "listener", fmt.Sprint(KindListener), "fmt uses String")
+}

@@ -285,7 +285,7 @@ func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDP
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if t.inUse(ps, b) {
-		return nil, fmt.Errorf("%w: %v", ErrPortInUse, local)
+		return nil, fmt.Errorf("%w: %v, by another socket", ErrPortInUse, local)
 	}
 	if t.owner != nil {
 		var err error

@@ -130,7 +130,7 @@ func (s *UDPSocket[T]) connect(src netip.Addr, remote netip.AddrPort) error {
 	case !src.IsValid():
 		return fmt.Errorf("%w: Connect of %v, bound to a wildcard address, needs the source address (ConnectFrom)", ErrInvalidAddr, b.local)
 	case sa.IsUnspecified() || sa.Is4() != addr.Is4():
-		return fmt.Errorf("%w: ConnectFrom %v to %v", ErrInvalidAddr, src, remote)
+		return fmt.Errorf("%w: ConnectFrom %v to %v: the source must be a concrete address of the peer's family", ErrInvalidAddr, src, remote)
 	case s.v6:
 		sa = netip.AddrFrom16(sa.As16())
 	}

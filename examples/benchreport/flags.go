@@ -91,7 +91,7 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 	fs.IntVar(&o.count, "count", defaultCount, "runs of each benchmark, in as many rounds of the whole plan; the report shows the median")
 	fs.StringVar(&cpus, "cpu", joinInts(defaultCPUs(gomaxprocs)), "comma-separated goroutine counts (GOMAXPROCS) of lookup, mixed, churn and batch; the others run at GOMAXPROCS")
 	fs.StringVar(&policies, "policies", "", "comma-separated port policies of connect (the policy= of its sub-benchmarks: odd-even, flat; default all)")
-	fs.StringVar(&o.out, "out", "", "output directory (default docs/ at the module root)")
+	fs.StringVar(&o.out, "out", "", "output directory, the raw output in its data/ (default docs/ at the module root)")
 	fs.StringVar(&o.pkg, "pkg", "", "directory of the one package whose benchmarks run (default: each in its package of the repository: bench/ for the comparisons with other maps, the root for the rest)")
 	fs.StringVar(&o.from, "from", "", "render the report from this recorded benchmark output instead of running")
 	fs.BoolVar(&o.quick, "quick", false, "a first look in under a minute: sizes "+quickSize+", benchtime "+quickBenchtime+

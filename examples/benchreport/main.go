@@ -5,7 +5,7 @@
 //
 //	go run ./examples/benchreport -quick                  # a first look, under a minute
 //	go run ./examples/benchreport                         # the full comparison
-//	go run ./examples/benchreport -from docs/benchmarks.txt   # redraw from recorded output
+//	go run ./examples/benchreport -from docs/data/benchmarks.txt   # redraw from recorded output
 //
 // It compiles the package's test binary once (go test -c) and runs it once
 // for lookup, mixed, churn and batch at every -cpu value, then once per
@@ -40,7 +40,7 @@
 //   - udp.svg: time per UDP socket lookup, hash4 on and off, per case;
 //   - turnover.svg, zipf.svg, natmix.svg, burst.svg: time per op on the
 //     shapes of real traffic, a bar per implementation (per mix for burst);
-//   - benchmarks.txt: the raw output, for benchstat or -from.
+//   - data/benchmarks.txt: the raw output, for benchstat or -from.
 //
 // # Flags
 //
@@ -53,7 +53,8 @@
 //	-cpu list        goroutine counts of lookup, mixed, churn and batch (default 1, 2, 4, ...
 //	                 up to GOMAXPROCS, and GOMAXPROCS)
 //	-policies list   Connect port policies (default all: odd-even, flat)
-//	-out dir         output directory (default docs/ at the module root)
+//	-out dir         output directory, the raw output in its data/ (default docs/
+//	                 at the module root)
 //	-pkg dir         the one package whose benchmarks run (default: bench/
 //	                 of the module root for the comparisons with other maps,
 //	                 the module root for the rest)
@@ -200,7 +201,10 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		return nil
 	}
 	if o.from == "" {
-		if err := write("benchmarks.txt", raw); err != nil {
+		if err := os.MkdirAll(filepath.Join(o.out, "data"), 0o755); err != nil {
+			return err
+		}
+		if err := write(filepath.Join("data", "benchmarks.txt"), raw); err != nil {
 			return err
 		}
 	}

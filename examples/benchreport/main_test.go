@@ -296,8 +296,8 @@ func TestCommandFrom(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(out, "benchmarks.txt")); err == nil {
-		t.Error("-from wrote benchmarks.txt")
+	if _, err := os.Stat(filepath.Join(out, "data", "benchmarks.txt")); err == nil {
+		t.Error("-from wrote data/benchmarks.txt")
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
 	golden, _ := os.ReadFile(filepath.Join("testdata", "bench.golden.md"))
@@ -365,7 +365,7 @@ func BenchmarkUDPLookup(b *testing.B) {
 // runRounds runs the command on a package made of files, for groups, in 2
 // rounds of one iteration of each benchmark. It checks that the progress
 // counted results results, no more, and returns the output directory and
-// its benchmarks.txt.
+// its data/benchmarks.txt.
 func runRounds(t *testing.T, files map[string]string, groups string, results int) (string, []byte) {
 	t.Helper()
 	dir := t.TempDir()
@@ -382,7 +382,7 @@ func runRounds(t *testing.T, files map[string]string, groups string, results int
 		strings.Contains(stderr.String(), fmt.Sprintf("[%d/", results+1)) {
 		t.Errorf("stderr:\n%s", stderr.String())
 	}
-	raw, err := os.ReadFile(filepath.Join(out, "benchmarks.txt"))
+	raw, err := os.ReadFile(filepath.Join(out, "data", "benchmarks.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,12 +508,12 @@ func BenchmarkBurst(b *testing.B) {
 	md, _ := os.ReadFile(filepath.Join(out, "benchmarks.md"))
 	from := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	if code := realMain(context.Background(), []string{"-from", filepath.Join(out, "benchmarks.txt"), "-out", from}, &stdout, &stderr); code != 0 {
+	if code := realMain(context.Background(), []string{"-from", filepath.Join(out, "data", "benchmarks.txt"), "-out", from}, &stdout, &stderr); code != 0 {
 		t.Fatalf("-from: exit %d\nstderr:\n%s", code, stderr.String())
 	}
 	mdFrom, _ := os.ReadFile(filepath.Join(from, "benchmarks.md"))
 	if !bytes.Equal(md, mdFrom) || !strings.Contains(string(md), "| entries | mix | hash4-batch | hash4 | syncmap | xsync | rwmutex | hash4-batch vs fastest peer |\n") {
-		t.Errorf("benchmarks.md\n%s\nfrom its benchmarks.txt\n%s", md, mdFrom)
+		t.Errorf("benchmarks.md\n%s\nfrom its data/benchmarks.txt\n%s", md, mdFrom)
 	}
 	for _, f := range []string{"zipf.svg", "burst.svg"} {
 		if _, err := os.Stat(filepath.Join(from, f)); err != nil {
@@ -534,7 +534,7 @@ func TestCommandQuick(t *testing.T) {
 		t.Fatalf("exit %d\nstderr:\n%s", code, stderr.String())
 	}
 	for _, f := range []string{
-		"benchmarks.md", "benchmarks.txt", "throughput-lookup-1K.svg", "throughput-mixed-1K.svg",
+		"benchmarks.md", "data/benchmarks.txt", "throughput-lookup-1K.svg", "throughput-mixed-1K.svg",
 		"throughput-churn-1K.svg", "sharing.svg", "connect-flat.svg", "udp.svg",
 	} {
 		data, err := os.ReadFile(filepath.Join(out, f))

@@ -179,9 +179,9 @@ func markdown(rep *report, charts []chartFile) string {
 		fmt.Fprintf(&b, "- **Peers:** %s.\n", strings.Join(peers, "; "))
 	}
 	if rep.config["benchreport-command"] != "" {
-		b.WriteString("- **Raw output:** [benchmarks.txt](benchmarks.txt). Small differences may be noise: " +
+		b.WriteString("- **Raw output:** [data/benchmarks.txt](data/benchmarks.txt). Small differences may be noise: " +
 			"benchstat on it gives confidence intervals, and " +
-			"`go run ./examples/benchreport -from docs/benchmarks.txt` redraws this page.\n")
+			"`go run ./examples/benchreport -from docs/data/benchmarks.txt` redraws this page.\n")
 	}
 	for _, gd := range rep.groups {
 		fmt.Fprintf(&b, "\n## %s\n\n%s %s\n\n", gd.spec.title, gd.spec.what, gd.spec.meaning)
