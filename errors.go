@@ -63,7 +63,9 @@ func (e *invalidInput) Is(target error) bool {
 // empty slice): the compiler sees the panic end the path and saves no
 // register for it, as it would for a call.
 const (
-	nilTable     = "hash4: nil *Table"
+	nilTable     = "hash4: nil *Table: make one with New"
+	nilUDPTable  = "hash4: nil *UDPTable: make one with NewUDPTable"
+	nilTCPTable  = "hash4: nil *TCPTable: make one with NewTCPTable"
 	zeroTable    = "hash4: Table used without New"
 	zeroUDPTable = "hash4: UDPTable used without NewUDPTable"
 	zeroTCPTable = "hash4: TCPTable used without NewTCPTable"

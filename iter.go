@@ -44,7 +44,7 @@ func (t *Table[T]) All() iter.Seq2[Tuple, *T] {
 func (t *Table[T]) DeleteFunc(f func(Tuple, *T) bool) int {
 	t.array()
 	if f == nil {
-		panic("hash4: DeleteFunc with a nil function")
+		panic("hash4: DeleteFunc(nil): nil function")
 	}
 	n := 0
 	var chain []chainEntry[T]

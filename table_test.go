@@ -617,14 +617,16 @@ func TestOptionPanics(t *testing.T) {
 		{"too many stripes", "WithLockStripes(1073741825)", func() { NewUDPTable[int](WithLockStripes(1<<30 + 1)) }},
 		{"stripes for a Table", "New: WithLockStripes does not apply", func() { New[int](WithLockStripes(4)) }},
 		{"stripes 0 for a Table", "New: WithLockStripes does not apply", func() { New[int](WithLockStripes(0)) }},
-		{"nil Table, Lookup", "nil *Table", func() { (*Table[int])(nil).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
+		{"nil Table, Lookup", "hash4: nil *Table: make one with New", func() { (*Table[int])(nil).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
 		{"nil Table, Delete", "nil *Table", func() { (*Table[int])(nil).Delete(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
 		{"nil Table, Len", "nil *Table", func() { (*Table[int])(nil).Len() }},
-		{"nil function, Compute", "Compute with a nil function", func() { _, _, _ = New[int]().Compute(tblTuple("10.0.0.1:1", "10.0.0.2:2"), nil) }},
-		{"nil function, LookupOrCompute", "LookupOrCompute with a nil function", func() {
+		{"nil UDPTable, Lookup", "hash4: nil *UDPTable: make one with NewUDPTable", func() { (*UDPTable[int])(nil).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
+		{"nil TCPTable, Lookup", "hash4: nil *TCPTable: make one with NewTCPTable", func() { (*TCPTable[int])(nil).Lookup(tblTuple("10.0.0.1:1", "10.0.0.2:2")) }},
+		{"nil function, Compute", "hash4: Compute(10.0.0.1:1->10.0.0.2:2, nil): nil function", func() { _, _, _ = New[int]().Compute(tblTuple("10.0.0.1:1", "10.0.0.2:2"), nil) }},
+		{"nil function, LookupOrCompute", "hash4: LookupOrCompute(10.0.0.1:1->10.0.0.2:2, nil): nil function", func() {
 			_, _, _ = New[int]().LookupOrCompute(tblTuple("10.0.0.1:1", "10.0.0.2:2"), nil)
 		}},
-		{"nil function, DeleteFunc", "DeleteFunc with a nil function", func() { New[int]().DeleteFunc(nil) }},
+		{"nil function, DeleteFunc", "hash4: DeleteFunc(nil): nil function", func() { New[int]().DeleteFunc(nil) }},
 		{"no such hasher", "WithHasher(99)", func() { New[int](WithHasher(99)) }},
 		{"TCP, negative capacity", "WithCapacity(-1)", func() { NewTCPTable[int](WithCapacity(-1)) }},
 		{"UDP, no such hasher", "WithHasher(9)", func() { NewUDPTable[int](WithHasher(9)) }},

@@ -195,6 +195,9 @@ func NewTCPTable[T any](opts ...Option) *TCPTable[T] {
 // Listen refuses the ports flows use (see [TCPTable.Listen]);
 // without an allocator, Connect sees no listener.
 func (t *TCPTable[T]) Established() *Table[T] {
+	if t == nil {
+		panic(nilTCPTable)
+	}
 	if t.est == nil {
 		panic(zeroTCPTable)
 	}
@@ -280,6 +283,9 @@ func (t *TCPTable[T]) changeGroup(si uint32, k *key, change func(members []tcpMe
 // uses it, from a conflicting address (docs/design.md, "The bind table",
 // has the rules). Listen and release then also take a's lock.
 func (t *TCPTable[T]) Listen(local netip.AddrPort, v *T, opts ...BindOption) (release func(), err error) {
+	if t == nil {
+		panic(nilTCPTable)
+	}
 	if t.est == nil {
 		panic(zeroTCPTable)
 	}
@@ -436,6 +442,9 @@ func (t *TCPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	// established walk for it keeps its key from ever equalling a
 	// listener node's (remote port 0), should the walk stray into a
 	// listener chain.
+	if t == nil {
+		panic(nilTCPTable)
+	}
 	if t.est == nil {
 		panic(zeroTCPTable)
 	}

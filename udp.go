@@ -254,6 +254,9 @@ func (t *UDPTable[T]) newBinding(s *UDPSocket[T], addr netip.Addr) *udpBinding[T
 // given, as [TCPTable.Listen] does, with the same refusals (docs/design.md,
 // "The bind table", has the rules). Bind and Close then also take a's lock.
 func (t *UDPTable[T]) Bind(local netip.AddrPort, v *T, opts ...BindOption) (*UDPSocket[T], error) {
+	if t == nil {
+		panic(nilUDPTable)
+	}
 	if t.slots == nil {
 		panic(zeroUDPTable)
 	}
@@ -416,6 +419,9 @@ func (t *UDPTable[T]) Lookup(pkt Tuple) (*T, bool) {
 	var p udpPacket
 	if !p.set(pkt) {
 		return nil, false
+	}
+	if t == nil {
+		panic(nilUDPTable)
 	}
 	if t.slots == nil {
 		panic(zeroUDPTable)

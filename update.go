@@ -66,14 +66,14 @@ const (
 // f runs under the lock of tup's bucket, atomically with every other write
 // of tup: it must be short and must not call the table. Bad input, nil
 // with UpdateOp, an unknown op, a tuple a [Table.ConnectFunc] holds or a
-// full table give an error (as [Table.Store]) and change nothing. It panics
-// for a nil f, naming it.
+// full table give an error (as [Table.Store]) and change nothing. A nil f
+// panics, named.
 func (t *Table[T]) Compute(tup Tuple, f func(old *T, loaded bool) (v *T, op ComputeOp)) (actual *T, ok bool, err error) {
 	if t == nil {
 		panic(nilTable)
 	}
 	if f == nil {
-		panic("hash4: Compute with a nil function")
+		panic(fmt.Sprintf("hash4: Compute(%v, nil): nil function", tup))
 	}
 	if err := validate(tup); err != nil {
 		return nil, false, err
@@ -139,7 +139,7 @@ func (t *Table[T]) LookupOrCompute(tup Tuple, f func() (*T, error)) (actual *T, 
 		panic(nilTable)
 	}
 	if f == nil {
-		panic("hash4: LookupOrCompute with a nil function")
+		panic(fmt.Sprintf("hash4: LookupOrCompute(%v, nil): nil function", tup))
 	}
 	if err := validate(tup); err != nil {
 		return nil, false, err

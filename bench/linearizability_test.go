@@ -305,9 +305,9 @@ var errLinCompute = errors.New("compute failed")
 // linSecret fixes the table's hash, so that keys can be chosen by bucket.
 var linSecret = hash4.Secret{Ehash: 0x01234567, Ehash6Addr: 0x89abcdef, Seed: 0x0f1e2d3c4b5a6978}
 
-// linGroupedBuckets is the bucket count of the runs with home groups: tables
-// have them from 2^16 buckets on (see Table, Placement).
-const linGroupedBuckets = 1 << 16
+// linLargeBuckets is the bucket count of the runs on a large table, whose
+// buckets' lines are beyond the caches.
+const linLargeBuckets = 1 << 16
 
 // linChainBucket is the bucket of the keys that share a chain.
 const linChainBucket = 7
@@ -385,9 +385,9 @@ func linAllow(cut int) hash4.ReusePolicy {
 
 // linRun records a history of nClients goroutines doing opsPerClient random
 // operations each on nKeys keys of a table of 16 buckets, or of
-// linGroupedBuckets if grouped, so that it has home groups, and with
-// linGrow, while another goroutine grows the table from 16 buckets to 1024
-// (or from linGroupedBuckets to four times as many), a doubling at a time,
+// linLargeBuckets if large, and with linGrow, while another goroutine grows
+// the table from 16 buckets to 1024 (or from linLargeBuckets to four times
+// as many), a doubling at a time,
 // each followed by a Compact, or with linGrowItself, while another inserts
 // 2048 keys that no client uses, into a table filled with such keys to
 // just under two per bucket (less 128 keys) if large, so that the table grows itself.
@@ -401,13 +401,13 @@ func linAllow(cut int) hash4.ReusePolicy {
 // time is taken, before it runs, or after it ran, before its return time.
 // Another client's ops then fall within the interval; the checker takes
 // the op to happen at any point of it.
-func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth, nClients, opsPerClient, nKeys int) []porcupine.Operation {
+func linRun(t *testing.T, seed uint64, large bool, grow linGrowth, nClients, opsPerClient, nKeys int) []porcupine.Operation {
 	t.Helper()
 	buckets, grownTo := 16, 1024
-	if grouped {
-		buckets, grownTo = linGroupedBuckets, 4*linGroupedBuckets
+	if large {
+		buckets, grownTo = linLargeBuckets, 4*linLargeBuckets
 	}
-	opts := []hash4.Option{hash4.WithCapacity(buckets), hash4.WithLockStripes(stripes), hash4.WithSecret(linSecret)}
+	opts := []hash4.Option{hash4.WithCapacity(buckets), hash4.WithSecret(linSecret)}
 	if grow == linFixed {
 		opts = append(opts, hash4.WithFixedBuckets())
 	}
@@ -468,12 +468,12 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 				return *v
 			}
 			// A Clear or DeleteFunc walks every bucket: on a large
-			// table (grouped), too slow under the race detector to make
+			// table (large), too slow under the race detector to make
 			// at random, client 0 makes one, a DeleteFunc or a Clear as
 			// the seed is odd or even, at an op of the middle half of
 			// its run.
 			scanAt := -1
-			if grouped && c == 0 {
+			if large && c == 0 {
 				scanAt = opsPerClient/4 + r.IntN(opsPerClient/2)
 			}
 			start.Wait()
@@ -538,7 +538,7 @@ func linRun(t *testing.T, seed uint64, stripes int, grouped bool, grow linGrowth
 					}
 				case p < 91:
 					in.op, in.val, in.fail = linLookupOrCompute, fresh, r.IntN(4) == 0
-				case grouped:
+				case large:
 					// Too slow to make at random here (below).
 					in.op = linLookup
 				case p < 96:
@@ -875,8 +875,8 @@ func TestLinearizability(t *testing.T) {
 	// checked below: some, such as a write failing on a key a ConnectFunc
 	// holds, need the clients to interleave too.
 	for run := 0; run < runs || lacking() && run < 10*runs; run++ {
-		stripes, grouped, grow := 1+run%2, run%4 >= 2, linGrowth(run%12/4)
-		hist := linRun(t, uint64(run+1), stripes, grouped, grow, 4, ops, 4)
+		large, grow := run%4 >= 2, linGrowth(run%12/4)
+		hist := linRun(t, uint64(run+1), large, grow, 4, ops, 4)
 		// A Clear or DeleteFunc is recorded as several operations of one
 		// interval; each call has a call time of its own.
 		calls := map[int64]bool{}
@@ -897,7 +897,7 @@ func TestLinearizability(t *testing.T) {
 				t.Logf("the rejected history: %s", path)
 			}
 		}
-		require.Equal(t, porcupine.Ok, res, "run %d (%d stripes, home groups %v, growth %v): history not linearizable", run, stripes, grouped, grow)
+		require.Equal(t, porcupine.Ok, res, "run %d (large %v, growth %v): history not linearizable", run, large, grow)
 		if run%5 == 0 {
 			require.Equal(t, porcupine.Ok, porcupine.CheckEventsTimeout(linModel, linEvents(hist), 30*time.Second), "run %d as events", run)
 		}
@@ -1222,7 +1222,7 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 
 	// A real history made wrong by one edit: the last lookup that found a
 	// value is changed to return a value never inserted.
-	hist := linRun(t, 99, 1, false, linFixed, 3, 60, 2)
+	hist := linRun(t, 99, false, linFixed, 3, 60, 2)
 	require.True(t, porcupine.CheckOperations(linModel, hist))
 	edited := false
 	for i := len(hist) - 1; i >= 0 && !edited; i-- {
@@ -1238,7 +1238,7 @@ func TestLinearizabilityCheckerCanFail(t *testing.T) {
 	// inserted (the first of a few seeds whose run has one).
 	edited = false
 	for seed := uint64(100); seed < 120 && !edited; seed++ {
-		hist = linRun(t, seed, 1, false, linFixed, 3, 60, 2)
+		hist = linRun(t, seed, false, linFixed, 3, 60, 2)
 		require.True(t, porcupine.CheckOperations(linModel, hist))
 		for i := range hist {
 			if in := hist[i].Input.(linInput); (in.op == linConnect || in.op == linPublish) && hist[i].Output.(linOutput).val != 0 {
