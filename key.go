@@ -142,6 +142,21 @@ func (t *Table[T]) setKey(k *key, local netip.Addr, localPort uint16, remote net
 	k.setPort(t.hashPort0(&k.local, &k.remote, remote.Port()), localPort, remote.Port())
 }
 
+// valid reports whether k, as tupleKey made it of a tuple, is a key that
+// validate accepts: both ports other than 0, both addresses specified (not
+// the zero Addr, ::, 0.0.0.0 or one of them with a zone) and of one family.
+// N.B. the words of the zero Addr are those of ::. It costs a few compares
+// where validate costs a hundred instructions, so writers check the key
+// and ask validate only why it failed.
+func (k *key) valid() bool {
+	return k.meta&0xffff != 0 && k.meta&lportMask != 0 &&
+		specified(&k.local) && specified(&k.remote) && wordsAreIPv4(&k.local) == wordsAreIPv4(&k.remote)
+}
+
+// specified reports whether w, an address's words, are neither :: nor
+// 0.0.0.0.
+func specified(w *[2]uint64) bool { return w[0] != 0 || w[1] != 0 && w[1] != wordsAny4[1] }
+
 // validate reports why tup cannot be a key, or nil.
 func validate(tup Tuple) error {
 	why := addrProblem(tup.Local.Addr(), tup.Remote.Addr())

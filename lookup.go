@@ -18,17 +18,19 @@ func (t *Table[T]) Lookup(tup Tuple) (*T, bool) {
 
 // AppendLookups appends to dst the value stored for each tuple of tups, in
 // order, nil for a tuple that is absent, and returns the extended slice. It
-// allocates only if dst has too little room. Each lookup is a Lookup, run
-// in order: under concurrent writes the answers are those of as many
-// Lookups in a row, not a snapshot. In a table larger than the caches it is
-// about twice as fast as a loop of Lookup: it hashes up to 8 tuples and
-// asks for their buckets' lines before reading any, so that their misses
-// overlap, as packet processors look up a burst (DPDK's
-// rte_hash_lookup_bulk).
+// allocates only if dst has too little room. Each answer is a Lookup's,
+// made during the call: under concurrent writes they are not a snapshot,
+// and a batch's lookups may answer in any order. In a table larger than the
+// caches it is about twice as fast as a loop of Lookup: it hashes up to 8
+// tuples, asks for their buckets' lines before reading any, and then for
+// the first nodes of the chains whose lines do not hold their keys, so
+// that the misses of a batch overlap, as packet processors look up a burst
+// (DPDK's rte_hash_lookup_bulk).
 func (t *Table[T]) AppendLookups(dst []*T, tups []Tuple) []*T {
 	dst = slices.Grow(dst, len(tups))
 	var keys [lookupBatch]key
-	var lines [lookupBatch]*bucket[T]
+	var lines, heads [lookupBatch]*entry[T]
+	var found [lookupBatch]*T
 	a := t.array() // for the requests only: each lookup loads its own
 	for len(tups) > 0 {
 		batch := tups[:min(len(tups), lookupBatch)]
@@ -39,14 +41,27 @@ func (t *Table[T]) AppendLookups(dst []*T, tups []Tuple) []*T {
 			// As Lookup: no entry has port 0.
 			if tup.Remote.Port() != 0 && tup.Local.Port() != 0 {
 				t.tupleKey(&keys[i], tup)
-				lines[i] = a.line(keys[i].hash())
+				lines[i] = &a.line(keys[i].hash()).entry
 			}
 		}
 		// N.B. the requests come after all the hashing: loads issued
 		// between hashes would wait behind them.
-		requestLines(&lines, len(batch))
+		requestEntries(&lines, len(batch))
+		// The keys held in their lines are answered; for the others, the
+		// first nodes of their chains are asked for.
 		for i := range batch {
-			var v *T
+			found[i], heads[i] = nil, nil
+			if e := lines[i]; e != nil {
+				if v, ok, _ := e.read(&keys[i]); ok {
+					found[i], lines[i] = v, nil
+				} else if l := e.next.load(); !l.isNulls() {
+					heads[i] = &t.nodes.at(l.index()).entry
+				}
+			}
+		}
+		requestEntries(&heads, len(batch))
+		for i := range batch {
+			v := found[i]
 			if lines[i] != nil {
 				v, _ = t.lookup(&keys[i])
 			}

@@ -1213,3 +1213,31 @@ func tblCheckBuckets[T any](t require.TestingT, tab *Table[T], msg any) {
 	}
 	require.Equal(t, tab.Len(), n, "%v: entries counted and found", msg)
 }
+
+// TestKeyValid checks the writers' check of a key, key.valid, against
+// validate on tuples of every kind of address and port: they agree.
+func TestKeyValid(t *testing.T) {
+	addrs := []netip.Addr{{}, netip.IPv4Unspecified(), netip.IPv6Unspecified(),
+		netip.MustParseAddr("::ffff:0.0.0.0"), netip.MustParseAddr("::%eth0"),
+		netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("::ffff:10.0.0.2"),
+		netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("fe80::1%eth0"),
+		netip.MustParseAddr("::1"), netip.MustParseAddr("0.0.0.1"), netip.MustParseAddr("255.255.255.255")}
+	tab := New[int]()
+	n := 0
+	for _, la := range addrs {
+		for _, ra := range addrs {
+			for _, lp := range []uint16{0, 1, 65535} {
+				for _, rp := range []uint16{0, 80} {
+					tup := Tuple{Local: netip.AddrPortFrom(la, lp), Remote: netip.AddrPortFrom(ra, rp)}
+					var k key
+					tab.tupleKey(&k, &tup)
+					require.Equal(t, validate(tup) == nil, k.valid(), "%v", tup)
+					if k.valid() {
+						n++
+					}
+				}
+			}
+		}
+	}
+	require.Positive(t, n)
+}

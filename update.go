@@ -22,11 +22,11 @@ func (t *Table[T]) Store(tup Tuple, v *T) error {
 // loaded = true if it had one, as sync.Map's Swap. It costs what Store
 // does: one lock of tup's bucket.
 func (t *Table[T]) Swap(tup Tuple, v *T) (old *T, loaded bool, err error) {
-	if err := validateInsert(tup, v); err != nil {
-		return nil, false, err
-	}
 	var k key
 	t.tupleKey(&k, &tup)
+	if !k.valid() || v == nil {
+		return nil, false, validateInsert(tup, v)
+	}
 	_, b := t.lockBucket(k.hash())
 	if e, _, _ := t.findLocked(b, &k); e != nil {
 		if e.reserved() {
@@ -75,11 +75,11 @@ func (t *Table[T]) Compute(tup Tuple, f func(old *T, loaded bool) (v *T, op Comp
 	if f == nil {
 		panic(fmt.Sprintf("hash4: Compute(%v, nil): nil function", tup))
 	}
-	if err := validate(tup); err != nil {
-		return nil, false, err
-	}
 	var k key
 	t.tupleKey(&k, &tup)
+	if !k.valid() {
+		return nil, false, validate(tup)
+	}
 	actual, ok, n, err := t.compute(&k, tup, f)
 	if n != 0 {
 		t.counted(n)
@@ -141,11 +141,11 @@ func (t *Table[T]) LookupOrCompute(tup Tuple, f func() (*T, error)) (actual *T, 
 	if f == nil {
 		panic(fmt.Sprintf("hash4: LookupOrCompute(%v, nil): nil function", tup))
 	}
-	if err := validate(tup); err != nil {
-		return nil, false, err
-	}
 	var k key
 	t.tupleKey(&k, &tup)
+	if !k.valid() {
+		return nil, false, validate(tup)
+	}
 	if v, ok := t.lookup(&k); ok {
 		return v, true, nil
 	}

@@ -88,11 +88,11 @@ func (t *Table[T]) findLocked(b *bucket[T], k *key) (e *entry[T], prev *linkFiel
 // ErrExists if tup is already present, ErrInvalidTuple or ErrNilValue for
 // bad input; on error the table is unchanged.
 func (t *Table[T]) Insert(tup Tuple, v *T) error {
-	if err := validateInsert(tup, v); err != nil {
-		return err
-	}
 	var k key
 	t.tupleKey(&k, &tup)
+	if !k.valid() || v == nil {
+		return validateInsert(tup, v)
+	}
 	switch _, res := t.insert(&k, v); res {
 	case insertExists:
 		return fmt.Errorf("%w: %v", ErrExists, tup)
@@ -113,11 +113,11 @@ func (t *Table[T]) Insert(tup Tuple, v *T) error {
 // and changes nothing; so do ErrTableFull, and ErrExists while a
 // [Table.ConnectFunc] holds tup.
 func (t *Table[T]) LookupOrInsert(tup Tuple, v *T) (actual *T, found bool, err error) {
-	if err := validateInsert(tup, v); err != nil {
-		return nil, false, err
-	}
 	var k key
 	t.tupleKey(&k, &tup)
+	if !k.valid() || v == nil {
+		return nil, false, validateInsert(tup, v)
+	}
 	if old, ok := t.lookup(&k); ok {
 		return old, true, nil
 	}
