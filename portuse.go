@@ -13,23 +13,12 @@ import (
 // the kernel's connect() leaves a bind bucket for its port that bind()
 // then meets (inet_csk_bind_conflict).
 //
-// Lock order: a TCPTable's port slot lock, or a UDPSocket's lock and a
-// UDPTable's primary slot lock; then a table's bucket lock; then the
-// allocator's mu; then a portUse shard's mu. The table counts a flow (use,
-// unuse) under the bucket lock of the flow; Bind and BindEphemeral read the
-// counts under mu; Connect checks a hold (heldFor, which takes mu) after
-// its bucket lock is released. TCPTable.Listen and UDPTable.Bind
-// take mu (holdSocket, which reads the counts) under their port slot's
-// lock, and a listener's release and UDPSocket.Close give the hold back
-// under that lock or the socket's.
-//
-// N.B. the order has no cycle: a shard's lock is a leaf; mu is taken under
-// nothing but a bucket lock, a port slot's lock or a socket's lock; no
-// code takes a bucket lock, a port slot's lock or a socket's lock while it
-// holds mu or a shard's lock; a socket's lock is taken under nothing, and
-// a port slot's lock under nothing but a socket's (udp.go, tcp.go), while
-// bucket and stripe locks are taken under port slot locks, never the
-// reverse.
+// Lock order: a UDPSocket's lock; a TCPTable's or UDPTable's port slot
+// lock; a table's bucket (or stripe) lock; the allocator's mu; a portUse
+// shard's mu. The table counts a flow (use, unuse) under its bucket lock;
+// Bind and BindEphemeral read the counts under mu; Connect checks a hold
+// (heldFor, which takes mu) after its bucket lock is released. No code
+// takes a lock of the order while it holds a later one.
 
 // portUseShards is the number of locks the counts are spread over, by
 // port: tables that connect or delete flows of different ports at once
@@ -114,7 +103,7 @@ func (a *PortAllocator) usedConflicts(local netip.Addr, port uint16) bool {
 // [PortAllocator.Bind] refuses and [PortAllocator.BindEphemeral] skips the
 // ports its flows use, and [Table.Connect] given a nil allocator uses a.
 // Each insert and delete then also updates a's count under a lock of a's
-// own; tables without it pay a test. Given to [NewTCPTable], it also makes
+// own. Given to [NewTCPTable], it also makes
 // the listeners hold their ports in a ([TCPTable.Listen]); given to
 // [NewUDPTable], the sockets ([UDPTable.Bind]). An allocator is one
 // protocol's ports, as Linux keeps TCP's and UDP's apart: NewTCPTable and

@@ -34,9 +34,11 @@ const (
 	slabChunkShift = 10
 	// slabMinChunkShift sets the smallest chunk: 64 nodes.
 	slabMinChunkShift = 6
-	// slabBatch is the most indexes a cache takes from, or gives back
-	// to, the depot at once (see slab.setBatch).
+	// slabBatch is how many indexes a cache takes from the depot at once.
 	slabBatch = 16
+	// slabCacheMax is the most free indexes a socket table's stripe
+	// keeps; a put past it gives half back to the depot.
+	slabCacheMax = 4 * slabBatch
 	// slabDirMinChunks is the fewest chunk headers a directory has room
 	// for (see grow).
 	slabDirMinChunks = 16
@@ -51,10 +53,6 @@ type slab[N any] struct {
 	// chunkShift is log2 of the nodes in a chunk, slabChunkShift if zero;
 	// set before the store is shared (see setChunk).
 	chunkShift uint32
-	// batch is how many indexes a cache takes from, or gives back to,
-	// the depot at once, slabBatch if zero (see setBatch).
-	batch atomic.Int32
-
 	mu     sync.Mutex // guards what follows, and changes of dir
 	carved uint32     // next index to hand out for the first time; index 0 is never used
 	depot  []uint32   // free indexes not held by any cache
@@ -95,11 +93,8 @@ const (
 //
 // N.B. every chain walk reads the directory, and the slice of chunk headers
 // it points to, so both fill whole cache lines of their own
-// (TestSlabDirLines): the heap packs small objects of one size side by side,
-// and a neighbor that another core writes would cost each such read a miss.
-// Before, a benchmark's per-goroutine counters, 32-byte objects like the
-// directory, landed in its line in some runs, and lookups at 1K took twice
-// as long.
+// (TestSlabDirLines): a small object another core writes, placed beside
+// them by the heap, would cost each such read a miss.
 type slabDir[N any] struct {
 	chunks [][]N
 	shift  uint32
@@ -107,12 +102,9 @@ type slabDir[N any] struct {
 }
 
 // setChunk sets the nodes in a chunk: n rounded up to a power of two,
-// from 64 to 1024. It must be called before the store is shared and before
-// any other method.
-//
-// N.B. a store holds its nodes in whole chunks: a table sizes them to a
-// 64th of its buckets (New), so that what a chunk brings that is not in use
-// yet is a small part of the table.
+// from 64 to 1024 (a table's: a 64th of its buckets, so that the part of a
+// chunk not in use yet is a small part of the table). It must be called
+// before the store is shared and before any other method.
 func (s *slab[N]) setChunk(n int) {
 	s.chunkShift = uint32(min(max(bits.Len(uint(max(n, 1)-1)), slabMinChunkShift), slabChunkShift))
 }
@@ -124,29 +116,6 @@ func (s *slab[N]) shift() uint32 {
 	}
 	return s.chunkShift
 }
-
-// setBatch sets how many indexes a cache takes from, or gives back to, the
-// depot at once: n, from 1 to slabBatch. A cache keeps at most 4 batches.
-// It may be called while the store is shared: a cache that holds more
-// than 4 of the new batches gives the excess back at its next put.
-//
-// N.B. every cache may hold up to 5 batches of free nodes (4 kept, and one
-// carved that it has not handed out yet), so the batch sets what a store
-// with many caches holds beyond its live nodes: a table whose stripes
-// cover few buckets takes small batches (Table.New), and larger ones as
-// it grows (Table.grow).
-func (s *slab[N]) setBatch(n int) { s.batch.Store(int32(min(max(n, 1), slabBatch))) }
-
-// batchSize returns the number of indexes a cache moves at once.
-func (s *slab[N]) batchSize() int {
-	if b := s.batch.Load(); b != 0 {
-		return int(b)
-	}
-	return slabBatch
-}
-
-// cacheMax returns the most free indexes a cache keeps.
-func (s *slab[N]) cacheMax() int { return 4 * s.batchSize() }
 
 // slabCache is a cache of free indexes. Its owner serializes its use.
 type slabCache struct {
@@ -204,9 +173,9 @@ func (c *slabCache) pop() uint32 {
 	return i
 }
 
-// put returns node i to c; when c holds limit indexes or more (limit is at
-// most s.cacheMax()), it keeps limit/2 and gives the rest back to the
-// depot, so that nodes freed under one stripe serve the others.
+// put returns node i to c; when c holds limit indexes or more, it keeps
+// limit/2 and gives the rest back to the depot, so that nodes freed by one
+// cache's owner serve the others.
 func (s *slab[N]) put(c *slabCache, i uint32, limit int) {
 	if v := s.victims.Load(); v != nil && v.has(i) {
 		return // see beginCompaction
@@ -226,7 +195,7 @@ func (s *slab[N]) put(c *slabCache, i uint32, limit int) {
 func (s *slab[N]) refill(c *slabCache) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if n := min(len(s.depot), s.batchSize()); n > 0 {
+	if n := min(len(s.depot), slabBatch); n > 0 {
 		c.free = append(c.free, s.depot[len(s.depot)-n:]...)
 		s.depot = s.depot[:len(s.depot)-n]
 		return true
@@ -234,7 +203,7 @@ func (s *slab[N]) refill(c *slabCache) bool {
 	if s.carved == 0 {
 		s.carved = 1 // index 0 is never a node
 	}
-	for range s.batchSize() {
+	for range slabBatch {
 		if s.carved >= s.maxNodes() {
 			break
 		}
@@ -403,8 +372,9 @@ func (s *slab[N]) beginCompaction(caches []*slabCache, keep int) *slabVictims {
 }
 
 // endCompaction ends the compaction of v: it releases each victim chunk
-// (puts the released chunk in its place) but those marked stuck, whose free nodes (free reports
-// which) go to the depot, and stops dropping their nodes in put. The
+// (puts the released chunk in its place) but those marked stuck, whose free
+// nodes (free reports which) go to the depot, and stops dropping their nodes
+// in put. The
 // caller holds the lock of every cache's owner, as for beginCompaction,
 // and has moved every live node it could out of the victims: none but
 // those of stuck chunks is live, linked, or held by a cache or a writer.

@@ -13,52 +13,40 @@ import (
 // once the cache holds limit indexes, keeps limit/2 and gives the rest back,
 // even at a limit of 1.
 func TestSlabBatch(t *testing.T) {
-	for _, c := range []struct{ set, want int }{
-		{0, 1}, {1, 1}, {4, 4}, {slabBatch, slabBatch}, {1000, slabBatch},
-	} {
-		var s slab[int]
-		s.setBatch(c.set)
-		require.Equal(t, c.want, s.batchSize(), "setBatch(%d)", c.set)
-		require.Equal(t, 4*c.want, s.cacheMax())
-	}
-	var unset slab[int]
-	require.Equal(t, slabBatch, unset.batchSize(), "the zero store")
-
 	var s slab[int]
 	s.setChunk(1)
-	s.setBatch(4)
 	var c slabCache
 	i, ok := s.get(&c)
 	require.True(t, ok)
-	require.EqualValues(t, 4, i, "the last of the batch carved, 1 to 4")
-	require.Len(t, c.free, 3, "a batch of 4 carved, one handed out")
+	require.EqualValues(t, slabBatch, i, "the last of the batch carved, 1 to 16")
+	require.Len(t, c.free, slabBatch-1, "a batch carved, one handed out")
 	carved, depot := s.stats()
-	require.Equal(t, 4, carved)
+	require.Equal(t, slabBatch, carved)
 	require.Zero(t, depot)
 
-	// Back up to a limit of 8: the cache keeps 4, the depot takes the rest.
-	s.put(&c, i, 8)
-	require.Len(t, c.free, 4)
-	for j := range uint32(4) {
-		s.put(&c, 100+j, 8)
+	// Back up to a limit of 32: the cache keeps 16, the depot takes the rest.
+	s.put(&c, i, 32)
+	require.Len(t, c.free, slabBatch)
+	for j := range uint32(slabBatch) {
+		s.put(&c, 100+j, 32)
 	}
-	require.Len(t, c.free, 4, "8 reached the limit of 8: 4 kept")
+	require.Len(t, c.free, 16, "32 reached the limit of 32: 16 kept")
 	_, depot = s.stats()
-	require.Equal(t, 4, depot)
+	require.Equal(t, 16, depot)
 
 	// A limit of 1 keeps nothing.
 	s.put(&c, 200, 1)
 	require.Empty(t, c.free)
 	_, depot = s.stats()
-	require.Equal(t, 9, depot)
+	require.Equal(t, 33, depot)
 
 	// refill takes a batch from the depot before carving.
 	_, ok = s.get(&c)
 	require.True(t, ok)
-	require.Len(t, c.free, 3)
+	require.Len(t, c.free, slabBatch-1)
 	carved, depot = s.stats()
-	require.Equal(t, 4, carved, "nothing carved while the depot had nodes")
-	require.Equal(t, 5, depot)
+	require.Equal(t, slabBatch, carved, "nothing carved while the depot had nodes")
+	require.Equal(t, 33-slabBatch, depot)
 }
 
 // TestSlabChunks checks the directory's geometry: nodes are carved in whole
@@ -77,7 +65,6 @@ func TestSlabChunks(t *testing.T) {
 
 	var s slab[uint32]
 	s.setChunk(64)
-	s.setBatch(16)
 	var cache slabCache
 	i, ok := s.get(&cache)
 	require.True(t, ok)
@@ -164,7 +151,6 @@ func TestSlabDirLines(t *testing.T) {
 func TestSlabCompaction(t *testing.T) {
 	var s slab[[2]uint32] // [0]: 1 while live, [1]: the marker
 	s.setChunk(64)
-	s.setBatch(16)
 	var carver slabCache
 	var all []uint32
 	for range 5*64 + 1 { // the last in a sixth chunk, carved in part

@@ -426,7 +426,7 @@ func (t *TCPTable[T]) unlisten(h, i uint32) {
 		})
 	}
 	gone.empty(at) // N.B. free, then unlinked (entry's rule 2)
-	t.lnodes.put(&st.cache, i, t.lnodes.cacheMax())
+	t.lnodes.put(&st.cache, i, slabCacheMax)
 	st.count.Store(st.count.Load() - 1)
 }
 

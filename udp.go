@@ -370,7 +370,7 @@ func (t *UDPTable[T]) putNode(h uint32, i uint32) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	t.nodes.at(i).val.Store(nil)
-	t.nodes.put(&st.cache, i, t.nodes.cacheMax())
+	t.nodes.put(&st.cache, i, slabCacheMax)
 }
 
 // udpPacket is a received packet in the form the lookup reads.
