@@ -8,17 +8,12 @@ import (
 	"sync/atomic"
 )
 
-// This file holds the bucket arrays and what they hold. A Table's bucket is
-// one cache line: the head of its hlist_nulls overflow chain, its writer
-// lock and one entry of its own, so that a lookup of a flow held there reads
-// one line. The socket tables (UDPTable's hash4 chains, TCPTable's
-// listeners) keep the kernel's plain layout: chain heads under lock stripes
-// (chains, below).
+// This file holds the bucket arrays and what they hold: a Table's bucket is
+// one cache line (bucket); the socket tables keep the kernel's plain layout,
+// chain heads under lock stripes (chains).
 
 const (
-	// cacheLineSize is the size of a cache line on the targets Go serves
-	// (64 bytes on amd64 and arm64).
-	cacheLineSize = 64
+	cacheLineSize = 64 // on amd64 and arm64
 
 	minBuckets = 16
 	// maxBuckets keeps bucket indexes, plus the offset that tells listener
@@ -155,9 +150,8 @@ type bucket[T any] struct {
 	_ [cacheLineSize - 56]byte // an entry is 56 bytes on every target (TestTableMemoryLayout)
 }
 
-// lockSpins is how many times lock tries a held bucket before it yields
-// the processor between tries: holders run a few dozen instructions, but
-// one preempted holds the lock for a time slice.
+// lockSpins is how many times lock tries a held lock before it yields the
+// processor between tries, as a holder may have been preempted.
 const lockSpins = 64
 
 // lock takes the bucket's writer lock, a bit of its seq (bit_spin_lock).

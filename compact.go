@@ -25,17 +25,14 @@ func (t *Table[T]) Compact() {
 // compact is Compact; it returns the entries it moved and the chunks it
 // released.
 //
-// N.B. growMu keeps growths out, so every entry is in the table's array.
-// While every shard is locked, no node moves between caches and the depot
-// and no writer holds a node taken from a cache but not yet linked
+// N.B. growMu keeps growths out. While every shard is locked, no node moves
+// between caches and the depot and no writer holds a node not yet linked
 // (percpu.go's rule 2): so beginCompaction takes the victims' free nodes
-// out of circulation at once, and endCompaction releases chunks none of
-// whose nodes a writer holds. Between the two, put drops the victims'
-// nodes that deletes free, so a node seen free stays free, and a move that
-// finds a victim's entry under its bucket lock finds it where it was.
-// Lookups that stood on a moved entry see their bucket's seq change
-// (bucket's rule 2); those that read a released chunk end on
-// releasedNullsValue and restart.
+// out of circulation at once, and endCompaction releases chunks no writer
+// holds a node of. Between the two, put drops the victims' nodes, so a node
+// seen free stays free. Lookups that stood on a moved entry see their
+// line's seq change (bucket's rule 2); those that read a released chunk end
+// on releasedNullsValue and restart.
 func (t *Table[T]) compact() (moved, released int) {
 	t.growMu.Lock()
 	defer t.growMu.Unlock()
@@ -94,10 +91,8 @@ func markReleased[T any](n *node[T]) { n.next.initNulls(releasedNullsValue) }
 // node); i stays live when no node was left to move to.
 //
 // N.B. the move counts itself in the line's seq before any of its writes
-// (bucket's rule 2): the node it takes may be recycled from under a reader,
-// which goes on from the copy's place, right behind the original, past the
-// keys between; that reader's walk began before the count, so its miss is
-// not trusted.
+// (bucket's rule 2): a reader standing on the node it takes goes on from
+// the copy's place, past the keys between, so its miss must not be trusted.
 func (t *Table[T]) moveOut(i uint32) (free, moved bool) {
 	n := &t.nodes.at(i).entry
 	k := n.key.load()

@@ -59,15 +59,12 @@ func (t *Table[T]) Connect(a *PortAllocator, local netip.Addr, remote netip.Addr
 // and is returned. Its other errors are Connect's; it costs Connect's scan
 // and two locks of the tuple's bucket.
 //
-// A port f refuses is skipped by this call only: the allocator sees its
-// holds and the flows of the tables made [WithPortAllocator], not the
-// sockets of other programs, so a later call may offer the port again, and
-// a port held elsewhere for long is offered to call after call. To keep
-// Connect and ConnectFunc off it, hold it with [PortAllocator.Bind] once
-// ConnectFunc has returned (until then the flow holds the tuple, and a Bind
-// of the port in the table's own allocator fails with [ErrPortInUse]), and
-// release the hold when the port may be free again. [Metrics] counts the
-// refusals (ConnectRefused).
+// A port f refuses is skipped by this call only: the allocator does not see
+// other programs' sockets, so later calls offer it again. To keep them off
+// it, hold it with [PortAllocator.Bind] once ConnectFunc has returned (until
+// then the flow holds the tuple, and such a Bind fails with
+// [ErrPortInUse]), and release the hold when the port may be free again.
+// [Metrics] counts the refusals (ConnectRefused).
 func (t *Table[T]) ConnectFunc(a *PortAllocator, local netip.Addr, remote netip.AddrPort, f func(Tuple) (*T, error), opts ...ConnectOption) (Tuple, *T, error) {
 	if f == nil {
 		return Tuple{}, nil, fmt.Errorf("%w: ConnectFunc with a nil function, for a flow to %v", ErrNilValue, remote)

@@ -8,9 +8,7 @@ import (
 
 // This file holds growth: a table replaces its bucket array with one of
 // more buckets, by itself past maxLoad entries per bucket or when Grow is
-// called, while every method goes on. Linux sizes its established table
-// once, at boot; a Go program that cannot know its flow count in advance
-// needs one that grows as rhashtable does.
+// called, while every method goes on, as rhashtable does.
 //
 // Invariants:
 //

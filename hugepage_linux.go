@@ -9,20 +9,12 @@ import (
 	"unsafe"
 )
 
-// This file asks Linux to back a table's largest arrays with transparent
-// huge pages, as the kernel allocates its own socket hash tables
-// (alloc_large_system_hash) with huge mappings where it can; tables made
-// WithHugePages ask. It takes a slice's address with unsafe, to name its
-// memory to madvise; it reads and writes nothing through it.
-//
-// Why: the kernel backs fresh memory a page at a time, as it is first
-// written, and a Grow writes its new home slots whole (see Table.grow): a
-// million buckets' slots are 14,000 pages. Only arrays a table writes whole
-// right away are advised, the chain heads and the home slots of a Grow, so
-// a huge page never holds memory that small pages would have left
-// unbacked. Why it is an option: the advice stays with the memory once an
-// array is freed, and whatever the heap puts there next may be backed by
-// huge pages too.
+// This file asks Linux to back a table's bucket arrays, which a table
+// writes whole as it makes them, with transparent huge pages, as the kernel
+// allocates its own socket hash tables (alloc_large_system_hash) with huge
+// mappings where it can: one fault per 2 MiB rather than 512. It takes a
+// slice's address with unsafe, to name its memory to madvise. It is an
+// option: the advice stays with the memory once an array is freed.
 
 // hugePageSize returns the size of a transparent huge page (a PMD mapping),
 // or 0 if the kernel has none or GODEBUG in the environment sets

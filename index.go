@@ -23,12 +23,9 @@ import (
 //     builder's look at its bucket is seen by the builder; one added or
 //     removed after it is seen by a writer that sees the index. So once
 //     writers quiesce, a bit is set exactly when its tuple is present.
-//   - Between, a bit may be clear for a present tuple (a writer has not
-//     reached it yet) but is never left set for an absent one: writers
-//     clear bits on delete under the lock, and the builder sets only bits
-//     of tuples it saw present under the lock. A clear bit costs Connect a
-//     failed confirmation; a set bit is trusted, so a stale one would change
-//     Connect's answer.
+//   - Between, a bit may be clear for a present tuple but is never left set
+//     for an absent one: a clear bit costs Connect a failed confirmation,
+//     while a set bit is trusted.
 //   - Moves of entries (growth, compaction, promotion) keep their tuples
 //     and do not touch the indexes.
 

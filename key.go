@@ -106,12 +106,9 @@ func (x *entryKey) load() key {
 
 // tupleKey sets *k to the key of *tup, hashed with the table's hasher: the
 // hash with local port 0, plus the port. Every operation on a tuple comes
-// here, and a nil table panics here, named. N.B. it reads the addresses where they lie and hashes in line: a
-// copy of the tuple (eight words, more than the argument registers hold)
-// and calls to convert and hash it cost a tenth of a lookup of a cached
-// key. Keys are filled in place and passed by pointer: returning a 40-byte
-// key just written field by field costs a copy that stalls on
-// store-to-load forwarding.
+// here, and a nil table panics here, named. N.B. it reads the addresses
+// where they lie, and fills the key in place: a copy of the tuple, or of a
+// key returned whole, costs a tenth of a lookup of a cached key.
 func (t *Table[T]) tupleKey(k *key, tup *Tuple) {
 	if t == nil {
 		panic(nilTable)

@@ -7,11 +7,9 @@ import (
 )
 
 // This file holds a Table's per-processor shards: the count of its entries
-// and its caches of free nodes, a cache line for each processor (each P of
-// the Go scheduler), as Linux keeps per-CPU counters (percpu_counter) and
-// per-CPU slab caches. A writer uses the shard of the P it runs on, which
-// other Ps rarely touch: counting an insert or taking a node costs no line
-// that the writers of other cores write too.
+// and its caches of free nodes, a cache line for each P of the Go scheduler,
+// as Linux keeps per-CPU counters and slab caches: a writer uses its P's
+// shard, which other cores rarely touch.
 //
 // Invariants:
 //

@@ -6,29 +6,20 @@ import (
 )
 
 // This file holds the fields that lock-free readers load while writers, one
-// at a time under the lock that covers them, store them: chain links, the
-// fields of entries, and the counts kept beside them. Readers load them with
-// sync/atomic loads. Writers store them with release stores: a store that
-// no processor sees before the stores that precede it in program order,
-// which is all that the sequence protocol (see entry) and chain publication
-// (nulls.go) ask of a store.
+// at a time under the lock that covers them, store them. Readers load them
+// with sync/atomic loads; writers store them with release stores, which no
+// processor sees before the stores that precede them: all that the sequence
+// protocol (see entry) and chain publication (nulls.go) ask of a store.
 //
-// On amd64 every store is a release store (x86-TSO), so outside race builds
-// a release store is a plain MOV behind a call the compiler does not see
-// into (release_amd64.go): a compiler barrier and a plain store, as the
-// kernel's smp_store_release on x86. sync/atomic's Store is an XCHG there, a
-// full fence, several times the cost of the call, and a delete+insert
-// makes fourteen stores or more. The build tag hash4_atomicstores makes
-// them sync/atomic stores on amd64 too. On other architectures, and
-// under the race detector, which must see every shared access as atomic to
-// stay silent and to see the order readers rely on, a release store is a
-// sync/atomic store (release_atomic.go).
+// On amd64 (x86-TSO) a release store is a plain store behind a call the
+// compiler does not see into (release_amd64.go), as the kernel's
+// smp_store_release on x86; sync/atomic's Store is an XCHG there, a full
+// fence. Elsewhere, under the race detector, and with the build tag
+// hash4_atomicstores, it is a sync/atomic store (release_atomic.go).
 //
-// N.B. a release store is not a full fence: a later load of another field
-// may be satisfied before the store is visible to other processors. Nothing
-// relies on that order: lock-free readers never store to these fields, and
-// writers order themselves with their locks, whose atomic instructions are
-// full fences.
+// N.B. a release store is not a full fence. Nothing relies on one: readers
+// never store to these fields, and writers order themselves with their
+// locks, whose atomic instructions are full fences.
 
 // relUint32 is a uint32 loaded atomically and stored with release stores,
 // by one writer at a time. The zero value is 0.

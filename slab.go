@@ -10,23 +10,16 @@ import (
 // This file holds the node store: nodes addressed by 32-bit index, recycled
 // without allocation and without waiting for readers, like a kernel cache
 // created with SLAB_TYPESAFE_BY_RCU. A node keeps its type and its place for
-// the life of the store, so a lock-free reader holding a stale index always
-// reads a node of the right type; whether it is still the node the reader
-// wanted is the reader's question to answer (nulls.go, and entry's sequence
-// protocol).
+// the life of the store, so a reader holding a stale index reads a node of
+// the right type; whether it is still the one it wanted is the reader's
+// question (nulls.go, and entry's sequence protocol).
 //
-// Nodes live in chunks that never move; a directory of chunks is replaced
-// (copied) when it grows, and readers load it atomically, so growth never
-// blocks them. The chunks hold a power-of-two count of nodes each, set per
-// store: a small table grows by small chunks. Chunks that a compaction has
-// emptied leave the directory (see beginCompaction), and their memory goes
-// back to the heap once no reader holds a directory that has them.
-//
-// Free indexes are kept in caches, each used by one owner at a time (a
-// Table's per-processor shards, a socket table's lock stripes), like per-CPU
-// slab caches, backed by a shared depot under the store's mutex (taken only
-// when a cache runs empty or overfull), so steady-state churn costs no
-// allocation and no shared lock.
+// Nodes live in chunks that never move, listed in a directory that is
+// copied when it grows and loaded atomically by readers. Chunks a
+// compaction emptied leave the directory (beginCompaction). Free indexes
+// are kept in caches, each used by one owner at a time (a Table's
+// per-processor shards, a socket table's stripes), backed by a depot under
+// the store's mutex, taken only when a cache runs empty or overfull.
 
 const (
 	// slabChunkShift sets the largest chunk, and a store's chunk when

@@ -43,8 +43,7 @@ type Table[T any] struct {
 	growths  atomic.Uint64 // arrays published by growth
 
 	// growMu serializes growths and compactions; growing is set while a
-	// growth that an insert started runs (grow.go), and for good once one
-	// failed; growers counts their goroutines, for tests to wait on.
+	// growth an insert started runs; growers counts their goroutines.
 	growMu  sync.Mutex
 	growing atomic.Bool
 	growers sync.WaitGroup
@@ -53,10 +52,7 @@ type Table[T any] struct {
 	fixed, huge bool
 	bucketLimit int
 
-	// watch is what the table's clients (the bind table, Connect's
-	// indexes, TIME_WAIT marks) attach to be told of every tuple added and
-	// removed, or nil: see tupleWatcher.
-	watch atomic.Pointer[watchSlot]
+	watch atomic.Pointer[watchSlot] // the clients, or nil (clients.go)
 
 	_ [cacheLineSize]byte
 }
@@ -80,27 +76,15 @@ const (
 	maxLoad = 2
 )
 
-// testHooks are the points where tests step into a table's work. Tests set
-// a table's hooks before they share it; every other table has none.
+// testHooks are the points where tests step into a table's work, set
+// before the table is shared; every other table has none.
 type testHooks struct {
-	// visit is called by lookups on each node of a chain before they read
-	// its next link, with visitWalkEnd when a walk ends on its own chain's
-	// marker.
-	visit func(index uint32)
-	// growStep is called by growth before it moves each old bucket.
-	growStep func(bucket uint32)
-	// relinked is called by migrate between linking a node into a chain of
-	// the new array and unlinking it from the old.
-	relinked func(index uint32)
-	// checked is called after each sum of the shards' counts that an
-	// insert past its shard's trigger makes, with whether the table is
-	// past its limit, and by the growth goroutine before each growth.
-	checked func(grew bool)
-	// matched is called by TCPTable's listener walks on each node whose
-	// key matched, before they read its listen word and value.
-	matched func(index uint32)
-	// nodeLimit, when not 0, ends the node store's index space there
-	// rather than at slabMaxNodes. The store reads it under its mu.
+	visit    func(index uint32)  // by lookups: each node before its next link, and see below
+	growStep func(bucket uint32) // by growth: before it moves each old bucket
+	relinked func(index uint32)  // by migrate: a node linked in the new chain, not yet out of the old
+	checked  func(grew bool)     // by overLimit and growBehind: a sum of the counts, past the limit or not
+	matched  func(index uint32)  // by TCPTable's listener walks: a key matched, its word not yet read
+	// nodeLimit, when not 0, ends the node store's index space there.
 	nodeLimit uint32
 }
 
@@ -139,18 +123,16 @@ func (t *Table[T]) array() *bucketArray[T] {
 // Option configures New, NewTCPTable and NewUDPTable.
 type Option func(*tableConfig)
 
+// tableConfig is what the options set; the ...Set fields say an option was
+// given.
 type tableConfig struct {
-	capacity, stripes int
-	capacitySet       bool // by WithCapacity
-	stripesSet        bool // by WithLockStripes, other than 0
-	stripesGiven      bool // by WithLockStripes
-	secret            *Secret
-	hasher            Hasher
-	hasherSet         bool           // by WithHasher
-	fixed             bool           // by WithFixedBuckets
-	hugePages         bool           // by WithHugePages
-	maxBuckets        int            // by WithMaxBuckets; 0 for none
-	alloc             *PortAllocator // by WithPortAllocator
+	capacity, stripes, maxBuckets int
+	capacitySet, hasherSet        bool
+	stripesSet, stripesGiven      bool // a count other than 0; any
+	fixed, hugePages              bool
+	secret                        *Secret
+	hasher                        Hasher
+	alloc                         *PortAllocator
 }
 
 // only panics for the options of New that a constructor of another table,

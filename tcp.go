@@ -27,12 +27,10 @@ import (
 //     walks match a key on its hash, port and local address alone
 //     (entryKey.matchesLocal). IPv4 and IPv4-mapped listeners share their
 //     local words and chain, as in the kernel, and differ by listenV6.
-//   - Nodes go to the head of their chain: a node released and reused at
-//     the tail of the chain a reader stands on would lead the reader past
-//     the listeners behind its old place. The kernel's chain order, which
-//     decides between listeners of equal score, is computed from the
-//     listen words instead: it adds IPv6 reuseport listeners at the tail
-//     and the others at the head.
+//   - Nodes go to the head of their chain (one reused at the tail would
+//     lead a reader standing on it past the listeners behind its old
+//     place). The kernel's chain order, which decides between listeners of
+//     equal score, is computed from the listen words instead.
 //   - A reuseport group (sock_reuseport) is a tcpGroup, an immutable record
 //     of its listeners in the array's order, replaced whole under the
 //     stripe lock of its chain. Each stripe lists the groups of its

@@ -28,15 +28,12 @@ import (
 //     bit: so once writers quiesce an indexed Connect sees the marks a scan
 //     would.
 //   - A Connect's scan skips a candidate without its lock if the table has
-//     no mark (timeWaits.n) and then the tuple is present: so that such a
+//     no mark (timeWaitSet.n) and then the tuple is present: so that such a
 //     tuple was taken (present and unmarked) at some moment of the two
 //     loads, a mark is dropped, from n and from the index's reuse bits,
-//     only after the change it goes with is visible to lock-free readers:
-//     after a deleted entry is unlinked, after a takeover's new value is
-//     stored. (A mark dropped before its entry is unlinked would let a
-//     Connect that loaded the entry before and n after skip a tuple that
-//     was reusable, then free, and fail with ErrNoPorts.) Indexed Connects
-//     load the reuse bits before the used ones likewise.
+//     only once the change it goes with is visible to lock-free readers:
+//     a deleted entry unlinked, a takeover's new value stored. Indexed
+//     Connects load the reuse bits before the used ones likewise.
 
 // ReusePolicy reports whether a Connect may take over the flow tup, in
 // TIME_WAIT since since (see [Table.TimeWait]). It is called under a

@@ -13,13 +13,10 @@ import (
 // converted once per operation. The kernel's raw word s6_addr32[i] is
 // raw32(&w, i).
 //
-// It reads a netip.Addr's bits through unsafe.Pointer (setWords), since
-// As16 costs a copy of its result that stalls on store-to-load forwarding,
-// twice in every table operation; and it reads
-// a netip.AddrPort's address in place (setWordsReprAt), so that a tuple need
-// not be copied to be converted. Nothing else in the package reads
-// through unsafe.Pointer; release.go uses it only as the type of a pointer
-// field, and hugepage_linux.go to name a slice's memory to madvise.
+// It reads a netip.Addr's bits, and a netip.AddrPort's address in place,
+// through unsafe.Pointer (setWords, setWordsReprAt): As16's returned copy
+// stalls on store-to-load forwarding, twice in every table operation.
+// Nothing else in the package reads through unsafe.Pointer.
 
 // addrReprKnown reports whether a netip.Addr starts with its 128 bits as
 // two uint64s, the high half first, as it has since Go 1.18, and a
