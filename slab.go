@@ -46,9 +46,9 @@ type slab[N any] struct {
 	// chunkShift is log2 of the nodes in a chunk, slabChunkShift if zero;
 	// set before the store is shared (see setChunk).
 	chunkShift uint32
-	mu     sync.Mutex // guards what follows, and changes of dir
-	carved uint32     // next index to hand out for the first time; index 0 is never used
-	depot  []uint32   // free indexes not held by any cache
+	mu         sync.Mutex // guards what follows, and changes of dir
+	carved     uint32     // next index to hand out for the first time; index 0 is never used
+	depot      []uint32   // free indexes not held by any cache
 	// retired counts the nodes of released chunks (see endCompaction).
 	retired uint32
 	// released is the chunk that stands in the directory for every

@@ -47,10 +47,12 @@ func (m scaleHash4) sweep() int {
 	return m.t.DeleteFunc(func(Tuple, *benchVal) bool { return true })
 }
 
-type scaleXsync struct{ m *xsync.Map[flowKey, *benchVal] }
+type scaleXsync struct {
+	m *xsync.Map[flowKey, *benchVal]
+}
 
 func (m scaleXsync) insert(k *flowKey, v *benchVal) { m.m.Store(*k, v) }
-func (m scaleXsync) lookup(k *flowKey) *benchVal  { v, _ := m.m.Load(*k); return v }
+func (m scaleXsync) lookup(k *flowKey) *benchVal    { v, _ := m.m.Load(*k); return v }
 func (m scaleXsync) sweep() int {
 	n := 0
 	m.m.Range(func(k flowKey, _ *benchVal) bool {
