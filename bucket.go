@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 )
 
-// This file holds the bucket arrays and what they hold: a Table's bucket is
-// one cache line (bucket); the socket tables keep the kernel's plain layout,
-// chain heads under lock stripes (chains).
+// This file holds the bucket arrays: a Table's bucket is one cache line; the
+// socket tables keep the kernel's chain heads under lock stripes (chains).
 
 const (
 	cacheLineSize = 64 // on amd64 and arm64
@@ -20,9 +19,8 @@ const (
 	// chains from established ones (2^29, as in Linux), below
 	// arrayNullsFlip.
 	maxBuckets = 1 << 29
-	// arrayNullsFlip is flipped in the nulls values of each new array a
-	// Table grows to, so that a reader led from a chain of one array into
-	// a chain of the next ends on a value that is not its own.
+	// arrayNullsFlip differs between a Table's successive arrays, so a
+	// reader led into a chain of the next array ends on a foreign marker.
 	arrayNullsFlip = 1 << 30
 	// releasedNullsValue ends the next links of released nodes (see
 	// slab.release): no chain ends in it.
@@ -102,11 +100,9 @@ func (e *entry[T]) reserved() bool { return e.key.meta.Load()&lportMask == 0 }
 // e's bucket; a bucket line's lock bit is kept.
 func (e *entry[T]) flip() { e.seq.Store((e.seq.Load() ^ seqLive) + seqGen) }
 
-// fill writes key k and value v into e, free, and makes it live; a node is
-// first linked at field at (the chain's head, or a node's next). The
-// caller holds the chain's bucket lock. N.B. readers that still stand on
-// the free entry ignore its key (seq has no seqLive), so it can be written
-// field by field.
+// fill writes k and v into e, free, links a node at at (a head or a node's
+// next), and makes e live; the caller holds the bucket lock. Readers ignore
+// a free entry's key, so it is written field by field.
 func (e *entry[T]) fill(k *key, v *T, node link, at *linkField) {
 	e.key.store(k)
 	e.val.Store(v)
@@ -116,9 +112,8 @@ func (e *entry[T]) fill(k *key, v *T, node link, at *linkField) {
 	e.flip() // live: N.B. after linking (rule 2)
 }
 
-// empty makes e, live, free and clears its value, which it returns; a node
-// is unlinked from prev (the chain's head, or a node's next) after it turns
-// free (rule 2). The caller holds the chain's bucket lock.
+// empty makes e free, unlinks a node from prev (rule 2) and clears and
+// returns its value; the caller holds the bucket lock.
 func (e *entry[T]) empty(prev *linkField) *T {
 	e.flip()
 	if prev != nil {
@@ -173,18 +168,14 @@ func (b *bucket[T]) unlock() { b.seq.Store(b.seq.Load() &^ seqLock) }
 // moved reports whether the bucket's entries moved to a newer array.
 func (b *bucket[T]) moved() bool { return b.seq.Load()&seqMoved != 0 }
 
-// bucketArray is a Table's array of bucket lines. Growth replaces it; nothing
-// in it changes once published but the lines, which writers change under
-// their locks, and old.
-//
-// N.B. the pads keep the fields every lookup reads off the lines of the
-// heap's neighbouring objects, which other cores may write.
+// bucketArray is a Table's array of bucket lines. Growth replaces it; once
+// published only the lines (under their locks) and old change. The pads keep
+// what lookups read off neighbouring objects' lines.
 type bucketArray[T any] struct {
 	_     [cacheLineSize]byte
 	lines []bucket[T]
 	mask  uint32
-	// nullsBase + b ends bucket b's chain: bit 30 (arrayNullsFlip)
-	// differs between an array and the next.
+	// nullsBase + b ends bucket b's chain.
 	nullsBase uint32
 	// old is the array this one replaced while growth moves the entries
 	// out of it, and nil before and after (grow.go).

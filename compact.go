@@ -1,13 +1,8 @@
 package hash4
 
-// This file holds Compact, the compaction of a table's node store, as the
-// kernel's memory compaction moves pages out of a block to free it whole:
-// entries move out of chunks of nodes that are mostly free, and the emptied
-// chunks go back to the heap.
-//
-// Why: a table keeps the nodes of deleted entries for reuse. They lie in
-// chunks among nodes still in use, so the store cannot give them back as
-// they are.
+// This file holds Compact: as the kernel's memory compaction empties a block
+// to free it whole, entries move out of mostly free chunks of nodes, which
+// then go back to the heap; free nodes lie among used ones otherwise.
 
 // Compact gives back to the heap the free nodes the table keeps beyond
 // what its entries are likely to need soon: call it after the flows have
@@ -86,13 +81,10 @@ func (t *Table[T]) unlockShards() {
 func markReleased[T any](n *node[T]) { n.next.initNulls(releasedNullsValue) }
 
 // moveOut moves the entry in node i, found live, to another node under its
-// bucket's lock. It reports whether node i is free now, and whether it moved
-// the entry (else the entry was deleted meanwhile, and put dropped its
-// node); i stays live when no node was left to move to.
-//
-// N.B. the move counts itself in the line's seq before any of its writes
-// (bucket's rule 2): a reader standing on the node it takes goes on from
-// the copy's place, past the keys between, so its miss must not be trusted.
+// bucket's lock, and reports whether i is free now and whether it moved the
+// entry (else it was deleted meanwhile). N.B. the move changes the line's
+// seq before it writes (bucket's rule 2): a reader on the taken node skips
+// the keys between, so its miss must not be trusted.
 func (t *Table[T]) moveOut(i uint32) (free, moved bool) {
 	n := &t.nodes.at(i).entry
 	k := n.key.load()

@@ -32,13 +32,11 @@ import (
 // the table (rearm).
 func (t *Table[T]) initGrowth(a *bucketArray[T]) { t.rearm(t.count(), t.growLimit(a)) }
 
-// rearm sets each shard's trigger to its count plus an equal share of what
-// the table may take before it passes limit, holding total entries: a
-// shard passes its trigger only by rising past its share, so the table
-// passes its limit only after a shard did. The share is at least a 64th of
-// the limit in all, so that a table at its limit does not sum its shards
-// on every insert; it may then pass its limit by that much before it
-// grows.
+// rearm sets each shard's trigger to its count plus an equal share of the
+// room left below limit, so the table passes its limit only after a shard
+// passed its trigger. The shares add to at least a 64th of the limit, so a
+// table at its limit does not sum its shards on every insert, and may pass
+// it by that much before it grows.
 func (t *Table[T]) rearm(total, limit int64) {
 	if limit == math.MaxInt64 {
 		for i := range t.shards {
@@ -140,17 +138,11 @@ func (t *Table[T]) Grow(n int) error {
 }
 
 // grow replaces the table's array with one of nb buckets, a power of two,
-// if that is more than it has, and moves every entry into it; growMu is
-// held.
-//
-// Every method may run meanwhile, and finds every entry. grow publishes the
-// new array at once and then moves the entries one old bucket at a time,
-// under that bucket's lock; a writer that comes to a bucket not moved yet
-// moves it first (lockBucket). So an insert or delete waits at most for the
-// move of one bucket's entries. Lookups go on without locks: until grow
-// returns, a lookup that misses in the new array looks in the old one too.
-// The old array goes back to the heap once no lookup still reads it; its
-// nodes serve the new array's chains as they are.
+// if that is more than it has; growMu is held. It publishes the new array at
+// once and moves the entries one old bucket at a time, under its lock; a
+// writer moves its bucket first (lockBucket), so it waits for one bucket's
+// move at most. Until grow returns, a lookup that misses in the new array
+// looks in the old one too. The nodes serve the new chains as they are.
 func (t *Table[T]) grow(nb int) {
 	old := t.array()
 	if nb <= len(old.lines) {
@@ -185,14 +177,12 @@ func (t *Table[T]) moveBucket(a, old *bucketArray[T], h uint32) {
 	ob.unlock()
 }
 
-// migrate moves the entries of bucket ob, of the array a replaced, into a;
-// the caller holds ob's lock. The line's own entry goes to its new bucket's
-// line, which is free (invariant 2: ob is its only source, and comes first).
-// A chain node's entry goes to its new bucket's line if that is free, and
-// its node is freed; else the node itself moves to the head of the new
-// bucket's chain: linked there before it leaves the old chain (invariant
-// 3), so growth takes no node. Last, ob is emptied and marked moved: its
-// seq changes, so a lookup that missed in it meanwhile walks it again.
+// migrate moves bucket ob's entries, of the array a replaced, into a; the
+// caller holds ob's lock. The line's entry goes to its new line, free
+// (invariant 2). A node's entry goes to its new line if free, and the node
+// is freed; else the node moves to the new chain's head, linked there before
+// it leaves the old chain (invariant 3), so growth takes no node. Last, ob is
+// marked moved: its seq changes, so a lookup that missed in it walks again.
 func (t *Table[T]) migrate(a *bucketArray[T], ob *bucket[T]) {
 	if ob.live() {
 		k := ob.key.load()

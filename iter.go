@@ -96,17 +96,12 @@ func (t *Table[T]) Clear() {
 	t.counted(-int64(removed))
 }
 
-// eachBucket calls locked for each bucket of the table, under its lock and
-// after its entries have moved into the table's array if a growth is moving
-// them (see lockBucket), and then after without the lock, until after
-// returns false.
-//
-// N.B. it visits the buckets in the order of a counter whose bits are
-// reversed (as Redis's SCAN): when growth multiplies the bucket count by
-// 2^j, the entries of bucket b go to the buckets that share b's low bits,
-// which lie side by side in that order, where b lay. So the buckets of the
-// new array left to visit hold exactly the entries of the old buckets left
-// to visit, and an entry present throughout is visited exactly once.
+// eachBucket calls locked for each bucket, under its lock and moved into
+// the current array (lockBucket), then after without it, until after returns
+// false. N.B. it visits buckets in bit-reversed counter order (as Redis's
+// SCAN): growth sends bucket b's entries to the buckets sharing b's low
+// bits, adjacent in that order where b lay, so an entry present throughout
+// is visited exactly once.
 func (t *Table[T]) eachBucket(locked func(b *bucket[T]), after func() bool) {
 	var c uint32 // the counter, bits reversed
 	for {

@@ -54,31 +54,24 @@ func (k *key) tuple() Tuple {
 	}
 }
 
-// entryKey is a key as an entry holds it: words that readers load one at a
-// time and writers replace together, only while the entry is free (see
-// entry), so that the order of the words' stores does not matter. Its store
-// method is in release_*.go.
+// entryKey is a key as an entry holds it: words readers load one at a time
+// and writers replace only while the entry is free (store: release_*.go).
 type entryKey struct {
 	meta          relUint64
 	remote, local [2]relUint64
 }
 
-// matches reports whether x holds key k, comparing the word that holds the
-// hash first. The caller checks the entry's seq around it. N.B. it is a
-// method of entryKey, not of the generic entry, so that it inlines into the
-// lookup loops.
+// matches reports whether x holds k, hash word first; the caller checks seq
+// around it. N.B. not generic, so that it inlines into the lookup loops.
 func (x *entryKey) matches(k *key) bool {
 	return x.meta.Load() == k.meta &&
 		x.remote[1].Load() == k.remote[1] && x.remote[0].Load() == k.remote[0] &&
 		x.local[1].Load() == k.local[1] && x.local[0].Load() == k.local[0]
 }
 
-// matchesHeld reports whether x holds k or k's reservation (see entry): the
-// words of k with the local port's field of meta left out. That field adds
-// nothing to a real key's identity: with the addresses and the remote port
-// equal, the hashes are equal only if the local ports are (a key's hash is
-// its hash with local port 0 plus the port, below 2^16). Writers' walks use
-// it, under the bucket's lock.
+// matchesHeld reports whether x holds k or k's reservation (see entry),
+// ignoring meta's local port: with all else equal, equal hashes mean equal
+// ports (hash = hash0 + port). Writers use it under the bucket lock.
 func (x *entryKey) matchesHeld(k *key) bool {
 	return (x.meta.Load()^k.meta)&^lportMask == 0 &&
 		x.remote[1].Load() == k.remote[1] && x.remote[0].Load() == k.remote[0] &&
@@ -104,11 +97,9 @@ func (x *entryKey) load() key {
 	}
 }
 
-// tupleKey sets *k to the key of *tup, hashed with the table's hasher: the
-// hash with local port 0, plus the port. Every operation on a tuple comes
-// here, and a nil table panics here, named. N.B. it reads the addresses
-// where they lie, and fills the key in place: a copy of the tuple, or of a
-// key returned whole, costs a tenth of a lookup of a cached key.
+// tupleKey sets *k to the key of *tup, and panics, named, for a nil table.
+// N.B. it fills k in place from the addresses where they lie: a copy costs a
+// tenth of a cached lookup.
 func (t *Table[T]) tupleKey(k *key, tup *Tuple) {
 	if t == nil {
 		panic(nilTable)
@@ -124,9 +115,8 @@ func (t *Table[T]) tupleKey(k *key, tup *Tuple) {
 	k.setPort(t.hashPort0(&k.local, &k.remote, rport), tup.Local.Port(), rport)
 }
 
-// hashPort0 is the package's hashPort0 with the table's hasher, secret and
-// fold keys. N.B. one call, to a function that is not generic, so that it
-// fits tupleKey's inlining budget.
+// hashPort0 hashes with the table's hasher and keys. N.B. one call to a
+// function that is not generic, to fit tupleKey's inlining budget.
 func (t *Table[T]) hashPort0(local, remote *[2]uint64, rport uint16) uint32 {
 	return tableHash(t.hasher, &t.secret, &t.fold, local, remote, rport)
 }
@@ -139,12 +129,9 @@ func (t *Table[T]) setKey(k *key, local netip.Addr, localPort uint16, remote net
 	k.setPort(t.hashPort0(&k.local, &k.remote, remote.Port()), localPort, remote.Port())
 }
 
-// valid reports whether k, as tupleKey made it of a tuple, is a key that
-// validate accepts: both ports other than 0, both addresses specified (not
-// the zero Addr, ::, 0.0.0.0 or one of them with a zone) and of one family.
-// N.B. the words of the zero Addr are those of ::. It costs a few compares
-// where validate costs a hundred instructions, so writers check the key
-// and ask validate only why it failed.
+// valid reports whether validate accepts k's tuple: ports not 0, addresses
+// specified (the zero Addr's words are ::'s) and of one family. Writers
+// check it, a few compares, and ask validate only why it failed.
 func (k *key) valid() bool {
 	return k.meta&0xffff != 0 && k.meta&lportMask != 0 &&
 		specified(&k.local) && specified(&k.remote) && wordsAreIPv4(&k.local) == wordsAreIPv4(&k.remote)

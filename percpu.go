@@ -6,10 +6,8 @@ import (
 	_ "unsafe" // go:linkname
 )
 
-// This file holds a Table's per-processor shards: the count of its entries
-// and its caches of free nodes, a cache line for each P of the Go scheduler,
-// as Linux keeps per-CPU counters and slab caches: a writer uses its P's
-// shard, which other cores rarely touch.
+// This file holds a Table's per-P shards, a line each: entry counts and free
+// node caches, as Linux keeps per-CPU counters and slab caches.
 //
 // Invariants:
 //
@@ -24,9 +22,8 @@ import (
 //     shard (an entry inserted on one P and deleted on another): only
 //     their sum means something.
 
-// procPin pins the calling goroutine to its P and returns the P's id. The
-// runtime keeps it for packages outside the standard library
-// (go.dev/issue/67401); it and procUnpin cost a few instructions each.
+// procPin pins the caller to its P and returns the P's id; the runtime keeps
+// it linkable for packages outside the standard library (go.dev/issue/67401).
 //
 //go:linkname procPin runtime.procPin
 func procPin() int
@@ -70,8 +67,7 @@ func (t *Table[T]) shard() *shard {
 	return sh
 }
 
-// take locks sh. N.B. its holders run a few dozen instructions, so a waiter
-// spins; it yields if the holder was preempted.
+// take locks sh, spinning: holders run a few dozen instructions.
 func (sh *shard) take() {
 	for spins := 0; !sh.lock.CompareAndSwap(0, 1); spins++ {
 		if spins >= lockSpins {
@@ -83,8 +79,7 @@ func (sh *shard) take() {
 // release unlocks sh.
 func (sh *shard) release() { sh.lock.Store(0) }
 
-// count returns the sum of the shards' counts: the table's entries, a
-// moment's count of each shard under concurrent writes.
+// count returns the sum of the shards' counts, the table's entries.
 func (t *Table[T]) count() int64 {
 	var n int64
 	for i := range t.shards {

@@ -297,20 +297,13 @@ func (v *slabVictims) nodes(c uint32) (first, end uint32) {
 	return c<<v.shift + 1, (c+1)<<v.shift + 1
 }
 
-// beginCompaction picks the chunks of carved nodes whose nodes are all
-// free but for a few, to give back to the heap, keeping at least keep free
-// nodes in the others, and marks them: from then on put drops their nodes,
-// and none of them is in caches or the depot. It returns nil if no chunk
-// is worth emptying. The caller holds the lock of every cache's owner,
-// so that no node moves between caches and the depot; caches are all the
-// store's caches.
-//
-// Every victim costs the others a chunk's worth of free nodes: its free
-// ones leave the store, and each live one takes another's node when the
-// caller moves it out. So the victims are the chunks with the most free
-// nodes, at least half a chunk each (moving more than half a chunk's
-// entries to free one is not worth the writes), as many as the free nodes
-// beyond keep pay for.
+// beginCompaction marks the chunks to give back to the heap, keeping at
+// least keep free nodes in the others: from then on put drops their nodes,
+// and none is in caches (all the store's) or the depot; nil if none is
+// worth it. The caller holds every cache owner's lock. Each victim costs a
+// chunk's worth of free nodes, so the victims are the freest chunks, at
+// least half free (emptying fuller ones is not worth the writes), as many
+// as the free nodes beyond keep pay for.
 func (s *slab[N]) beginCompaction(caches []*slabCache, keep int) *slabVictims {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -364,13 +357,10 @@ func (s *slab[N]) beginCompaction(caches []*slabCache, keep int) *slabVictims {
 	return v
 }
 
-// endCompaction ends the compaction of v: it releases each victim chunk
-// (puts the released chunk in its place) but those marked stuck, whose free
-// nodes (free reports which) go to the depot, and stops dropping their nodes
-// in put. The
-// caller holds the lock of every cache's owner, as for beginCompaction,
-// and has moved every live node it could out of the victims: none but
-// those of stuck chunks is live, linked, or held by a cache or a writer.
+// endCompaction releases each victim chunk of v but those marked stuck,
+// whose free nodes (free reports which) go to the depot, and ends put's
+// drops. The caller holds every cache owner's lock and has moved what it
+// could out of the victims: none but stuck chunks' nodes is live or held.
 func (s *slab[N]) endCompaction(v *slabVictims, free func(*N) bool, marker func(*N)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -28,8 +28,7 @@ import (
 // return the old *T after it; reuse (pool) a deleted value only once no
 // such Lookup can still hold it, or let the garbage collector free it.
 type Table[T any] struct {
-	// N.B. the pads keep the fields every lookup reads off the lines of
-	// the heap's neighbouring objects.
+	// N.B. the pads keep what lookups read off neighbours' lines.
 	_      [cacheLineSize]byte
 	arr    atomic.Pointer[bucketArray[T]]
 	hooks  *testHooks // nil but in tests; N.B. on arr's line, which lookups read
@@ -64,13 +63,10 @@ type node[T any] struct {
 	_ [cacheLineSize - 56]byte // an entry is 56 bytes on every target (TestTableMemoryLayout)
 }
 
-// capLoad is the entries per bucket that WithCapacity and Grow size a table
-// for, and maxLoad those past which a table doubles its buckets by itself.
-// At one entry per bucket, 63% of the flows are in their buckets' lines,
-// and a table holds about 88 bytes per entry; at two, 43% and 68 bytes: a
-// lookup of a random flow is a third slower there (docs/performance.md,
-// "Load factor"). So a table sized ahead is sized for speed, and one that
-// grows by itself trades some for memory until it doubles.
+// capLoad is the entries per bucket that WithCapacity and Grow size for,
+// maxLoad those past which a table doubles itself. At one per bucket 63% of
+// flows are in line (88 B/entry), at two 43% (68 B) and random lookups are a
+// third slower (docs/performance.md, "Load factor").
 const (
 	capLoad = 1
 	maxLoad = 2
@@ -88,11 +84,9 @@ type testHooks struct {
 	nodeLimit uint32
 }
 
-// The values testHooks.visit takes besides node indexes, which are from 1
-// to maxNullsValue: at the end of a walk on its own chain's marker; after a
-// bucket line's entry did not match, before the chain's head is loaded;
-// after it matched, before its value is loaded; in lookupGrowing, after it
-// loaded the table's array.
+// The values testHooks.visit takes besides node indexes: a walk's end on its
+// own marker; a line's miss before the head load; a line's match before the
+// value load; lookupGrowing after it loaded the array.
 const (
 	visitWalkEnd = 0
 	visitLine    = ^uint32(0)
