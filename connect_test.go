@@ -1153,7 +1153,7 @@ func TestConnectZeroAllocator(t *testing.T) {
 // keys at home and deep in chains (a 16-bucket table holding 200 keys),
 // present and absent, before and after deletes.
 func TestTablePresent(t *testing.T) {
-	tab := New[int](WithFixedBuckets(), WithCapacity(32))
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
 	check := func(i int, want bool) {
 		t.Helper()
 		var k key
