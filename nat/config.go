@@ -369,6 +369,11 @@ func (t *Timeouts) timeout(p Proto, s tcpState, replied bool) time.Duration {
 		return t.ICMP
 	}
 	switch s {
+	case tcpNone: // not tracked: as UDP, answered or not
+		if replied {
+			return t.TCPEstablished
+		}
+		return t.TCPSynSent
 	case tcpSynSent, tcpSynSent2:
 		return t.TCPSynSent
 	case tcpSynRecv:

@@ -132,7 +132,7 @@ func (m Metrics) DropsString() string {
 			if b.Len() > 0 {
 				b.WriteString(", ")
 			}
-			fmt.Fprintf(&b, "%s %d", Drop(r), d)
+			fmt.Fprintf(&b, "%s %d", Drop(r).String(), d)
 		}
 	}
 	return b.String()

@@ -127,7 +127,7 @@ type NAT struct {
 		mu         sync.Mutex
 		head, tail *flow
 	}
-	ctr counters
+	ctr   counters
 }
 
 // New returns a NAT configured by c, or an error matching ErrConfig.
@@ -598,7 +598,7 @@ func (n *NAT) reserveFlow() Drop {
 	}
 	for range 4 {
 		if n.earlyDrop() {
-			return DropNone // the evicted flow's count is ours
+			return DropNone
 		}
 		if n.flows.Load() <= int64(n.cfg.MaxFlows) {
 			return DropNone // another flow ended meanwhile
@@ -684,7 +684,7 @@ func (n *NAT) assure(f *flow) {
 
 // deleteFlow ends f for reason and reports whether this call did: both of
 // its keys go, then its mapping's reference, its host's count and its
-// place in the count of flows (unless early drop hands that on).
+// place in the count of flows.
 func (n *NAT) deleteFlow(f *flow, reason Expiry) bool {
 	if !f.state.CompareAndSwap(stateLive, stateDead) {
 		return false
@@ -700,9 +700,7 @@ func (n *NAT) deleteFlow(f *flow, reason Expiry) bool {
 	}
 	n.hosts.release(f.h)
 	n.unlist(f)
-	if reason != ExpiredEarlyDrop {
-		n.flows.Add(-1)
-	}
+	n.flows.Add(-1)
 	n.ctr.expired[reason].Add(1)
 	return true
 }

@@ -219,3 +219,21 @@ func (t *tcpTrack) open(s *tcpSeg) {
 		snd.maxend = snd.end + rcv.maxwin
 	}
 }
+
+// trackTCP runs segment s through f's tracker: an established flow becomes
+// assured, out of early drop's reach, and a flow whose timeout shrank is
+// filed again in the wheel.
+func (n *NAT) trackTCP(f *flow, s *tcpSeg) Drop {
+	was := f.tcp.stateNow()
+	st, why := f.tcp.update(s)
+	if why != DropNone {
+		return why
+	}
+	if st != was {
+		if st >= tcpEstablished && st != tcpClose {
+			n.assure(f)
+		}
+		n.reschedule(f)
+	}
+	return DropNone
+}
