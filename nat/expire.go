@@ -85,6 +85,7 @@ func (n *NAT) Expire(now time.Time) int {
 	w := &n.wheel
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	n.expireFragments(ns)
 	nowTick := ns / w.tick
 	budget := n.cfg.ExpireBudget
 	ended := 0

@@ -98,6 +98,8 @@ type Metrics struct {
 	Expired [NumExpiries]uint64
 	// Drops counts dropped packets and refused flows by reason.
 	Drops [NumDrops]uint64
+	// FragmentBytes is the memory of the fragments held now.
+	FragmentBytes int
 }
 
 // Metrics returns the counters.
@@ -105,6 +107,7 @@ func (n *NAT) Metrics() Metrics {
 	m := Metrics{
 		Flows: int(n.flows.Load()), Mappings: int(n.mappings.Load()),
 		FlowsCreated: n.ctr.flowsCreated.Load(), MappingsCreated: n.ctr.mappingsCreated.Load(),
+		FragmentBytes: n.fragBytes(),
 	}
 	for i := range m.Expired {
 		m.Expired[i] = n.ctr.expired[i].Load()

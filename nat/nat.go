@@ -127,6 +127,7 @@ type NAT struct {
 		mu         sync.Mutex
 		head, tail *flow
 	}
+	frags fragTable
 	ctr   counters
 }
 
