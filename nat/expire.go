@@ -82,6 +82,7 @@ func (n *NAT) Expire(now time.Time) int {
 	if ns > n.clock.Load() {
 		n.clock.Store(ns)
 	}
+	n.errBudget.Store(n.errorsPerTick())
 	w := &n.wheel
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -63,7 +63,8 @@ func TestExpireBudget(t *testing.T) {
 	}
 }
 
-// At MaxFlows a new flow evicts the oldest unanswered flow, of any host;
+// At MaxFlows a new flow evicts an unanswered flow, the oldest of the host
+// with the most;
 // answered flows are never evicted, and a new flow is then refused. A
 // host past MaxFlowsPerHost is refused while others go on.
 func TestLimits(t *testing.T) {

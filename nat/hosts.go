@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hash4/hash4"
 )
@@ -17,6 +18,7 @@ import (
 type host struct {
 	inside netip.Addr
 	flows  int
+	n      atomic.Int32 // flows, for reading without the lock
 	block  int        // -1: none
 	addr   netip.Addr // the block's external address
 	lo     uint16     // the block's ports
@@ -83,9 +85,11 @@ func (hs *hosts) acquire(a netip.Addr) (*host, Drop) {
 				return old, hash4.CancelOp
 			}
 			old.flows++
+			old.n.Store(int32(old.flows))
 			return old, hash4.UpdateOp
 		}
 		h := &host{inside: a, flows: 1, block: -1}
+		h.n.Store(1)
 		if hs.cfg.Blocks.Size > 0 {
 			if why = hs.takeBlock(a, h); why != DropNone {
 				return nil, hash4.CancelOp
@@ -111,6 +115,7 @@ func (hs *hosts) release(h *host) {
 			return old, hash4.CancelOp
 		}
 		old.flows--
+		old.n.Store(int32(old.flows))
 		if old.flows > 0 {
 			return old, hash4.UpdateOp
 		}

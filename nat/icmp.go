@@ -198,6 +198,9 @@ func rewriteEmbedded(b []byte, q *packet, dst bool, a netip.AddrPort) {
 	}
 }
 
+// errorsPerSecond bounds the ICMP errors the NAT sends of its own.
+const errorsPerSecond = 1000
+
 // The errors the NAT sends of its own.
 type errKind uint8
 
@@ -227,6 +230,11 @@ func (n *NAT) sendError(b []byte, p *packet, from Side, k errKind, emit Emit) {
 		}
 	}
 	if !src.IsValid() || !n.isExternal(src) && from == Outside {
+		return
+	}
+	// At most errorsPerSecond, as Linux limits its own (icmp_ratelimit):
+	// a flood of refused packets must not become a flood of errors.
+	if n.errBudget.Add(-1) < 0 {
 		return
 	}
 	mtu := uint32(n.cfg.MTU)

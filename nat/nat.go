@@ -128,6 +128,8 @@ type NAT struct {
 		head, tail *flow
 	}
 	frags fragTable
+	// errBudget is the ICMP errors the NAT may still send this tick.
+	errBudget atomic.Int64
 	ctr   counters
 }
 
@@ -167,7 +169,13 @@ func New(c Config) (*NAT, error) {
 	now := time.Now().UnixNano()
 	n.clock.Store(now)
 	n.wheel.init(c.Tick, now)
+	n.errBudget.Store(n.errorsPerTick())
 	return n, nil
+}
+
+// errorsPerTick is the ICMP errors the NAT may send per tick.
+func (n *NAT) errorsPerTick() int64 {
+	return max(1, int64(errorsPerSecond*n.cfg.Tick/time.Second))
 }
 
 // family returns 0 for an IPv4 address, 1 for IPv6.
@@ -250,8 +258,10 @@ func (n *NAT) outbound(p Proto, inside, remote netip.AddrPort, canCreate bool) (
 // inbound returns the flow of a packet of p from remote to the external
 // endpoint ext: its flow, or, where the filtering lets remote reach ext's
 // mapping, a new flow of that mapping. A new TCP flow is made only if
-// canCreate.
-func (n *NAT) inbound(p Proto, ext, remote netip.AddrPort, canCreate bool) (*flow, Drop) {
+// canCreate. A hairpinned packet, from an inside host, is not filtered:
+// filtering keeps out the outside's unsolicited packets, and inside hosts
+// reach each other's mappings as they would reach any remote's.
+func (n *NAT) inbound(p Proto, ext, remote netip.AddrPort, canCreate, hairpin bool) (*flow, Drop) {
 	ps := &n.proto[p]
 	if f := ps.lookupIn(ext, remote); f != nil {
 		return f, DropNone
@@ -263,10 +273,11 @@ func (n *NAT) inbound(p Proto, ext, remote netip.AddrPort, canCreate bool) (*flo
 	if !ok || m.state.Load() != stateLive {
 		return nil, n.noFlow(ext)
 	}
-	switch ps.b.Filtering {
-	case AddressAndPortDependent:
+	switch {
+	case hairpin:
+	case ps.b.Filtering == AddressAndPortDependent:
 		return nil, DropFiltered
-	case AddressDependent:
+	case ps.b.Filtering == AddressDependent:
 		if _, ok := ps.perm.Lookup(hash4.Tuple{Local: ext, Remote: netip.AddrPortFrom(remote.Addr(), 1)}); !ok {
 			return nil, DropFiltered
 		}
@@ -609,12 +620,25 @@ func (n *NAT) reserveFlow() Drop {
 	return DropTableFull
 }
 
-// earlyDrop deletes the oldest unassured flow; false if there is none.
-// The evicted flow's count passes to the caller's reservation.
+// earlyDropScan is how many of the oldest unassured flows early drop looks
+// at to choose one.
+const earlyDropScan = 8
+
+// earlyDrop deletes an unassured flow; false if there is none. Of the
+// oldest few it takes the one whose inside host has the most flows: under
+// a flood from one host, the flood's flows go, and another host's new
+// flow, unassured until it is answered, survives its handshake even when
+// it is the oldest. (conntrack's early_drop looks at the new flow's hash
+// neighbours instead, which a flood fills alike.)
 func (n *NAT) earlyDrop() bool {
 	u := &n.unassured
 	u.mu.Lock()
 	f := u.head
+	for c, i := u.head, 0; c != nil && i < earlyDropScan; c, i = c.down, i+1 {
+		if c.h.n.Load() > f.h.n.Load() {
+			f = c
+		}
+	}
 	if f != nil {
 		n.unlinkLocked(f)
 	}
@@ -622,10 +646,7 @@ func (n *NAT) earlyDrop() bool {
 	if f == nil {
 		return false
 	}
-	if !n.deleteFlow(f, ExpiredEarlyDrop) {
-		return false
-	}
-	return true
+	return n.deleteFlow(f, ExpiredEarlyDrop)
 }
 
 // unassuredPush appends f to the unassured list.
@@ -753,7 +774,7 @@ func (n *NAT) MapInbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Drop
 	if p == ICMP {
 		src = netip.AddrPortFrom(src.Addr(), icmpRemotePort)
 	}
-	f, why := n.inbound(p, dst, src, true)
+	f, why := n.inbound(p, dst, src, true, false)
 	if why != DropNone {
 		n.ctr.drops[why].Add(1)
 		return netip.AddrPort{}, why

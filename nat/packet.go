@@ -345,7 +345,7 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 	if from == Outside {
 		to = Inside
 	}
-	f, why := n.flowOf(p, from)
+	f, why := n.flowOf(p, from, false)
 	if why != DropNone {
 		if from == Inside && (why == DropNoPort || why == DropNoBlock || why == DropTableFull || why == DropHostLimit) {
 			n.sendError(b, p, from, errProhibited, emit)
@@ -383,7 +383,7 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 		// sender's external endpoint, goes in as if it came from outside.
 		q := *p
 		q.src, q.sport = f.ext.Addr(), f.ext.Port()
-		g, why := n.flowOf(&q, Outside)
+		g, why := n.flowOf(&q, Outside, true)
 		if why != DropNone {
 			return why
 		}
@@ -402,8 +402,9 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 }
 
 // flowOf returns the flow of the parsed packet p from side from, refreshed,
-// made if there is none and the packet may make one.
-func (n *NAT) flowOf(p *packet, from Side) (*flow, Drop) {
+// made if there is none and the packet may make one. hairpin says that p,
+// from Outside, is an inside host's packet to another's mapping.
+func (n *NAT) flowOf(p *packet, from Side, hairpin bool) (*flow, Drop) {
 	pr := protoOf(p.proto)
 	var local, remote netip.AddrPort
 	if from == Inside {
@@ -427,7 +428,7 @@ func (n *NAT) flowOf(p *packet, from Side) (*flow, Drop) {
 	if from == Inside {
 		f, why = n.outbound(pr, local, remote, canCreate)
 	} else {
-		f, why = n.inbound(pr, local, remote, canCreate)
+		f, why = n.inbound(pr, local, remote, canCreate, hairpin)
 	}
 	if why != DropNone {
 		return nil, why
