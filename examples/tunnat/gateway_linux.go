@@ -72,6 +72,9 @@ func (g *gateway) emit(to nat.Side, pkt []byte) {
 // pump reads packets from src and hands them to translate, until ctx is
 // done: a read deadline in the past then ends the read it waits in.
 func (g *gateway) pump(ctx context.Context, src *os.File, translate func([]byte, nat.Emit) nat.Drop) {
+	// A gateway before this one on the same device left its deadline in
+	// the past.
+	src.SetReadDeadline(time.Time{})
 	stop := context.AfterFunc(ctx, func() { src.SetReadDeadline(time.Now()) })
 	defer stop()
 	buf := make([]byte, maxPacket)
