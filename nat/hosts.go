@@ -19,9 +19,9 @@ type host struct {
 	inside netip.Addr
 	flows  int
 	n      atomic.Int32 // flows, for reading without the lock
-	block  int        // -1: none
-	addr   netip.Addr // the block's external address
-	lo     uint16     // the block's ports
+	block  int          // -1: none
+	addr   netip.Addr   // the block's external address
+	lo     uint16       // the block's ports
 	hi     uint16
 }
 

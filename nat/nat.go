@@ -64,8 +64,6 @@ type mapping struct {
 	ext   netip.AddrPort
 	p     Proto
 	h     *host
-	// release gives back the external port's hold.
-	release func()
 }
 
 // flow joins a mapping and a remote endpoint: what a packet each way is
@@ -80,7 +78,7 @@ type flow struct {
 	inside, ext, remote netip.AddrPort
 	m                   *mapping // nil for address-and-port-dependent mapping
 	h                   *host
-	tcp                 tcpTrack
+	tcp                 *tcpTrack // TCP flows only
 	timer               timer // its place in the wheel
 	// up and down link the unassured list, under n.unassured.mu.
 	up, down *flow
@@ -130,7 +128,7 @@ type NAT struct {
 	frags fragTable
 	// errBudget is the ICMP errors the NAT may still send this tick.
 	errBudget atomic.Int64
-	ctr   counters
+	ctr       counters
 }
 
 // New returns a NAT configured by c, or an error matching ErrConfig.
@@ -338,7 +336,9 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 	now := n.now()
 	f = &flow{p: p, inside: inside, remote: remote, h: h}
 	f.last.Store(now)
-	f.tcp.init()
+	if p == TCP {
+		f.tcp = &tcpTrack{}
+	}
 	if via != nil {
 		f.flags.Store(flagInbound)
 	}
@@ -482,13 +482,8 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 			return nil, why
 		}
 		extKey := hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}
-		if err := ps.extm.Insert(extKey, m); err != nil {
-			m.release()
-			return nil, DropBusy
-		}
 		if _, loaded, err := ps.maps.LookupOrInsert(key, m); err != nil || loaded {
 			ps.extm.CompareAndDelete(extKey, m)
-			m.release()
 			if err != nil {
 				return nil, DropBusy
 			}
@@ -504,57 +499,53 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 }
 
 // holdPort gives m an external endpoint for the inside endpoint inside and
-// holds its port in ps.alloc, as bind() holds one: no other mapping of the
-// protocol gets it until m ends.
+// inserts m, pending, into ps.extm under it. The external port is m's
+// alone, as a port bind() holds: extm's keys pair each external endpoint
+// with one sentinel remote, so Table.Connect toward that sentinel picks a
+// port no other mapping has, in the kernel's order, a bitmap of the taken
+// ports standing in for a scan once the address is busy.
 func (n *NAT) holdPort(ps *protoState, m *mapping, inside netip.AddrPort, h *host) Drop {
 	lo, hi := n.cfg.Ports.Low, n.cfg.Ports.High
-	blocks := h.block >= 0
-	if blocks {
+	var opts []hash4.ConnectOption
+	if h.block >= 0 {
 		lo, hi = h.lo, h.hi
+		opts = append(opts, hash4.WithConnectRange(hash4.PortRange{Low: lo, High: hi}))
 	}
 	why := DropNoPort
 	n.eachAddr(inside.Addr(), h, func(ext netip.Addr) bool {
+		sent := sentinel(ext)
 		try := func(port uint16) bool {
 			if ps.alloc.Reserved(port) {
 				return false
 			}
-			release, err := ps.alloc.Bind(netip.AddrPortFrom(ext, port))
-			if err != nil {
+			m.ext = netip.AddrPortFrom(ext, port)
+			if ps.extm.Insert(hash4.Tuple{Local: m.ext, Remote: sent}, m) != nil {
 				return false
 			}
-			m.ext, m.release, why = netip.AddrPortFrom(ext, port), release, DropNone
+			why = DropNone
 			return true
 		}
 		port := inside.Port()
 		if n.cfg.PortPreservation && port >= lo && port <= hi && try(port) {
 			return false
 		}
-		if !blocks && !n.cfg.ParityPreservation {
-			p, release, err := ps.alloc.BindEphemeral(ext)
-			if err != nil {
-				return true // this address is full
-			}
-			m.ext, m.release, why = netip.AddrPortFrom(ext, p), release, DropNone
-			return false
-		}
-		// A scan: a block's ports, or the range for a port of the inside
-		// port's parity, from a random start.
-		size := int(hi-lo) + 1
-		start := int(randUint32() % uint32(size))
 		if n.cfg.ParityPreservation {
-			for i := 0; i < size; i++ {
-				p := lo + uint16((start+i)%size)
-				if p&1 == port&1 && try(p) {
+			// Ports of the inside port's parity from a random start
+			// (Connect's order would offer a whole parity first).
+			size := int(hi-lo) + 1
+			start := int(randUint32() % uint32(size))
+			for i := 0; i < min(size, 2*parityTries); i++ {
+				if p := lo + uint16((start+i)%size); p&1 == port&1 && try(p) {
 					return false
 				}
 			}
 		}
-		for i := 0; i < size; i++ {
-			if try(lo + uint16((start+i)%size)) {
-				return false
-			}
+		tup, err := ps.extm.Connect(ps.alloc, ext, sent, m, opts...)
+		if err != nil {
+			return errors.Is(err, hash4.ErrNoPorts) // this address is full: the next, if any
 		}
-		return true
+		m.ext, why = tup.Local, DropNone
+		return false
 	})
 	return why
 }
@@ -579,8 +570,7 @@ func (n *NAT) unref(ps *protoState, m *mapping) {
 	}
 	m.state.Store(stateDead)
 	ps.maps.CompareAndDelete(m.key, m)
-	ps.extm.CompareAndDelete(hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}, m)
-	m.release() // after the deletes: a new holder of the port finds its keys free
+	ps.extm.CompareAndDelete(hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}, m) // frees the port
 	n.mappings.Add(-1)
 }
 

@@ -77,14 +77,18 @@ type tcpTrack struct {
 	d     [2]tcpDir
 }
 
-func (t *tcpTrack) init() {}
-
-// stateNow returns the state without the lock.
-func (t *tcpTrack) stateNow() tcpState { return t.state.load() }
+// stateNow returns the state without the lock; tcpNone for a flow of
+// another protocol (nil t).
+func (t *tcpTrack) stateNow() tcpState {
+	if t == nil {
+		return tcpNone
+	}
+	return t.state.load()
+}
 
 // tracked reports whether the flow's segments are tracked (it was made by
 // a packet, not by MapOutbound).
-func (t *tcpTrack) tracked() bool { return t.state.load() != tcpNone }
+func (t *tcpTrack) tracked() bool { return t.stateNow() != tcpNone }
 
 func before(a, b uint32) bool { return int32(a-b) < 0 }
 func after(a, b uint32) bool  { return int32(b-a) < 0 }

@@ -1,0 +1,138 @@
+package nat
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	"github.com/hash4/hash4"
+)
+
+// Per-packet lookups and flow creation against hash4's own: a packet's
+// flow found from inside (MapOutbound) and from outside (MapInbound)
+// against a bare Table.Lookup of as many flows that reads one field of its
+// value, as any caller of Lookup does; and a new flow (a mapping and its
+// first flow, or an address-and-port-dependent flow) against Table.Connect
+// of a flow to a new destination. Run them in one go test run and compare
+// with benchstat (docs/performance.md, "The nat package").
+
+// benchValue stands for a caller's flow in the bare table.
+type benchValue struct {
+	ext netip.AddrPort
+}
+
+// lookupSet makes n flows in a NAT and as many in a bare table, and returns
+// the tuples of each, in random order.
+func lookupSet(b *testing.B, n int) (nt *NAT, out, in []hash4.Tuple, bare *hash4.Table[benchValue], keys []hash4.Tuple) {
+	var pool []netip.Addr
+	for i := range 20 {
+		pool = append(pool, netip.AddrFrom4([4]byte{192, 0, 2, byte(1 + i)}))
+	}
+	nt, _ = newTest(b, Config{External: pool, MaxFlows: 2 * n, Blocks: Blocks{Size: 64}})
+	bare = hash4.New[benchValue]()
+	r := ap("198.51.100.1", 443)
+	for i := range n {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 14), byte(i >> 6)}), uint16(1024+i%64))
+		e, why := nt.MapOutbound(UDP, src, r)
+		if why != DropNone {
+			b.Fatal(why)
+		}
+		out = append(out, hash4.Tuple{Local: src, Remote: r})
+		in = append(in, hash4.Tuple{Local: e, Remote: r})
+		k := hash4.Tuple{Local: src, Remote: r}
+		bare.Insert(k, &benchValue{ext: e})
+		keys = append(keys, k)
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	perm := rnd.Perm(n)
+	shuffle := func(s []hash4.Tuple) []hash4.Tuple {
+		t := make([]hash4.Tuple, n)
+		for i, j := range perm {
+			t[i] = s[j]
+		}
+		return t
+	}
+	return nt, shuffle(out), shuffle(in), bare, shuffle(keys)
+}
+
+func BenchmarkLookup(b *testing.B) {
+	for _, n := range []int{1 << 16, 1 << 20} {
+		nt, out, in, bare, keys := lookupSet(b, n)
+		b.Run(fmt.Sprintf("Table/%d", n), func(b *testing.B) {
+			var sink uint16
+			for i := range b.N {
+				v, _ := bare.Lookup(keys[i%n])
+				sink += v.ext.Port()
+			}
+			_ = sink
+		})
+		b.Run(fmt.Sprintf("Outbound/%d", n), func(b *testing.B) {
+			var sink uint16
+			for i := range b.N {
+				t := out[i%n]
+				e, _ := nt.MapOutbound(UDP, t.Local, t.Remote)
+				sink += e.Port()
+			}
+			_ = sink
+		})
+		b.Run(fmt.Sprintf("Inbound/%d", n), func(b *testing.B) {
+			var sink uint16
+			for i := range b.N {
+				t := in[i%n]
+				a, _ := nt.MapInbound(UDP, t.Remote, t.Local)
+				sink += a.Port()
+			}
+			_ = sink
+		})
+	}
+}
+
+// createRound is how many flows a creation benchmark makes before it
+// clears them, untimed: the tables stay near one size, the ports free.
+const createRound = 1 << 14
+
+func BenchmarkCreate(b *testing.B) {
+	ext := netip.MustParseAddr("192.0.2.1")
+	b.Run("Connect", func(b *testing.B) {
+		alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
+		t := hash4.New[benchValue](hash4.WithCapacity(createRound))
+		for i := range b.N {
+			if i%createRound == 0 && i > 0 {
+				b.StopTimer()
+				t.Clear()
+				b.StartTimer()
+			}
+			r := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
+			if _, err := t.Connect(alloc, ext, r, &benchValue{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	for _, c := range []struct {
+		name string
+		b    Behaviors
+	}{
+		{"EndpointIndependent", Behaviors{}},
+		{"AddressAndPortDependent", Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			n, _ := newTest(b, Config{External: []netip.Addr{ext}, UDP: c.b, MaxFlows: 2 * createRound})
+			for i := range b.N {
+				if i%createRound == 0 && i > 0 {
+					b.StopTimer()
+					n.Flush()
+					b.StartTimer()
+				}
+				// 256 inside hosts, each with many flows, as a
+				// gateway's hosts are.
+				j := i % createRound
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(j)}), uint16(1024+j>>8))
+				r := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
+				if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
+					b.Fatal(why)
+				}
+			}
+		})
+	}
+}
