@@ -79,7 +79,7 @@ type flow struct {
 	m                   *mapping // nil for address-and-port-dependent mapping
 	h                   *host
 	tcp                 *tcpTrack // TCP flows only
-	timer               timer // its place in the wheel
+	timer               timer     // its place in the wheel
 	// up and down link the unassured list, under n.unassured.mu.
 	up, down *flow
 }
