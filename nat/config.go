@@ -15,9 +15,9 @@ type Proto uint8
 // The protocols: TCP, UDP, and ICMP echo (ICMPv4 and ICMPv6), whose
 // identifier stands for a port.
 const (
-	TCP Proto = iota
-	UDP
-	ICMP
+	TCP  Proto = iota // TCP
+	UDP               // UDP
+	ICMP              // ICMP and ICMPv6 echo
 	numProtos
 )
 
@@ -223,10 +223,9 @@ type Config struct {
 	FragmentTimeout time.Duration
 }
 
-// Errors of New for a bad Config. Match them with errors.Is.
-var (
-	ErrConfig = errors.New("nat: invalid configuration")
-)
+// ErrConfig is the error of New for a bad Config, wrapped with the
+// problem. Match it with errors.Is.
+var ErrConfig = errors.New("nat: invalid configuration")
 
 // cfgErr returns an error matching ErrConfig.
 func cfgErr(format string, args ...any) error {

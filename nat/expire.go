@@ -21,11 +21,10 @@ import (
 // wheelSlots is the number of slots: the wheel spans wheelSlots ticks.
 const wheelSlots = 4096
 
-// timer files a flow in the wheel; a flow has one inside it, and gets
-// another (allocated) when its deadline moves earlier than where it is
-// filed, as a RST's does.
+// timer files a flow in the wheel; a flow has one, and gets another when
+// its deadline moves earlier than where it is filed, as a RST's does.
 type timer struct {
-	f    *flow
+	f    atomic.Pointer[flow] // nil once the flow ended
 	next *timer
 	due  atomic.Int64 // the tick it is filed under
 }
@@ -59,7 +58,7 @@ func (w *wheel) scheduleFrom(t *timer, f *flow, deadline, nearest int64) {
 	due := (deadline + w.tick - 1) / w.tick
 	due = max(due, nearest)
 	due = min(due, nearest+wheelSlots-2)
-	t.f = f
+	t.f.Store(f)
 	t.due.Store(due)
 	s := &w.slots[due%wheelSlots]
 	for {
@@ -110,8 +109,8 @@ func (n *NAT) Expire(now time.Time) int {
 				w.refile(s, tm) // filed a revolution ahead
 				continue
 			}
-			f := tm.f
-			if f.state.Load() != stateLive {
+			f := tm.f.Load()
+			if f == nil || f.state.Load() != stateLive {
 				continue // ended otherwise, or a spare timer of an ended flow
 			}
 			deadline := f.last.Load() + int64(n.timeout(f))
@@ -145,7 +144,9 @@ func (w *wheel) refile(s *atomic.Pointer[timer], tm *timer) {
 func (n *NAT) reschedule(f *flow) {
 	deadline := f.last.Load() + int64(n.timeout(f))
 	if (deadline+n.wheel.tick-1)/n.wheel.tick < f.timer.due.Load() {
-		n.wheel.schedule(&timer{}, f, deadline)
+		x := &timer{}
+		f.extra.Store(x)
+		n.wheel.schedule(x, f, deadline)
 	}
 }
 

@@ -88,15 +88,15 @@ func TestLimits(t *testing.T) {
 	if _, why := n.MapInbound(UDP, r, e); why != DropNone {
 		t.Fatal(why)
 	}
-	if f := n.proto[UDP].lookupOut(flood[0], r); f != nil {
+	if f := n.proto[UDP].lookupOut(hash4.Tuple{Local: flood[0], Remote: r}); f != nil {
 		t.Errorf("the oldest unanswered flow survived")
 	}
-	if f := n.proto[UDP].lookupOut(flood[1], r); f == nil {
+	if f := n.proto[UDP].lookupOut(hash4.Tuple{Local: flood[1], Remote: r}); f == nil {
 		t.Errorf("the second oldest was evicted too")
 	}
 	// Answer all: nothing left to evict.
 	for _, h := range flood[1:] {
-		f := n.proto[UDP].lookupOut(h, r)
+		f := n.proto[UDP].lookupOut(hash4.Tuple{Local: h, Remote: r})
 		if _, why := n.MapInbound(UDP, r, f.ext); why != DropNone {
 			t.Fatal(why)
 		}
@@ -133,7 +133,7 @@ func TestFloodOneHost(t *testing.T) {
 		}
 	}
 	for _, h := range keep {
-		if n.proto[UDP].lookupOut(h, r) == nil {
+		if n.proto[UDP].lookupOut(hash4.Tuple{Local: h, Remote: r}) == nil {
 			t.Fatalf("answered flow %v lost to the flood", h)
 		}
 	}

@@ -18,7 +18,7 @@ func FuzzICMPError(f *testing.F) {
 	f.Add(uint8(1), true, []byte("x"), uint16(48), uint8(2), uint16(1))
 	f.Add(uint8(2), false, bytes.Repeat([]byte{0xff}, 1000), uint16(576), uint8(255), uint16(65535))
 	f.Add(uint8(3), false, []byte{}, uint16(28), uint8(9), uint16(77))
-	n, c := packetNAT(&testing.T{}, Config{})
+	n, c := packetNAT(f, Config{})
 	f.Fuzz(func(t *testing.T, kind uint8, v6 bool, payload []byte, cut uint16, ttl uint8, port uint16) {
 		if port == 0 || ttl < 2 || len(payload) > 1200 {
 			return
@@ -108,7 +108,7 @@ func FuzzPackets(f *testing.F) {
 	f.Add(build(spec{proto: ipUDP, src: in4, dst: remote4, payload: []byte("x")}), true)
 	f.Add(build(spec{proto: ipTCP, src: remote6, dst: ap("2001:db8::1", 1024), flags: tcpSYN}), false)
 	f.Add(icmpErrorAbout(remote4.Addr(), build(spec{proto: ipUDP, src: ap("192.0.2.1", 1024), dst: remote4}), icmpUnreach, 3, 0), false)
-	n, _ := packetNAT(&testing.T{}, Config{UDP: Behaviors{Filtering: EndpointIndependent}})
+	n, _ := packetNAT(f, Config{UDP: Behaviors{Filtering: EndpointIndependent}})
 	f.Fuzz(func(t *testing.T, b []byte, out bool) {
 		emit := func(_ Side, p []byte) {
 			if len(p) >= 20 && p[0]>>4 == 4 && checksum(p[:int(p[0]&0xf)*4], 0) != 0 {

@@ -3,6 +3,8 @@ package nat
 import (
 	"encoding/binary"
 	"net/netip"
+
+	"github.com/hash4/hash4"
 )
 
 // ICMP errors (RFC 5508, and RFC 5382 and 4787 for what they say of
@@ -40,13 +42,13 @@ func (n *NAT) icmpError(b []byte, p *packet, from Side, emit Emit) Drop {
 		if q.echo() {
 			remote = netip.AddrPortFrom(q.dst, icmpRemotePort)
 		}
-		f = ps.lookupIn(netip.AddrPortFrom(q.src, q.sport), remote)
+		f = ps.lookupIn(hash4.Tuple{Local: netip.AddrPortFrom(q.src, q.sport), Remote: remote})
 	} else {
 		remote := netip.AddrPortFrom(q.src, q.sport)
 		if q.echo() {
 			remote = netip.AddrPortFrom(q.src, icmpRemotePort)
 		}
-		f = ps.lookupOut(netip.AddrPortFrom(q.dst, q.dport), remote)
+		f = ps.lookupOut(hash4.Tuple{Local: netip.AddrPortFrom(q.dst, q.dport), Remote: remote})
 	}
 	if f == nil {
 		return DropICMPError

@@ -64,6 +64,7 @@ const (
 	ExpiredEarlyDrop
 	// ExpiredFlush: ended by Flush.
 	ExpiredFlush
+	// NumExpiries is the number of reasons.
 	NumExpiries
 )
 

@@ -70,18 +70,56 @@ type mapping struct {
 // translated by. inside, ext and remote are set before it is live and do
 // not change after.
 type flow struct {
+	// The first cache line holds what a packet of the flow reads: its
+	// state, flags and clock, and where its addresses go (out: the
+	// external endpoint, in: the inside one), in 56 bytes.
 	state atomic.Uint32
 	flags atomic.Uint32
 	last  atomic.Int64 // the clock at its last packet
+	out   ep
+	in    ep
 	p     Proto
 	// The endpoints: inside (the host's), ext (the NAT's), remote.
 	inside, ext, remote netip.AddrPort
 	m                   *mapping // nil for address-and-port-dependent mapping
 	h                   *host
 	tcp                 *tcpTrack // TCP flows only
-	timer               timer     // its place in the wheel
+	// timer files the flow in the wheel; extra, if set, is a second one
+	// at an earlier tick (see reschedule). They are allocated apart from
+	// the flow, and let go of it when it ends, so that a flow ended
+	// early (early drop, Flush) is not kept until its tick.
+	timer *timer
+	extra atomic.Pointer[timer]
 	// up and down link the unassured list, under n.unassured.mu.
 	up, down *flow
+	// Padding to 256 bytes (64-bit), a size class whose objects start on
+	// a cache line, so that the first line is the flow's own.
+	_ [40]byte
+}
+
+// ep is an endpoint in 20 bytes, for a flow's first cache line.
+type ep struct {
+	a    [16]byte
+	port uint16
+	v6   bool
+}
+
+func epOf(a netip.AddrPort) ep {
+	e := ep{port: a.Port(), v6: a.Addr().Is6()}
+	if e.v6 {
+		e.a = a.Addr().As16()
+	} else {
+		a4 := a.Addr().As4()
+		copy(e.a[:], a4[:])
+	}
+	return e
+}
+
+func (e *ep) addrPort() netip.AddrPort {
+	if e.v6 {
+		return netip.AddrPortFrom(netip.AddrFrom16(e.a), e.port)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(e.a[:4])), e.port)
 }
 
 func (f *flow) insideKey() hash4.Tuple { return hash4.Tuple{Local: f.inside, Remote: f.remote} }
@@ -209,19 +247,21 @@ func (f *flow) touch(now int64) {
 }
 
 // lookupOut returns the live flow of a packet from the inside endpoint
-// inside to remote: one Table.Lookup and a load of its state.
-func (ps *protoState) lookupOut(inside, remote netip.AddrPort) *flow {
-	f, ok := ps.fwd.Lookup(hash4.Tuple{Local: inside, Remote: remote})
+// k.Local to k.Remote: one Table.Lookup and a load of its state. (The
+// tuple is built once by the caller: a Tuple is 64 bytes, and building
+// one costs a packet as much as the state's check.)
+func (ps *protoState) lookupOut(k hash4.Tuple) *flow {
+	f, ok := ps.fwd.Lookup(k)
 	if !ok || f.state.Load() != stateLive {
 		return nil
 	}
 	return f
 }
 
-// lookupIn returns the live flow of a packet from remote to the external
-// endpoint ext.
-func (ps *protoState) lookupIn(ext, remote netip.AddrPort) *flow {
-	f, ok := ps.rev.Lookup(hash4.Tuple{Local: ext, Remote: remote})
+// lookupIn returns the live flow of a packet from k.Remote to the external
+// endpoint k.Local.
+func (ps *protoState) lookupIn(k hash4.Tuple) *flow {
+	f, ok := ps.rev.Lookup(k)
 	if !ok || f.state.Load() != stateLive {
 		return nil
 	}
@@ -239,11 +279,12 @@ const maxRetries = 1000
 // outbound returns the flow of a packet of p from inside to remote, making
 // it (and its mapping) if there is none. A new TCP flow is made only if
 // syn: other segments of no flow are refused.
-func (n *NAT) outbound(p Proto, inside, remote netip.AddrPort, canCreate bool) (*flow, Drop) {
+func (n *NAT) outbound(p Proto, k hash4.Tuple, canCreate bool) (*flow, Drop) {
 	ps := &n.proto[p]
-	if f := ps.lookupOut(inside, remote); f != nil {
+	if f := ps.lookupOut(k); f != nil {
 		return f, DropNone
 	}
+	inside, remote := k.Local, k.Remote
 	if !canCreate {
 		return nil, DropTCPState
 	}
@@ -259,11 +300,12 @@ func (n *NAT) outbound(p Proto, inside, remote netip.AddrPort, canCreate bool) (
 // canCreate. A hairpinned packet, from an inside host, is not filtered:
 // filtering keeps out the outside's unsolicited packets, and inside hosts
 // reach each other's mappings as they would reach any remote's.
-func (n *NAT) inbound(p Proto, ext, remote netip.AddrPort, canCreate, hairpin bool) (*flow, Drop) {
+func (n *NAT) inbound(p Proto, k hash4.Tuple, canCreate, hairpin bool) (*flow, Drop) {
 	ps := &n.proto[p]
-	if f := ps.lookupIn(ext, remote); f != nil {
+	if f := ps.lookupIn(k); f != nil {
 		return f, DropNone
 	}
+	ext, remote := k.Local, k.Remote
 	if ps.extm == nil {
 		return nil, n.noFlow(ext)
 	}
@@ -368,6 +410,7 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 			return nil, DropBusy, errors.Is(err, hash4.ErrExists)
 		}
 	}
+	f.out, f.in = epOf(f.ext), epOf(f.inside)
 	if _, loaded, err := ps.fwd.LookupOrInsert(f.insideKey(), f); err != nil || loaded {
 		ps.rev.CompareAndDelete(f.extKey(), f)
 		if f.m != nil {
@@ -381,7 +424,8 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 	}
 	n.unassuredPush(f)
 	f.state.Store(stateLive)
-	n.wheel.schedule(&f.timer, f, now+int64(n.timeout(f)))
+	f.timer = &timer{}
+	n.wheel.schedule(f.timer, f, now+int64(n.timeout(f)))
 	n.ctr.flowsCreated.Add(1)
 	return f, DropNone, false
 }
@@ -712,6 +756,10 @@ func (n *NAT) deleteFlow(f *flow, reason Expiry) bool {
 	}
 	n.hosts.release(f.h)
 	n.unlist(f)
+	f.timer.f.Store(nil)
+	if x := f.extra.Load(); x != nil {
+		x.f.Store(nil)
+	}
 	n.flows.Add(-1)
 	n.ctr.expired[reason].Add(1)
 	return true
@@ -738,7 +786,7 @@ func (n *NAT) MapOutbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Dro
 	if p == ICMP {
 		dst = netip.AddrPortFrom(dst.Addr(), icmpRemotePort)
 	}
-	f, why := n.outbound(p, src, dst, true)
+	f, why := n.outbound(p, hash4.Tuple{Local: src, Remote: dst}, true)
 	if why != DropNone {
 		n.ctr.drops[why].Add(1)
 		return netip.AddrPort{}, why
@@ -747,7 +795,7 @@ func (n *NAT) MapOutbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Dro
 	if f.flags.Load()&flagInbound != 0 {
 		n.replied(f)
 	}
-	return f.ext, DropNone
+	return f.out.addrPort(), DropNone
 }
 
 // MapInbound returns the inside endpoint a packet of protocol p from the
@@ -764,7 +812,7 @@ func (n *NAT) MapInbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Drop
 	if p == ICMP {
 		src = netip.AddrPortFrom(src.Addr(), icmpRemotePort)
 	}
-	f, why := n.inbound(p, dst, src, true, false)
+	f, why := n.inbound(p, hash4.Tuple{Local: dst, Remote: src}, true, false)
 	if why != DropNone {
 		n.ctr.drops[why].Add(1)
 		return netip.AddrPort{}, why
@@ -773,7 +821,7 @@ func (n *NAT) MapInbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Drop
 	if f.flags.Load()&flagInbound == 0 {
 		n.replied(f)
 	}
-	return f.inside, DropNone
+	return f.in.addrPort(), DropNone
 }
 
 // replied marks f as answered: UDP and ICMP flows are then assured, and

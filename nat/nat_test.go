@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/hash4/hash4"
 )
@@ -337,9 +338,9 @@ func TestBothDirectionsTogether(t *testing.T) {
 							in := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(h)}), uint16(1000+i))
 							remote := ap("198.51.100.1", uint16(80+i%7))
 							if r == 0 {
-								if f := ps.lookupOut(in, remote); f != nil {
+								if f := ps.lookupOut(hash4.Tuple{Local: in, Remote: remote}); f != nil {
 									seen.Add(1)
-									if g := ps.lookupIn(f.ext, remote); g != f {
+									if g := ps.lookupIn(hash4.Tuple{Local: f.ext, Remote: remote}); g != f {
 										t.Errorf("flow %v found from inside, from outside %v", in, g)
 									}
 								}
@@ -348,7 +349,7 @@ func TestBothDirectionsTogether(t *testing.T) {
 					}
 					if r == 1 {
 						for k, f := range ps.rev.All() {
-							if f.state.Load() == stateLive && ps.lookupOut(f.inside, k.Remote) != f {
+							if f.state.Load() == stateLive && ps.lookupOut(hash4.Tuple{Local: f.inside, Remote: k.Remote}) != f {
 								t.Errorf("flow %v found from outside, not from inside", k)
 							}
 						}
@@ -374,5 +375,20 @@ func TestBothDirectionsTogether(t *testing.T) {
 		if got := n.Metrics().Flows; got != hosts*flows {
 			t.Errorf("%d flows, want %d", got, hosts*flows)
 		}
+	}
+}
+
+// A packet reads one cache line of its flow: the fields it needs are in
+// the first 64 bytes, and flows, a multiple of 64 bytes, start on a line.
+func TestFlowLayout(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the layout is laid out for 64-bit targets")
+	}
+	var f flow
+	if s := unsafe.Sizeof(f); s%64 != 0 {
+		t.Errorf("flow is %d bytes", s)
+	}
+	if end := unsafe.Offsetof(f.in) + unsafe.Sizeof(f.in); end > 64 {
+		t.Errorf("the hot fields end at byte %d", end)
 	}
 }

@@ -3,6 +3,8 @@ package nat
 import (
 	"encoding/binary"
 	"net/netip"
+
+	"github.com/hash4/hash4"
 )
 
 // The packet layer: parse an IPv4 or IPv6 packet, find or make its flow,
@@ -41,8 +43,8 @@ const (
 type Side uint8
 
 const (
-	Inside Side = iota
-	Outside
+	Inside  Side = iota // toward the inside hosts
+	Outside             // toward the outside
 )
 
 // String returns "inside" or "outside".
@@ -362,12 +364,9 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 	// The flow's other end: where the packet's address and port go.
 	var a netip.AddrPort
 	if from == Inside {
-		a = f.ext
+		a = f.out.addrPort()
 	} else {
-		a = f.inside
-	}
-	if p.echo() && from == Outside {
-		a = netip.AddrPortFrom(a.Addr(), f.inside.Port())
+		a = f.in.addrPort()
 	}
 	var fk fragKey
 	if p.frag {
@@ -425,10 +424,11 @@ func (n *NAT) flowOf(p *packet, from Side, hairpin bool) (*flow, Drop) {
 	}
 	var f *flow
 	var why Drop
+	k := hash4.Tuple{Local: local, Remote: remote}
 	if from == Inside {
-		f, why = n.outbound(pr, local, remote, canCreate)
+		f, why = n.outbound(pr, k, canCreate)
 	} else {
-		f, why = n.inbound(pr, local, remote, canCreate, hairpin)
+		f, why = n.inbound(pr, k, canCreate, hairpin)
 	}
 	if why != DropNone {
 		return nil, why

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/hash4/hash4"
 )
 
 var (
@@ -18,7 +20,7 @@ var (
 	router6 = netip.MustParseAddr("fd00::1")
 )
 
-func packetNAT(t *testing.T, c Config) (*NAT, *collect) {
+func packetNAT(t testing.TB, c Config) (*NAT, *collect) {
 	t.Helper()
 	if c.External == nil {
 		c.External = []netip.Addr{ext1, ext6}
@@ -402,7 +404,7 @@ func TestRefusedPackets(t *testing.T) {
 			}
 		}
 	}
-	f := n.proto[TCP].lookupOut(in4, remote4)
+	f := n.proto[TCP].lookupOut(hash4.Tuple{Local: in4, Remote: remote4})
 	if f == nil || f.tcp.stateNow() != tcpEstablished {
 		t.Fatalf("flow after blind RSTs: %v", f)
 	}
