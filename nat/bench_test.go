@@ -48,11 +48,12 @@ func lookupSet(b testing.TB, n int) (nt *NAT, out, in []hash4.Tuple, bare *hash4
 		bare.Insert(k, &benchValue{ext: e})
 		keys = append(keys, k)
 	}
+	// Each its own order: a loop that follows another over the same flows
+	// would find them in the cache.
 	rnd := rand.New(rand.NewPCG(1, 2))
-	perm := rnd.Perm(n)
 	shuffle := func(s []hash4.Tuple) []hash4.Tuple {
 		t := make([]hash4.Tuple, n)
-		for i, j := range perm {
+		for i, j := range rnd.Perm(n) {
 			t[i] = s[j]
 		}
 		return t
@@ -174,12 +175,7 @@ func BenchmarkCreate(b *testing.B) {
 				}
 				// 256 inside hosts, each with many flows, as a
 				// gateway's hosts are.
-				j := i % createRound
-				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(j)}), uint16(1024+j>>8))
-				r := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
-				if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
-					b.Fatal(why)
-				}
+				createBlock(b, n, i%createRound, 1)
 			}
 		})
 	}
@@ -266,5 +262,62 @@ func BenchmarkLookupPaired(b *testing.B) {
 			b.ReportMetric(float64(tOut)/float64(tBare), "out/table")
 			b.ReportMetric(float64(tIn)/float64(tBare), "in/table")
 		})
+	}
+}
+
+// BenchmarkCreatePaired makes flows as BenchmarkCreate does, Connect's and
+// the NAT's in alternating blocks of 256 within one loop (as
+// BenchmarkLookupPaired), and reports each one's ns per flow and the
+// NAT's ratios to Connect's.
+func BenchmarkCreatePaired(b *testing.B) {
+	const block = 256
+	ext := netip.MustParseAddr("192.0.2.1")
+	alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
+	t := hash4.New[benchValue](hash4.WithCapacity(createRound))
+	eim, _ := newTest(b, Config{External: []netip.Addr{ext}, MaxFlows: 2 * createRound})
+	apdm, _ := newTest(b, Config{External: []netip.Addr{ext}, MaxFlows: 2 * createRound,
+		UDP: Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}})
+	var tConn, tEIM, tAPDM time.Duration
+	made := 0
+	b.ResetTimer()
+	for range b.N {
+		if made+block > createRound {
+			t.Clear()
+			eim.Flush()
+			apdm.Flush()
+			made = 0
+		}
+		t0 := time.Now()
+		for k := range block {
+			i := made + k
+			r := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
+			if _, err := t.Connect(alloc, ext, r, &benchValue{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		t1 := time.Now()
+		createBlock(b, eim, made, block)
+		t2 := time.Now()
+		createBlock(b, apdm, made, block)
+		t3 := time.Now()
+		tConn, tEIM, tAPDM = tConn+t1.Sub(t0), tEIM+t2.Sub(t1), tAPDM+t3.Sub(t2)
+		made += block
+	}
+	ops := float64(b.N * block)
+	b.ReportMetric(float64(tConn)/ops, "connect-ns/flow")
+	b.ReportMetric(float64(tEIM)/ops, "eim-ns/flow")
+	b.ReportMetric(float64(tAPDM)/ops, "apdm-ns/flow")
+	b.ReportMetric(float64(tEIM)/float64(tConn), "eim/connect")
+	b.ReportMetric(float64(tAPDM)/float64(tConn), "apdm/connect")
+}
+
+// createBlock makes flows from-from+count of the creation benchmarks in n.
+func createBlock(b *testing.B, n *NAT, from, count int) {
+	for i := from; i < from+count; i++ {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), uint16(1024+i>>8))
+		r := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
+		if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
+			b.Fatal(why)
+		}
 	}
 }

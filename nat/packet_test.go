@@ -413,3 +413,25 @@ func TestRefusedPackets(t *testing.T) {
 		t.Errorf("out-of-window drops %d", m.Drops[DropOutOfWindow])
 	}
 }
+
+// A packet of a known flow, either way, allocates nothing.
+func TestPacketNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	n, c := packetNAT(t, Config{})
+	out := build(spec{proto: ipUDP, src: in4, dst: remote4, payload: []byte("x")})
+	sent := one(t, n, c, true, bytes.Clone(out), Outside)
+	back := build(spec{proto: ipUDP, src: remote4, dst: netip.AddrPortFrom(ext1, binary.BigEndian.Uint16(sent[20:])), payload: []byte("y")})
+	emit := func(Side, []byte) {}
+	o, i := bytes.Clone(out), bytes.Clone(back)
+	if a := testing.AllocsPerRun(1000, func() {
+		copy(o, out)
+		copy(i, back)
+		if n.Outbound(o, emit) != DropNone || n.Inbound(i, emit) != DropNone {
+			t.Fatal("dropped")
+		}
+	}); a != 0 {
+		t.Errorf("%v allocations per packet pair", a)
+	}
+}
