@@ -80,16 +80,15 @@ func BenchmarkLookup(b *testing.B) {
 			_ = sink
 		})
 		// Outbound and Inbound: what a packet's translation does to find
-		// its flow (the table's lookup, the flow's state and clock, where
-		// its addresses go), without the parse and the rewrite.
+		// its flow (flowOf: the table's lookup, the flow's state and clock,
+		// where its addresses go), without the parse and the rewrite.
 		b.Run(fmt.Sprintf("Outbound/%d", n), func(b *testing.B) {
 			runtime.GC()
 			b.ResetTimer()
 			ps, now := &nt.proto[UDP], nt.now()
 			var sink uint16
 			for i := range b.N {
-				t := out[i%n]
-				if f := ps.lookupOut(t); f != nil {
+				if f, ok := ps.fwd.Lookup(out[i%n]); ok && f.state.Load() == stateLive {
 					f.touch(now)
 					sink += f.out.port
 				}
@@ -102,8 +101,7 @@ func BenchmarkLookup(b *testing.B) {
 			ps, now := &nt.proto[UDP], nt.now()
 			var sink uint16
 			for i := range b.N {
-				t := in[i%n]
-				if f := ps.lookupIn(t); f != nil {
+				if f, ok := ps.rev.Lookup(in[i%n]); ok && f.state.Load() == stateLive {
 					f.touch(now)
 					sink += f.in.port
 				}
@@ -238,14 +236,14 @@ func BenchmarkLookupPaired(b *testing.B) {
 				}
 				t1 := time.Now()
 				for k := range block {
-					if f := ps.lookupOut(out[(j+k)%n]); f != nil {
+					if f, ok := ps.fwd.Lookup(out[(j+k)%n]); ok && f.state.Load() == stateLive {
 						f.touch(now)
 						sink += f.out.port
 					}
 				}
 				t2 := time.Now()
 				for k := range block {
-					if f := ps.lookupIn(in[(j+k)%n]); f != nil {
+					if f, ok := ps.rev.Lookup(in[(j+k)%n]); ok && f.state.Load() == stateLive {
 						f.touch(now)
 						sink += f.in.port
 					}

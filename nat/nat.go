@@ -786,10 +786,14 @@ func (n *NAT) MapOutbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Dro
 	if p == ICMP {
 		dst = netip.AddrPortFrom(dst.Addr(), icmpRemotePort)
 	}
-	f, why := n.outbound(p, hash4.Tuple{Local: src, Remote: dst}, true)
-	if why != DropNone {
-		n.ctr.drops[why].Add(1)
-		return netip.AddrPort{}, why
+	k := hash4.Tuple{Local: src, Remote: dst}
+	f, ok := n.proto[p].fwd.Lookup(k) // as flowOf: inlined here
+	if !ok || f.state.Load() != stateLive {
+		var why Drop
+		if f, why = n.outbound(p, k, true); why != DropNone {
+			n.ctr.drops[why].Add(1)
+			return netip.AddrPort{}, why
+		}
 	}
 	f.touch(n.now())
 	if f.flags.Load()&flagInbound != 0 {
@@ -812,10 +816,14 @@ func (n *NAT) MapInbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Drop
 	if p == ICMP {
 		src = netip.AddrPortFrom(src.Addr(), icmpRemotePort)
 	}
-	f, why := n.inbound(p, hash4.Tuple{Local: dst, Remote: src}, true, false)
-	if why != DropNone {
-		n.ctr.drops[why].Add(1)
-		return netip.AddrPort{}, why
+	k := hash4.Tuple{Local: dst, Remote: src}
+	f, ok := n.proto[p].rev.Lookup(k)
+	if !ok || f.state.Load() != stateLive {
+		var why Drop
+		if f, why = n.inbound(p, k, true, false); why != DropNone {
+			n.ctr.drops[why].Add(1)
+			return netip.AddrPort{}, why
+		}
 	}
 	f.touch(n.now())
 	if f.flags.Load()&flagInbound == 0 {

@@ -424,14 +424,26 @@ func (n *NAT) flowOf(p *packet, from Side, hairpin bool) (*flow, Drop) {
 	}
 	var f *flow
 	var why Drop
+	// The known flow's lookup is written out here, where Table.Lookup is
+	// inlined: through lookupOut, too large to inline, it costs a call
+	// and a copy of the 64-byte tuple more.
 	k := hash4.Tuple{Local: local, Remote: remote}
+	ps := &n.proto[pr]
+	var ok bool
 	if from == Inside {
-		f, why = n.outbound(pr, k, canCreate)
+		f, ok = ps.fwd.Lookup(k)
 	} else {
-		f, why = n.inbound(pr, k, canCreate, hairpin)
+		f, ok = ps.rev.Lookup(k)
 	}
-	if why != DropNone {
-		return nil, why
+	if !ok || f.state.Load() != stateLive {
+		if from == Inside {
+			f, why = n.outbound(pr, k, canCreate)
+		} else {
+			f, why = n.inbound(pr, k, canCreate, hairpin)
+		}
+		if why != DropNone {
+			return nil, why
+		}
 	}
 	f.touch(n.now())
 	if (from == Outside) != (f.flags.Load()&flagInbound != 0) {
