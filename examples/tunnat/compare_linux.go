@@ -89,19 +89,18 @@ func runCompare(ctx context.Context, o options, out, progressW io.Writer) error 
 		return err
 	}
 	cfg := o.nat
-	cfg.external4, cfg.external6 = extAddr4, extAddr6
 	g, err := startGateway(cfg, t)
 	if err != nil {
 		return err
 	}
-	stopProgress := progress(progressW, g.nat, nil)
+	stopProgress := progress(progressW, g, nil)
 	user, err := measure(ctx, t, o.duration, say("tunnat"))
 	stopProgress()
 	g.close()
 	if err != nil {
 		return fmt.Errorf("tunnat: %w", err)
 	}
-	fmt.Fprintf(out, "tunnat: %v\n\n", g.nat.stats())
+	fmt.Fprintf(out, "tunnat: %v\n\n", g.stats())
 	if err := t.close(); err != nil {
 		return err
 	}

@@ -70,7 +70,6 @@ func runDemo(ctx context.Context, o options, out, progressW io.Writer) (res demo
 		return res, err
 	}
 	cfg := o.nat
-	cfg.external4, cfg.external6 = extAddr4, extAddr6
 	g, err := startGateway(cfg, t)
 	if err != nil {
 		return res, err
@@ -82,7 +81,7 @@ func runDemo(ctx context.Context, o options, out, progressW io.Writer) (res demo
 	var stepMu sync.Mutex
 	step := "servers"
 	setStep := func(s string) { stepMu.Lock(); step = s; stepMu.Unlock() }
-	stopProgress := progress(progressW, g.nat, func() string { stepMu.Lock(); defer stepMu.Unlock(); return step })
+	stopProgress := progress(progressW, g, func() string { stepMu.Lock(); defer stepMu.Unlock(); return step })
 	defer stopProgress()
 
 	add := func(name string, err error, detail string) {
@@ -199,7 +198,7 @@ func runDemo(ctx context.Context, o options, out, progressW io.Writer) (res demo
 
 	stopProgress()
 	g.close()
-	res.nat = g.nat.stats()
+	res.nat = g.stats()
 	res.interrupted = ctx.Err() != nil
 	for _, c := range res.checks {
 		verdict := "ok  "

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hash4/hash4/nat"
 )
 
 // Bad flags exit 2 with a message naming the flag; -h exits 0.
@@ -24,6 +26,11 @@ func TestFlags(t *testing.T) {
 		{[]string{"-duration", "2s"}, 2, "-duration"},
 		{[]string{"-demo", "-duration", "500ms"}, 2, "-duration"},
 		{[]string{"extra"}, 2, "unexpected argument"},
+		{[]string{"-mapping", "cone"}, 2, "-mapping"},
+		{[]string{"-mapping", "apdm", "-filtering", "eif"}, 2, "address-and-port-dependent"},
+		{[]string{"-pool", "9"}, 2, "-pool"},
+		{[]string{"-block-size", "64", "-blocks", "x"}, 2, "-blocks"},
+		{[]string{"-mtu", "100"}, 2, "MTU"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var stdout, stderr bytes.Buffer
@@ -39,13 +46,13 @@ func TestFlagDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.nat.ports.Low != 1024 || o.nat.ports.High != 65535 || o.nat.timeouts.tcpEstablished != defaultTCPEstablished || o.duration != 0 {
+	if o.nat.ports.Low != 1024 || o.nat.ports.High != 65535 || o.nat.timeouts.TCPEstablished != nat.DefaultTimeouts.TCPEstablished || o.duration != 0 {
 		t.Errorf("defaults: %+v", o)
 	}
 	if o, _ := parseFlags([]string{"-demo"}, &bytes.Buffer{}); o.duration != defaultDemoDuration {
 		t.Errorf("-demo duration %v", o.duration)
 	}
-	if o, _ := parseFlags([]string{"-compare", "-duration", "5s", "-udp-idle", "1s"}, &bytes.Buffer{}); o.duration != 5*time.Second || o.nat.timeouts.udp != time.Second {
+	if o, _ := parseFlags([]string{"-compare", "-duration", "5s", "-udp-idle", "1s"}, &bytes.Buffer{}); o.duration != 5*time.Second || o.nat.timeouts.UDP != time.Second {
 		t.Errorf("-compare -duration 5s -udp-idle 1s: %+v", o)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"runtime/pprof"
 	"sync"
 	"time"
+
+	"github.com/hash4/hash4/nat"
 )
 
 // maxPacket is the largest packet a TUN device hands over (its MTU is
@@ -16,9 +18,12 @@ import (
 const maxPacket = 65535
 
 // gateway runs a NAT between two TUN devices: one goroutine per direction,
-// each reading one device and writing the other, and the reaper.
+// each reading one device and writing what the NAT emits to the other (or,
+// for hairpinned packets and the NAT's own ICMP errors, back to the same
+// side), and one running the NAT's expiry.
 type gateway struct {
-	nat     *nat
+	nat     *nat.NAT
+	c       counters
 	inside  *os.File // the client side
 	outside *os.File // the server side
 	stop    context.CancelFunc
@@ -28,7 +33,7 @@ type gateway struct {
 // startGateway starts a NAT of cfg between the topology's TUN devices.
 // stop ends it.
 func startGateway(cfg natConfig, t *topology) (*gateway, error) {
-	n, err := newNAT(cfg)
+	n, err := nat.New(natOf(cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -37,20 +42,43 @@ func startGateway(cfg natConfig, t *topology) (*gateway, error) {
 	// The label marks the gateway's samples in a CPU profile, apart from
 	// the clients and servers that -compare and the tests run in-process.
 	pprof.Do(ctx, pprof.Labels("tunnat", "gateway"), func(ctx context.Context) {
-		g.wg.Go(func() { g.pump(ctx, g.inside, g.outside, n.outbound) })
-		g.wg.Go(func() { g.pump(ctx, g.outside, g.inside, n.inbound) })
-		g.wg.Go(func() { n.runReaper(ctx) })
+		g.wg.Add(3)
+		go func() { defer g.wg.Done(); g.pump(ctx, g.inside, n.Outbound) }()
+		go func() { defer g.wg.Done(); g.pump(ctx, g.outside, n.Inbound) }()
+		go func() { defer g.wg.Done(); n.Run(ctx) }()
 	})
 	return g, nil
 }
 
-// pump reads packets from src, translates them and writes them to dst,
-// until ctx is done: a read deadline in the past then ends the read it
-// waits in.
-func (g *gateway) pump(ctx context.Context, src, dst *os.File, translate func([]byte, int64) ([]byte, dropReason)) {
+// emit writes a packet the NAT sends to the device of its side.
+func (g *gateway) emit(to nat.Side, pkt []byte) {
+	dev := g.outside
+	if to == nat.Inside {
+		dev = g.inside
+	}
+	if _, err := dev.Write(pkt); err != nil {
+		g.c.writeErrors.Add(1)
+		return
+	}
+	if to == nat.Outside {
+		g.c.pktsOut.Add(1)
+		g.c.bytesOut.Add(int64(len(pkt)))
+	} else {
+		g.c.pktsIn.Add(1)
+		g.c.bytesIn.Add(int64(len(pkt)))
+	}
+}
+
+// pump reads packets from src and hands them to translate, until ctx is
+// done: a read deadline in the past then ends the read it waits in.
+func (g *gateway) pump(ctx context.Context, src *os.File, translate func([]byte, nat.Emit) nat.Drop) {
+	// A gateway before this one on the same device left its deadline in
+	// the past.
+	src.SetReadDeadline(time.Time{})
 	stop := context.AfterFunc(ctx, func() { src.SetReadDeadline(time.Now()) })
 	defer stop()
 	buf := make([]byte, maxPacket)
+	emit := g.emit // one func value for every packet: no allocation each
 	for {
 		n, err := src.Read(buf)
 		if err != nil {
@@ -59,14 +87,14 @@ func (g *gateway) pump(ctx context.Context, src, dst *os.File, translate func([]
 			}
 			continue // EINTR and the like; a dead device gives ErrClosed
 		}
-		out, why := translate(buf[:n], time.Now().UnixNano())
-		if why != dropNone {
-			continue
-		}
-		if _, err := dst.Write(out); err != nil {
-			g.nat.countDrop(dropWrite)
-		}
+		translate(buf[:n], emit)
 	}
+}
+
+// stats returns the NAT's metrics and the gateway's counters.
+func (g *gateway) stats() stats {
+	return stats{Metrics: g.nat.Metrics(), PktsOut: g.c.pktsOut.Load(), PktsIn: g.c.pktsIn.Load(),
+		BytesOut: g.c.bytesOut.Load(), BytesIn: g.c.bytesIn.Load(), WriteErrors: g.c.writeErrors.Load()}
 }
 
 // close stops the gateway and waits for its goroutines. The devices stay
@@ -79,7 +107,7 @@ func (g *gateway) close() {
 // progress writes a progress line about n to w every second (in place four
 // times a second on a terminal) until the returned function is called,
 // which ends the line.
-func progress(w io.Writer, n *nat, label func() string) (stop func()) {
+func progress(w io.Writer, g *gateway, label func() string) (stop func()) {
 	tty := isTerminal(w)
 	every := time.Second
 	if tty {
@@ -91,7 +119,7 @@ func progress(w io.Writer, n *nat, label func() string) (stop func()) {
 	wg.Go(func() {
 		tick := time.NewTicker(every)
 		defer tick.Stop()
-		last, lastT := n.stats(), start
+		last, lastT := g.stats(), start
 		for {
 			select {
 			case <-done:
@@ -100,12 +128,12 @@ func progress(w io.Writer, n *nat, label func() string) (stop func()) {
 				}
 				return
 			case now := <-tick.C:
-				s := n.stats()
+				s := g.stats()
 				dt := now.Sub(lastT).Seconds()
-				line := fmt.Sprintf("%5.1fs  flows %d (created %d, expired %d)  out %.0f pkt/s %.1f Mbit/s  in %.0f pkt/s %.1f Mbit/s  dropped %d",
-					now.Sub(start).Seconds(), s.FlowsActive, s.FlowsCreated, s.FlowsExpired,
+				line := fmt.Sprintf("%5.1fs  flows %d (created %d, expired %d)  out %.0f pkt/s %.1f Mbit/s  in %.0f pkt/s %.1f Mbit/s  dropped %s",
+					now.Sub(start).Seconds(), s.Flows, s.FlowsCreated, s.Expired[nat.ExpiredTimeout]+s.Expired[nat.ExpiredEarlyDrop],
 					float64(s.PktsOut-last.PktsOut)/dt, float64(s.BytesOut-last.BytesOut)*8/dt/1e6,
-					float64(s.PktsIn-last.PktsIn)/dt, float64(s.BytesIn-last.BytesIn)*8/dt/1e6, s.dropped())
+					float64(s.PktsIn-last.PktsIn)/dt, float64(s.BytesIn-last.BytesIn)*8/dt/1e6, s.drops())
 				if label != nil {
 					line += "  " + label()
 				}
@@ -143,7 +171,6 @@ func runGateway(ctx context.Context, o options, stdout, stderr io.Writer) (err e
 		return err
 	}
 	cfg := o.nat
-	cfg.external4, cfg.external6 = extAddr4, extAddr6
 	g, err := startGateway(cfg, t)
 	if err != nil {
 		return err
@@ -152,10 +179,10 @@ func runGateway(ctx context.Context, o options, stdout, stderr io.Writer) (err e
 		t.client, clientAddr4, clientAddr6, t.server, serverAddr4, serverAddr6, extAddr4, extAddr6, cfg.ports.Low, cfg.ports.High)
 	fmt.Fprintf(stdout, "try: ip netns exec %s python3 -m http.server --bind :: 8000 &\n     ip netns exec %s curl http://%v:8000/\nstop with Ctrl-C\n",
 		t.server, t.client, serverAddr4)
-	stopProgress := progress(stderr, g.nat, nil)
+	stopProgress := progress(stderr, g, nil)
 	<-ctx.Done()
 	stopProgress()
 	g.close()
-	fmt.Fprintf(stdout, "tunnat: stopped. %v\n", g.nat.stats())
+	fmt.Fprintf(stdout, "tunnat: stopped. %v\n", g.stats())
 	return nil
 }

@@ -1,18 +1,20 @@
 // Command tunnat is a user-space NAT44 and NAT66 between two TUN devices,
-// built on hash4: real clients in one network namespace reach real servers
-// in another through it, and -compare measures it against the kernel's own
-// NAT (nftables masquerade) on the same topology.
+// built on hash4's nat package: real clients in two inside network
+// namespaces reach real servers through it, and -compare measures it
+// against the kernel's own NAT (nftables masquerade) on the same topology.
 //
 // It needs Linux and root (CAP_NET_ADMIN and CAP_SYS_ADMIN): it builds its
-// topology itself, two network namespaces named tunnat-<pid>-<n>-client and
-// -server, each with a TUN device whose descriptor the process holds, and
-// removes them when it ends, on Ctrl-C or SIGTERM too. At start it removes
-// the namespaces left by earlier runs that died.
+// topology itself, network namespaces named tunnat-<pid>-<n>-client,
+// -client2 (a second inside host, routed by the client namespace), -server
+// and -far (a host the server namespace routes to over a 1280-byte MTU),
+// the client and server ones each with a TUN device whose descriptor the
+// process holds, and removes them when it ends, on Ctrl-C or SIGTERM too.
+// At start it removes the namespaces left by earlier runs that died.
 //
-//	client netns                        tunnat                       server netns
-//	10.48.0.2/24, fd48::2/64                                          10.48.1.1/24, fd48:1::1/64
-//	default -> tun0 ==== fd ==> outbound: SNAT to 10.48.1.2 ==> fd ==== tun0
-//	           tun0 <== fd ==== inbound: un-NAT <================ fd ==== tun0 (10.48.1.2 on-link)
+//	client2 ---- client netns                 tunnat                     server netns ---- far
+//	10.48.2.2    10.48.0.2/24, fd48::2/64                                 10.48.1.1/24     10.48.3.2
+//	             default -> tun0 == fd ==> Outbound (nat package) == fd ==> tun0
+//	                        tun0 <== fd == Inbound <================== fd == tun0 (10.48.1.2 on-link)
 //
 // Run a gateway until Ctrl-C, then try it from the client namespace, as the
 // command prints:
@@ -28,42 +30,37 @@
 //
 // # How it works
 //
-// One goroutine reads the client-side TUN device, one the server-side, a
-// third reaps idle flows. A packet from a client is parsed (IPv4 without
-// fragments, IPv6 without extension headers; TCP, UDP, ICMP echo) and
-// looked up by its 4-tuple (the echo identifier for a port) in the inside
-// table of its protocol. A new flow gets its external port (or identifier)
-// from Table.Connect with a PortAllocator over -ports, which inserts the
-// flow in the outside table; then the mapping, which records the outside
-// tuple, goes into the inside table. The packet's source address and port
-// are rewritten in place with incremental checksum updates (RFC 1624), the
-// TTL decremented, and the packet written to the server side. A packet from
-// a server is looked up by (external address:port, server address:port) in
-// the outside table, its destination rewritten back, and written to the
-// client side. Packets of no flow, and packets the parser refuses, are
-// dropped and counted by reason. Only a SYN opens a TCP flow.
-//
-// Expiry follows conntrack: an idle timeout per protocol and, for TCP, per
-// state, from the flags seen (SYN answered, FIN one way or both, RST). The
-// reaper walks the outside tables with All, removes an expired flow's
-// mapping and then its outside entry with CompareAndDelete; the external
-// port is free for Connect from then on.
+// One goroutine reads the client-side TUN device and gives each packet to
+// the NAT's Outbound, one reads the server side and gives each to Inbound;
+// each writes what the NAT emits to the device of its side (hairpinned
+// packets and the NAT's own ICMP errors go back to the device they came
+// from). A third runs the NAT's expiry. The nat package does the rest:
+// mappings and flows, the behaviours, pool, blocks and limits of the
+// flags, TCP tracking, ICMP errors, fragments, drops counted by reason.
 //
 // # Flags
 //
-//	-ports low-high        external ports and echo identifiers (default 1024-65535)
-//	-max-flows n           flows at once; packets of further new flows are dropped (default 65536)
-//	-udp-idle d            UDP idle timeout (default 30s)
-//	-icmp-idle d           ICMP echo idle timeout (default 30s)
-//	-tcp-syn d             TCP, handshake not answered (default 2m)
-//	-tcp-established d     TCP, established (default 2h4m, RFC 5382)
-//	-tcp-fin d             TCP, FIN seen one way (default 2m)
-//	-tcp-time-wait d       TCP, FIN seen both ways (default 2m)
-//	-tcp-close d           TCP, RST seen (default 10s)
-//	-demo                  run the demo
-//	-compare               run the comparison with the kernel's NAT
-//	-duration d            demo, compare: length of each iperf3 run (default 2s, 3s)
-//	-cpuprofile file       write a CPU profile of the run
+//	-ports low-high           external ports and echo identifiers (default 1024-65535)
+//	-mapping eim|adm|apdm     mapping behaviour (default eim)
+//	-filtering eif|adf|apdf   filtering behaviour (default adf)
+//	-pool n                   external addresses per family (default 1)
+//	-pooling paired|arbitrary address pooling (default paired)
+//	-port-preservation        keep the inside port when free
+//	-parity-preservation      keep the inside port's parity
+//	-block-size n             ports per host's block (default 0, none)
+//	-blocks first+count       this NAT's blocks (default all)
+//	-block-prefix prefix      deterministic blocks (RFC 7422)
+//	-max-flows n              flows at once, with early drop past it (default 65536)
+//	-max-flows-per-host n     flows at once per inside address (default 0, none)
+//	-mtu n                    largest packet forwarded (default 0, none)
+//	-udp-idle d, -udp-unreplied d, -icmp-idle d, -tcp-syn d, -tcp-syn-recv d,
+//	-tcp-established d, -tcp-fin d, -tcp-close-wait d, -tcp-last-ack d,
+//	-tcp-time-wait d, -tcp-close d
+//	                          idle timeouts (default the nat package's)
+//	-demo                     run the demo
+//	-compare                  run the comparison with the kernel's NAT
+//	-duration d               demo, compare: length of each iperf3 run (default 2s, 3s)
+//	-cpuprofile file          write a CPU profile of the run
 //
 // Invalid flags print a message and exit with status 2.
 package main

@@ -30,7 +30,21 @@ var (
 	clientAddr6 = netip.MustParseAddr("fd48::2")
 	serverAddr6 = netip.MustParseAddr("fd48:1::1")
 	extAddr6    = netip.MustParseAddr("fd48:1::2")
+	gwInside6   = netip.MustParseAddr("fd48::1") // the NAT's own inside address (its ICMP errors)
+	// A second address of the server, for a STUN server's alternate.
+	serverAlt4 = netip.MustParseAddr("10.48.1.100")
+	// The second inside host, routed by the client namespace.
+	client2Addr4 = netip.MustParseAddr("10.48.2.2")
+	client2Addr6 = netip.MustParseAddr("fd48:2::2")
+	// A host past the server namespace, which routes to it over a link of
+	// MTU farMTU: a hop past the NAT, and a smaller MTU on its far side.
+	farAddr4 = netip.MustParseAddr("10.48.3.2")
+	farAddr6 = netip.MustParseAddr("fd48:3::2")
 )
+
+// farMTU is the MTU of the link between the server namespace and the far
+// host.
+const farMTU = 1280
 
 // nsPrefix starts the name of every namespace this program makes; the
 // process id and a sequence number follow, so that concurrent runs (and
@@ -44,6 +58,7 @@ var topoSeq atomic.Int64
 // devices whose descriptors the process holds.
 type topology struct {
 	client, server, gw string   // namespace names; gw only for the kernel's NAT
+	client2, far       string   // the second inside host, the host past the server (user-space NAT only)
 	inside, outside    *os.File // TUN descriptors (user-space NAT only)
 	made               []string // namespaces to remove
 }
@@ -171,28 +186,61 @@ func newTUNTopology() (*topology, error) {
 	if t.server, err = t.addNS(tag, "server"); err != nil {
 		return t, err
 	}
+	if t.client2, err = t.addNS(tag, "client2"); err != nil {
+		return t, err
+	}
+	if t.far, err = t.addNS(tag, "far"); err != nil {
+		return t, err
+	}
 	if t.inside, err = openTUN(t.client, "tun0"); err != nil {
 		return t, err
 	}
 	if t.outside, err = openTUN(t.server, "tun0"); err != nil {
 		return t, err
 	}
-	// No link-local address on the devices: nothing but the test traffic
-	// (no router solicitations, no MLD reports) reaches the NAT.
+	// No link-local address and no multicast on the devices: nothing but
+	// the test traffic (no router solicitations, no MLD reports, which the
+	// namespaces send as routers) reaches the NAT.
 	steps := [][]string{
-		{"-n", t.client, "link", "set", "tun0", "addrgenmode", "none"},
+		{"-n", t.client, "link", "set", "tun0", "addrgenmode", "none", "multicast", "off"},
 		{"-n", t.client, "addr", "add", clientAddr4.String() + "/24", "dev", "tun0"},
 		{"-n", t.client, "addr", "add", clientAddr6.String() + "/64", "dev", "tun0", "nodad"},
 		{"-n", t.client, "link", "set", "tun0", "up"},
 		{"-n", t.client, "route", "add", "default", "dev", "tun0"},
 		{"-n", t.client, "-6", "route", "add", "default", "dev", "tun0"},
-		{"-n", t.server, "link", "set", "tun0", "addrgenmode", "none"},
+		{"-n", t.server, "link", "set", "tun0", "addrgenmode", "none", "multicast", "off"},
 		{"-n", t.server, "addr", "add", serverAddr4.String() + "/24", "dev", "tun0"},
 		{"-n", t.server, "addr", "add", serverAddr6.String() + "/64", "dev", "tun0", "nodad"},
+		{"-n", t.server, "addr", "add", serverAlt4.String() + "/32", "dev", "tun0"},
 		{"-n", t.server, "link", "set", "tun0", "up"},
+		// The second inside host, behind the client namespace.
+		{"link", "add", "c1", "netns", t.client, "type", "veth", "peer", "name", "h0", "netns", t.client2},
+		{"-n", t.client, "addr", "add", "10.48.2.1/24", "dev", "c1"},
+		{"-n", t.client, "addr", "add", "fd48:2::1/64", "dev", "c1", "nodad"},
+		{"-n", t.client, "link", "set", "c1", "up"},
+		{"-n", t.client2, "addr", "add", client2Addr4.String() + "/24", "dev", "h0"},
+		{"-n", t.client2, "addr", "add", client2Addr6.String() + "/64", "dev", "h0", "nodad"},
+		{"-n", t.client2, "link", "set", "h0", "up"},
+		{"-n", t.client2, "route", "add", "default", "via", "10.48.2.1"},
+		{"-n", t.client2, "-6", "route", "add", "default", "via", "fd48:2::1"},
+		// The far host, past the server namespace, over a smaller MTU.
+		{"link", "add", "s1", "netns", t.server, "mtu", strconv.Itoa(farMTU), "type", "veth", "peer", "name", "f0", "netns", t.far, "mtu", strconv.Itoa(farMTU)},
+		{"-n", t.server, "addr", "add", "10.48.3.1/24", "dev", "s1"},
+		{"-n", t.server, "addr", "add", "fd48:3::1/64", "dev", "s1", "nodad"},
+		{"-n", t.server, "link", "set", "s1", "up"},
+		{"-n", t.far, "addr", "add", farAddr4.String() + "/24", "dev", "f0"},
+		{"-n", t.far, "addr", "add", farAddr6.String() + "/64", "dev", "f0", "nodad"},
+		{"-n", t.far, "link", "set", "f0", "up"},
+		{"-n", t.far, "route", "add", "default", "via", "10.48.3.1"},
+		{"-n", t.far, "-6", "route", "add", "default", "via", "fd48:3::1"},
 	}
 	for _, s := range steps {
 		if err := ipCmd(s...); err != nil {
+			return t, err
+		}
+	}
+	for _, ns := range []string{t.client, t.server} {
+		if err := nsExec(ns, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"); err != nil {
 			return t, err
 		}
 	}
@@ -278,9 +326,9 @@ func checkEnv(tools ...string) error {
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		return fmt.Errorf("no TUN device: %v", err)
 	}
-	for _, tool := range append([]string{"ip"}, tools...) {
+	for _, tool := range append([]string{"ip", "sysctl"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s not found (Debian packages: iproute2 curl socat iperf3 nftables iputils-ping python3)", tool)
+			return fmt.Errorf("%s not found (Debian packages: iproute2 procps curl socat iperf3 nftables iputils-ping python3 coturn hping3 traceroute tcpdump)", tool)
 		}
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/nat"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,12 +33,13 @@ func needTopology(t *testing.T, tools ...string) {
 }
 
 // testTimeouts are short timeouts for the tests.
-var testTimeouts = timeouts{udp: 30 * time.Second, icmp: 30 * time.Second, tcpSyn: 30 * time.Second,
-	tcpEstablished: time.Hour, tcpFin: 30 * time.Second, tcpTimeWait: 30 * time.Second, tcpClose: 30 * time.Second}
+var testTimeouts = nat.Timeouts{UDP: 30 * time.Second, UDPUnreplied: 30 * time.Second, ICMP: 30 * time.Second,
+	TCPSynSent: 30 * time.Second, TCPEstablished: time.Hour, TCPFinWait: 30 * time.Second, TCPTimeWait: 30 * time.Second,
+	TCPClose: 30 * time.Second}
 
 // startTestNAT builds a topology and runs a NAT over ports with to; both
 // go away when the test ends.
-func startTestNAT(t *testing.T, ports hash4.PortRange, to timeouts) (*topology, *gateway) {
+func startTestNAT(t *testing.T, ports hash4.PortRange, to nat.Timeouts) (*topology, *gateway) {
 	t.Helper()
 	topo, err := newTUNTopology()
 	t.Cleanup(func() {
@@ -48,7 +50,7 @@ func startTestNAT(t *testing.T, ports hash4.PortRange, to timeouts) (*topology, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := startGateway(natConfig{external4: extAddr4, external6: extAddr6, ports: ports, maxFlows: 10000, timeouts: to}, topo)
+	g, err := startGateway(natConfig{ports: ports, maxFlows: 10000, timeouts: to}, topo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +173,8 @@ func isTimeout(err error) bool {
 func TestDemo(t *testing.T) {
 	needTopology(t, demoTools...)
 	var out, prog bytes.Buffer
-	o := options{duration: time.Second, nat: natConfig{ports: hash4.PortRange{Low: 1024, High: 65535}, maxFlows: 1000, timeouts: testTimeouts}}
+	o := options{duration: time.Second, nat: natConfig{ports: hash4.PortRange{Low: 1024, High: 65535}, maxFlows: 1000, timeouts: testTimeouts,
+		filtering: nat.AddressDependent}}
 	res, err := runDemo(context.Background(), o, &out, &prog)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
@@ -260,7 +263,7 @@ func TestManyFlows(t *testing.T) {
 			t.Errorf("%s server saw %d external ports, want %d", name, len(ports), flows)
 		}
 	}
-	if s := g.nat.stats(); s.FlowsCreated != 2*flows || s.Drops[dropNoPort] != 0 {
+	if s := g.stats(); s.FlowsCreated != 2*flows || s.Drops[nat.DropNoPort] != 0 {
 		t.Errorf("NAT: %v; want %d flows", s, 2*flows)
 	}
 }
@@ -292,8 +295,14 @@ func TestPortExhaustion(t *testing.T) {
 	if err := udpExchange(extra, []byte("one too many"), 2, 200*time.Millisecond); err == nil {
 		t.Error("a fifth flow got through four ports")
 	}
-	if s := g.nat.stats(); s.Drops[dropNoPort] != 2 || s.FlowsActive != 4 {
-		t.Errorf("NAT: %v; want 2 no-port drops and 4 flows", s)
+	// The NAT answers the refused flow with "administratively prohibited"
+	// (RFC 5508 REQ-8), which ends the client's tries at the first.
+	// The error can reach the client before the pump counts the drop.
+	for deadline := time.Now().Add(5 * time.Second); g.stats().Drops[nat.DropNoPort] < 1 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := g.stats(); s.Drops[nat.DropNoPort] < 1 || s.Flows != 4 {
+		t.Errorf("NAT: %v; want no-port drops and 4 flows", s)
 	}
 	for i, c := range conns {
 		if err := udpExchange(c, fmt.Appendf(nil, "flow %d again", i), 5, time.Second); err != nil {
@@ -312,16 +321,16 @@ func TestPortExhaustion(t *testing.T) {
 func TestExpiryAndReuse(t *testing.T) {
 	needTopology(t)
 	to := testTimeouts
-	to.udp, to.tcpClose = 200*time.Millisecond, 200*time.Millisecond
+	to.UDP, to.UDPUnreplied, to.TCPClose = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
 	topo, g := startTestNAT(t, hash4.PortRange{Low: 30000, High: 30000}, to)
 	tcpPeers, udpPeers := startEchoes(t, topo, 9000)
 	server := netip.AddrPortFrom(serverAddr4, 9000)
 
 	waitExpired := func(n int64) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); g.nat.stats().FlowsExpired < n; {
+		for deadline := time.Now().Add(5 * time.Second); g.stats().Expired[nat.ExpiredTimeout] < uint64(n); {
 			if time.Now().After(deadline) {
-				t.Fatalf("flows not expired: %v", g.nat.stats())
+				t.Fatalf("flows not expired: %v", g.stats())
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -362,13 +371,15 @@ func TestExpiryAndReuse(t *testing.T) {
 	if len(udpPeers.list()) != 3 || len(tcpPeers.list()) != 2 {
 		t.Errorf("server saw %d UDP and %d TCP flows, want 3 and 2", len(udpPeers.list()), len(tcpPeers.list()))
 	}
-	if s := g.nat.stats(); s.FlowsCreated != 5 || s.FlowsExpired != 5 || s.FlowsActive != 0 {
+	if s := g.stats(); s.FlowsCreated != 5 || s.Expired[nat.ExpiredTimeout] != 5 || s.Flows != 0 {
 		t.Errorf("NAT: %v", s)
 	}
 }
 
-// Malformed and truncated packets, fragments and unknown protocols sent
-// into the client's device are counted and dropped, and the NAT goes on.
+// Malformed and truncated packets, packets a router refuses (a bad header
+// checksum, a source route, TCP data offsets of 2 and 15) and unknown
+// protocols sent into the client's device are counted and dropped, and
+// the NAT goes on.
 func TestBadPackets(t *testing.T) {
 	needTopology(t)
 	topo, g := startTestNAT(t, hash4.PortRange{Low: 30000, High: 30099}, testTimeouts)
@@ -376,44 +387,39 @@ func TestBadPackets(t *testing.T) {
 	server := netip.AddrPortFrom(serverAddr4, 9000)
 
 	src := netip.AddrPortFrom(clientAddr4, 40000)
-	udp := build(pktSpec{proto: protoUDP, src: src, dst: server, payload: []byte("x")})
-	frag := bytes.Clone(udp)
-	frag[6] |= 0x20
-	fixChecksums(frag, false)
-	gre := bytes.Clone(udp)
-	gre[9] = 47
-	short := bytes.Clone(udp[:24])
-	binary.BigEndian.PutUint16(short[2:], 24)
-	v6frag := build(pktSpec{proto: protoTCP, src: netip.AddrPortFrom(clientAddr6, 40000), dst: netip.AddrPortFrom(serverAddr6, 9000), flags: tcpSYN})
-	v6frag[6] = protoFrag6
+	udp := ipv4Packet(17, src, server, []byte{0, 0, 0, 0, 0, 0, 0, 0, 'x'}, nil)
+	gre := ipv4Packet(47, src, server, []byte("xxxxxxxx"), nil)
+	short := ipv4Packet(17, src, server, []byte{1, 2, 3, 4}, nil)
+	badSum := bytes.Clone(udp)
+	badSum[10] ^= 0xff
+	lsrr := ipv4Packet(17, src, server, []byte{0, 0, 0, 0, 0, 0, 0, 0, 'x'}, []byte{0x83, 7, 4, 10, 48, 1, 1, 0})
+	tcpOff2 := ipv4Packet(6, src, server, append([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2 << 4, 2}, make([]byte, 6)...), nil)
+	tcpOff15 := ipv4Packet(6, src, server, append([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15 << 4, 2}, make([]byte, 6)...), nil)
 	sends := []struct {
 		b     []byte
-		v6    bool
-		count dropReason
+		count nat.Drop
 	}{
-		{udp[:len(udp)-3], false, dropMalformed},            // cut short of its length
-		{[]byte{0x45, 0, 0}, false, dropMalformed},          // a header's start
-		{[]byte{0x95, 1, 2, 3, 4, 5}, false, dropMalformed}, // no IP version at all
-		{short, false, dropTruncated},
-		{frag, false, dropFragment},
-		{v6frag, true, dropFragment},
-		{gre, false, dropUnsupported},
+		{udp[:len(udp)-3], nat.DropMalformed},            // cut short of its length
+		{[]byte{0x45, 0, 0}, nat.DropMalformed},          // a header's start
+		{[]byte{0x95, 1, 2, 3, 4, 5}, nat.DropMalformed}, // no IP version at all
+		{short, nat.DropMalformed},                       // a UDP header cut short
+		{badSum, nat.DropChecksum},
+		{lsrr, nat.DropOptions},
+		{tcpOff2, nat.DropBadTCP},
+		{tcpOff15, nat.DropBadTCP},
+		{gre, nat.DropUnsupported},
 	}
 	fd, ifindex := packetSocket(t, topo)
-	want := map[dropReason]int64{}
+	want := map[nat.Drop]uint64{}
 	for _, s := range sends {
-		proto := uint16(unix.ETH_P_IP)
-		if s.v6 {
-			proto = unix.ETH_P_IPV6
-		}
-		sa := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(proto)}
+		sa := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(unix.ETH_P_IP)}
 		if err := unix.Sendto(fd, s.b, 0, sa); err != nil {
 			t.Fatalf("send %x: %v", s.b, err)
 		}
 		want[s.count]++
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		s := g.nat.stats()
+		s := g.stats()
 		ok := true
 		for r, n := range want {
 			ok = ok && s.Drops[r] == n
@@ -434,7 +440,7 @@ func TestBadPackets(t *testing.T) {
 	if err := udpExchange(c, []byte("still working"), 5, time.Second); err != nil {
 		t.Errorf("after the bad packets: %v", err)
 	}
-	if s := g.nat.stats(); s.FlowsCreated != 1 {
+	if s := g.stats(); s.FlowsCreated != 1 {
 		t.Errorf("NAT: %v; want 1 flow, the good one", s)
 	}
 }
@@ -463,3 +469,55 @@ func packetSocket(t *testing.T, topo *topology) (fd, ifindex int) {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// ipv4Packet builds an IPv4 packet of protocol proto from src to dst with
+// transport header and payload l4 (its ports and, for UDP and TCP, its
+// checksum filled in) and IP options opts, checksums computed in full.
+func ipv4Packet(proto uint8, src, dst netip.AddrPort, l4, opts []byte) []byte {
+	l4 = bytes.Clone(l4)
+	ihl := 20 + len(opts)
+	b := make([]byte, ihl+len(l4))
+	b[0] = 0x40 | byte(ihl/4)
+	binary.BigEndian.PutUint16(b[2:], uint16(len(b)))
+	b[8], b[9] = 64, proto
+	s4, d4 := src.Addr().As4(), dst.Addr().As4()
+	copy(b[12:], s4[:])
+	copy(b[16:], d4[:])
+	copy(b[20:], opts)
+	binary.BigEndian.PutUint16(b[10:], inetChecksum(b[:ihl], 0))
+	if len(l4) >= 8 {
+		binary.BigEndian.PutUint16(l4[0:], src.Port())
+		binary.BigEndian.PutUint16(l4[2:], dst.Port())
+	}
+	off := -1
+	switch {
+	case proto == 17 && len(l4) >= 8:
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+		off = 6
+	case proto == 6 && len(l4) >= 18:
+		off = 16
+	}
+	if off >= 0 {
+		pseudo := uint32(binary.BigEndian.Uint16(s4[:2])) + uint32(binary.BigEndian.Uint16(s4[2:])) +
+			uint32(binary.BigEndian.Uint16(d4[:2])) + uint32(binary.BigEndian.Uint16(d4[2:])) + uint32(proto) + uint32(len(l4))
+		binary.BigEndian.PutUint16(l4[off:], inetChecksum(l4, pseudo))
+	}
+	copy(b[ihl:], l4)
+	return b
+}
+
+// inetChecksum returns the Internet checksum of b with initial sum
+// initial.
+func inetChecksum(b []byte, initial uint32) uint16 {
+	acc := initial
+	for ; len(b) >= 2; b = b[2:] {
+		acc += uint32(binary.BigEndian.Uint16(b))
+	}
+	if len(b) == 1 {
+		acc += uint32(b[0]) << 8
+	}
+	for acc>>16 != 0 {
+		acc = acc&0xffff + acc>>16
+	}
+	return ^uint16(acc)
+}

@@ -1,0 +1,79 @@
+// Package nat is a network address translator (NAT44 and NAT66, TCP, UDP
+// and ICMP echo) as RFC 4787, 5382 and 5508 describe one, on hash4's
+// tables, for a gateway that calls it once per packet in each direction.
+//
+// A NAT made by New holds mappings (an inside endpoint and its external
+// endpoint) and flows (a mapping and a remote endpoint). Outbound takes a
+// packet from the inside, Inbound one from the outside; each rewrites it in
+// place (addresses, ports or echo identifier, every checksum, the TTL) and
+// hands what is to be sent to an Emit function, saying which side it goes
+// to, or returns why it dropped it:
+//
+//	n, err := nat.New(nat.Config{External: []netip.Addr{extIP}, Router: []netip.Addr{insideIP}})
+//	go n.Run(ctx) // expiry
+//	emit := func(to nat.Side, pkt []byte) { dev[to].Write(pkt) }
+//	for { pkt := readInside(); n.Outbound(pkt, emit) } // and Inbound on the other side
+//
+// MapOutbound and MapInbound do the same for a NAT that sees endpoints
+// rather than packets.
+//
+// # Behaviour
+//
+//   - Mapping, per protocol: endpoint-independent (the default, RFC 4787
+//     REQ-1), address-dependent, or address-and-port-dependent, which shares
+//     external ports between inside endpoints toward different remotes as
+//     Linux's masquerade does. Filtering: endpoint-independent,
+//     address-dependent (the default: see Behaviors) or
+//     address-and-port-dependent. Options: port preservation, parity
+//     preservation; a pool of external addresses, paired (the default) or
+//     arbitrary; port blocks per inside host, dynamic or deterministic
+//     (RFC 7422), so that NATs given disjoint blocks of one address range
+//     never give out the same port.
+//   - Hairpinning: a packet from inside to an external endpoint of the NAT
+//     goes back inside, from the sender's external endpoint, unfiltered.
+//     Under address-and-port-dependent mapping an external port may belong
+//     to several inside endpoints, and such packets are dropped.
+//   - TCP is tracked as conntrack tracks it: established only after the
+//     three-way handshake; a RST, FIN or SYN outside the sequence window is
+//     dropped (DropOutOfWindow) and changes nothing. Only a SYN makes a TCP
+//     flow.
+//   - ICMP: echo identifiers are mapped as ports; errors (destination
+//     unreachable, packet too big, time exceeded, parameter problem) are
+//     translated with the packet they carry, embedded checksums included
+//     (RFC 5508), and never refresh a flow. With Config.Router the NAT
+//     answers a TTL that runs out, a packet over Config.MTU, and a flow it
+//     refuses, with ICMP errors of its own (at most 1000 a second).
+//   - Fragments are tracked, not reassembled: the first carries the ports,
+//     the others follow its translation; those that come first are held,
+//     within Config.FragmentMemory, for Config.FragmentTimeout.
+//   - Packets a router refuses are dropped: a bad IPv4 header checksum,
+//     IPv4 source-route options, an IPv6 routing header with segments left,
+//     a TCP data offset under 5 or past the segment.
+//   - Limits: Config.MaxFlows, past which a new flow evicts an unanswered
+//     one (early drop: of the oldest few, the one whose inside host has the
+//     most flows) or is refused; Config.MaxFlowsPerHost.
+//   - Expiry: idle timeouts per protocol and TCP state (Timeouts), on a
+//     timing wheel that Expire (or Run) advances: it looks only at the flows
+//     due, at most Config.ExpireBudget per call.
+//   - Metrics counts flows and mappings made, flows ended by reason, and
+//     drops and refusals by reason.
+//
+// # Contract
+//
+// Every method is safe for concurrent use. Both keys of a flow (inside and
+// outside) and of a mapping become visible together, with one atomic
+// store, and vanish together. A packet's lookup takes no lock and
+// allocates nothing; a TCP segment takes its flow's lock for the tracker.
+// No input makes the NAT panic; a packet it cannot translate is dropped and
+// counted by reason. The NAT's clock is the time of the last Expire call:
+// a packet refreshes its flow to it, so timeouts are kept to within a tick.
+//
+// # Cost
+//
+// A packet of a known flow costs a parse, one Table.Lookup and an
+// incremental checksum update. A new flow costs, for endpoint-independent
+// mapping, a Table.Connect (its port) and four inserts into hash4 tables
+// (the mapping's two keys, the flow's two), and a few allocations; for
+// address-and-port-dependent mapping, a Connect and one insert. The
+// module's docs/performance.md has the measurements, memory included.
+package nat

@@ -1,0 +1,873 @@
+package nat
+
+import (
+	"errors"
+	"hash/maphash"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hash4/hash4"
+)
+
+// The states of a mapping or flow. An object is inserted into its tables
+// pending, made live with one atomic store once it is in all of them, and
+// made dead with one atomic store before it leaves them: a reader that
+// finds it treats pending and dead as absent, so both directions (a
+// flow's inside and outside keys, a mapping's inside and external keys)
+// appear together and vanish together, whatever order the table writes
+// take. Only the goroutine that inserted an object makes it live, and only
+// the one whose CompareAndSwap from live succeeds makes it dead.
+const (
+	statePending uint32 = iota
+	stateLive
+	stateDead
+)
+
+// Flow flags, set with atomic ORs.
+const (
+	flagReplied uint32 = 1 << iota // a packet went the other way from the first
+	flagAssured                    // replied (UDP, ICMP) or established (TCP): no early drop
+	flagInbound                    // made by an inbound packet (endpoint-independent or address-dependent filtering)
+	flagListed                     // in the unassured list
+)
+
+// icmpRemotePort is the remote port of an echo flow's keys: the tables'
+// tuples need one, and echo has no remote identifier.
+const icmpRemotePort = 1
+
+// Key sentinels: the remote endpoint of the keys that name a mapping by one
+// endpoint alone. They are valid tuple halves of each family that no real
+// flow uses as its remote (a broadcast and a reserved multicast address).
+var (
+	sentinel4 = netip.AddrPortFrom(netip.AddrFrom4([4]byte{255, 255, 255, 255}), 1)
+	sentinel6 = netip.AddrPortFrom(netip.AddrFrom16([16]byte{0xff, 0x0f, 15: 1}), 1)
+)
+
+func sentinel(a netip.Addr) netip.AddrPort {
+	if a.Is4() {
+		return sentinel4
+	}
+	return sentinel6
+}
+
+// mapping joins an inside endpoint and its external endpoint, for
+// endpoint-independent and address-dependent mapping. Its fields are set
+// before it is inserted and never change; refs counts the flows that use
+// it (and, briefly, a flow being made), and the last to go deletes it.
+type mapping struct {
+	state atomic.Uint32
+	refs  atomic.Int32
+	key   hash4.Tuple // inside endpoint -> remote (address-dependent) or sentinel
+	ext   netip.AddrPort
+	p     Proto
+	h     *host
+}
+
+// flow joins a mapping and a remote endpoint: what a packet each way is
+// translated by. inside, ext and remote are set before it is live and do
+// not change after.
+type flow struct {
+	// The first cache line holds what a packet of the flow reads: its
+	// state, flags and clock, and where its addresses go (out: the
+	// external endpoint, in: the inside one), in 56 bytes.
+	state atomic.Uint32
+	flags atomic.Uint32
+	last  atomic.Int64 // the clock at its last packet
+	out   ep
+	in    ep
+	p     Proto
+	// The endpoints: inside (the host's), ext (the NAT's), remote.
+	inside, ext, remote netip.AddrPort
+	m                   *mapping // nil for address-and-port-dependent mapping
+	h                   *host
+	tcp                 *tcpTrack // TCP flows only
+	// timer files the flow in the wheel; extra, if set, is a second one
+	// at an earlier tick (see reschedule). They are allocated apart from
+	// the flow, and let go of it when it ends, so that a flow ended
+	// early (early drop, Flush) is not kept until its tick.
+	timer *timer
+	extra atomic.Pointer[timer]
+	// up and down link the unassured list, under n.unassured.mu.
+	up, down *flow
+	// Padding to 256 bytes (64-bit), a size class whose objects start on
+	// a cache line, so that the first line is the flow's own.
+	_ [40]byte
+}
+
+// ep is an endpoint in 20 bytes, for a flow's first cache line.
+type ep struct {
+	a    [16]byte
+	port uint16
+	v6   bool
+}
+
+func epOf(a netip.AddrPort) ep {
+	e := ep{port: a.Port(), v6: a.Addr().Is6()}
+	if e.v6 {
+		e.a = a.Addr().As16()
+	} else {
+		a4 := a.Addr().As4()
+		copy(e.a[:], a4[:])
+	}
+	return e
+}
+
+func (e *ep) addrPort() netip.AddrPort {
+	if e.v6 {
+		return netip.AddrPortFrom(netip.AddrFrom16(e.a), e.port)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(e.a[:4])), e.port)
+}
+
+func (f *flow) insideKey() hash4.Tuple { return hash4.Tuple{Local: f.inside, Remote: f.remote} }
+func (f *flow) extKey() hash4.Tuple    { return hash4.Tuple{Local: f.ext, Remote: f.remote} }
+
+// protoState holds one protocol's tables and allocator.
+type protoState struct {
+	b     Behaviors
+	alloc *hash4.PortAllocator
+	// fwd: inside endpoint, remote -> flow; rev: external endpoint,
+	// remote -> flow.
+	fwd, rev *hash4.Table[flow]
+	// maps: inside endpoint, remote address or sentinel -> mapping; extm:
+	// external endpoint, sentinel -> mapping. Unused for
+	// address-and-port-dependent mapping, whose flows are its mappings.
+	maps, extm *hash4.Table[mapping]
+	// perm: external endpoint, remote address:1 -> the count of flows
+	// from the mapping to that address, for address-dependent filtering.
+	perm *hash4.Table[permit]
+}
+
+// permit counts a mapping's flows to one remote address. Its count changes
+// under the permit table's stripe lock only (Compute).
+type permit struct{ n int }
+
+// NAT is a network address translator's state: mappings, flows, their
+// expiry and the counters. Make one with New; its methods are safe for
+// concurrent use.
+type NAT struct {
+	cfg   Config
+	proto [numProtos]protoState
+	pool  [2][]netip.Addr // external addresses: [0] IPv4, [1] IPv6
+	seed  maphash.Seed
+	hosts hosts
+
+	flows     atomic.Int64
+	mappings  atomic.Int64
+	clock     atomic.Int64 // unix nanoseconds, set by Expire
+	wheel     wheel
+	unassured struct {
+		mu         sync.Mutex
+		head, tail *flow
+	}
+	frags fragTable
+	// errBudget is the ICMP errors the NAT may still send this tick.
+	errBudget atomic.Int64
+	ctr       counters
+}
+
+// New returns a NAT configured by c, or an error matching ErrConfig.
+func New(c Config) (*NAT, error) {
+	c, err := c.normalized()
+	if err != nil {
+		return nil, err
+	}
+	n := &NAT{cfg: c, seed: maphash.MakeSeed()}
+	for _, a := range c.External {
+		f := family(a)
+		n.pool[f] = append(n.pool[f], a)
+	}
+	// The tables grow by themselves, while lookups go on.
+	capacity := min(c.MaxFlows, 1024)
+	for i, b := range []Behaviors{c.TCP, c.UDP, c.ICMP} {
+		alloc, err := hash4.NewPortAllocator(hash4.WithPortRange(c.Ports))
+		if err != nil {
+			return nil, cfgErr("ports: %v", err)
+		}
+		ps := &n.proto[i]
+		ps.b, ps.alloc = b, alloc
+		ps.fwd = hash4.New[flow](hash4.WithCapacity(capacity))
+		ps.rev = hash4.New[flow](hash4.WithCapacity(capacity))
+		if b.Mapping != AddressAndPortDependent {
+			ps.maps = hash4.New[mapping](hash4.WithCapacity(capacity))
+			ps.extm = hash4.New[mapping](hash4.WithCapacity(capacity))
+		}
+		if b.Filtering == AddressDependent {
+			ps.perm = hash4.New[permit](hash4.WithCapacity(capacity))
+		}
+	}
+	if err := n.hosts.init(&n.cfg, &n.pool); err != nil {
+		return nil, err
+	}
+	now := time.Now().UnixNano()
+	n.clock.Store(now)
+	n.wheel.init(c.Tick, now)
+	n.errBudget.Store(n.errorsPerTick())
+	return n, nil
+}
+
+// errorsPerTick is the ICMP errors the NAT may send per tick.
+func (n *NAT) errorsPerTick() int64 {
+	return max(1, int64(errorsPerSecond*n.cfg.Tick/time.Second))
+}
+
+// family returns 0 for an IPv4 address, 1 for IPv6.
+func family(a netip.Addr) int {
+	if a.Is4() {
+		return 0
+	}
+	return 1
+}
+
+// Config returns the NAT's configuration, defaults filled in.
+func (n *NAT) Config() Config { return n.cfg }
+
+// now returns the NAT's clock.
+func (n *NAT) now() int64 { return n.clock.Load() }
+
+// isExternal reports whether a is one of the pool's addresses.
+func (n *NAT) isExternal(a netip.Addr) bool {
+	for _, e := range n.pool[family(a)] {
+		if e == a {
+			return true
+		}
+	}
+	return false
+}
+
+// touch refreshes f's clock. It writes only when the clock moved, so that
+// the packets of one tick share the flow's line rather than write it.
+func (f *flow) touch(now int64) {
+	if f.last.Load() != now {
+		f.last.Store(now)
+	}
+}
+
+// lookupOut returns the live flow of a packet from the inside endpoint
+// k.Local to k.Remote: one Table.Lookup and a load of its state. (The
+// tuple is built once by the caller: a Tuple is 64 bytes, and building
+// one costs a packet as much as the state's check.)
+func (ps *protoState) lookupOut(k hash4.Tuple) *flow {
+	f, ok := ps.fwd.Lookup(k)
+	if !ok || f.state.Load() != stateLive {
+		return nil
+	}
+	return f
+}
+
+// lookupIn returns the live flow of a packet from k.Remote to the external
+// endpoint k.Local.
+func (ps *protoState) lookupIn(k hash4.Tuple) *flow {
+	f, ok := ps.rev.Lookup(k)
+	if !ok || f.state.Load() != stateLive {
+		return nil
+	}
+	return f
+}
+
+// parityTries bounds the ports of the right parity an
+// address-and-port-dependent flow tries before it takes any port.
+const parityTries = 64
+
+// maxRetries bounds the waits of a flow's maker for another goroutine that
+// is making or deleting the same flow or mapping (a few stores away).
+const maxRetries = 1000
+
+// outbound returns the flow of a packet of p from inside to remote, making
+// it (and its mapping) if there is none. A new TCP flow is made only if
+// syn: other segments of no flow are refused.
+func (n *NAT) outbound(p Proto, k hash4.Tuple, canCreate bool) (*flow, Drop) {
+	ps := &n.proto[p]
+	if f := ps.lookupOut(k); f != nil {
+		return f, DropNone
+	}
+	inside, remote := k.Local, k.Remote
+	if !canCreate {
+		return nil, DropTCPState
+	}
+	if len(n.pool[family(inside.Addr())]) == 0 {
+		return nil, DropUnsupported
+	}
+	return n.newFlow(ps, p, inside, remote, nil)
+}
+
+// inbound returns the flow of a packet of p from remote to the external
+// endpoint ext: its flow, or, where the filtering lets remote reach ext's
+// mapping, a new flow of that mapping. A new TCP flow is made only if
+// canCreate. A hairpinned packet, from an inside host, is not filtered:
+// filtering keeps out the outside's unsolicited packets, and inside hosts
+// reach each other's mappings as they would reach any remote's.
+func (n *NAT) inbound(p Proto, k hash4.Tuple, canCreate, hairpin bool) (*flow, Drop) {
+	ps := &n.proto[p]
+	if f := ps.lookupIn(k); f != nil {
+		return f, DropNone
+	}
+	ext, remote := k.Local, k.Remote
+	if ps.extm == nil {
+		return nil, n.noFlow(ext)
+	}
+	m, ok := ps.extm.Lookup(hash4.Tuple{Local: ext, Remote: sentinel(ext.Addr())})
+	if !ok || m.state.Load() != stateLive {
+		return nil, n.noFlow(ext)
+	}
+	switch {
+	case hairpin:
+	case ps.b.Filtering == AddressAndPortDependent:
+		return nil, DropFiltered
+	case ps.b.Filtering == AddressDependent:
+		if _, ok := ps.perm.Lookup(hash4.Tuple{Local: ext, Remote: netip.AddrPortFrom(remote.Addr(), 1)}); !ok {
+			return nil, DropFiltered
+		}
+	}
+	if !canCreate {
+		return nil, DropTCPState
+	}
+	inside := m.key.Local
+	return n.newFlow(ps, p, inside, remote, m)
+}
+
+// noFlow is the reason an inbound packet to ext found nothing.
+func (n *NAT) noFlow(ext netip.AddrPort) Drop {
+	if !n.isExternal(ext.Addr()) {
+		return DropNotOurs
+	}
+	return DropNoFlow
+}
+
+// newFlow makes the flow from inside to remote, of mapping via if it is
+// made by an inbound packet (nil otherwise), and returns it live; or the
+// flow another goroutine made meanwhile.
+func (n *NAT) newFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, via *mapping) (*flow, Drop) {
+	for range maxRetries {
+		f, ok := ps.fwd.Lookup(hash4.Tuple{Local: inside, Remote: remote})
+		if ok {
+			if f.state.Load() == stateLive {
+				return f, DropNone
+			}
+			runtime.Gosched() // being made or deleted: a few stores away
+			continue
+		}
+		f, why, retry := n.tryNewFlow(ps, p, inside, remote, via)
+		if !retry {
+			return f, why
+		}
+		runtime.Gosched()
+	}
+	n.ctr.drops[DropBusy].Add(1)
+	return nil, DropBusy
+}
+
+// tryNewFlow makes one attempt at newFlow's flow. retry says that another
+// goroutine won a race for one of its keys.
+func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, via *mapping) (f *flow, why Drop, retry bool) {
+	h, why := n.hosts.acquire(inside.Addr())
+	if why != DropNone {
+		return nil, why, false
+	}
+	if why := n.reserveFlow(); why != DropNone {
+		n.hosts.release(h)
+		return nil, why, false
+	}
+	undo := func() {
+		n.flows.Add(-1)
+		n.hosts.release(h)
+	}
+	now := n.now()
+	f = &flow{p: p, inside: inside, remote: remote, h: h}
+	f.last.Store(now)
+	if p == TCP {
+		f.tcp = &tcpTrack{}
+	}
+	if via != nil {
+		f.flags.Store(flagInbound)
+	}
+	if ps.b.Mapping == AddressAndPortDependent {
+		if why := n.connectFlow(ps, f, h); why != DropNone {
+			undo()
+			return nil, why, false
+		}
+	} else {
+		m := via
+		if m != nil {
+			if !m.tryRef() {
+				undo()
+				return nil, DropNoFlow, false // the mapping ended meanwhile
+			}
+		} else {
+			var why Drop
+			if m, why = n.mapping(ps, p, inside, remote, h); why != DropNone {
+				undo()
+				return nil, why, false
+			}
+		}
+		f.m, f.ext = m, m.ext
+		if err := ps.rev.Insert(f.extKey(), f); err != nil {
+			n.unref(ps, m)
+			undo()
+			return nil, DropBusy, errors.Is(err, hash4.ErrExists)
+		}
+	}
+	f.out, f.in = epOf(f.ext), epOf(f.inside)
+	if _, loaded, err := ps.fwd.LookupOrInsert(f.insideKey(), f); err != nil || loaded {
+		ps.rev.CompareAndDelete(f.extKey(), f)
+		if f.m != nil {
+			n.unref(ps, f.m)
+		}
+		undo()
+		return nil, DropBusy, loaded
+	}
+	if ps.perm != nil {
+		n.permit(ps, f, 1)
+	}
+	n.unassuredPush(f)
+	f.state.Store(stateLive)
+	f.timer = &timer{}
+	n.wheel.schedule(f.timer, f, now+int64(n.timeout(f)))
+	n.ctr.flowsCreated.Add(1)
+	return f, DropNone, false
+}
+
+// connectFlow gives f, a flow of address-and-port-dependent mapping, its
+// external endpoint and inserts it, pending, into ps.rev, as Linux's
+// connect() picks a source port: the 4-tuple (external endpoint, remote)
+// unique, the port free for other remotes.
+func (n *NAT) connectFlow(ps *protoState, f *flow, h *host) Drop {
+	var opts []hash4.ConnectOption
+	if h.block >= 0 {
+		opts = append(opts, hash4.WithConnectRange(hash4.PortRange{Low: h.lo, High: h.hi}))
+	}
+	lo, hi := n.cfg.Ports.Low, n.cfg.Ports.High
+	if h.block >= 0 {
+		lo, hi = h.lo, h.hi
+	}
+	why := DropNoPort
+	n.eachAddr(f.inside.Addr(), h, func(ext netip.Addr) bool {
+		if port := f.inside.Port(); n.cfg.PortPreservation && port >= lo && port <= hi && !ps.alloc.Reserved(port) {
+			f.ext = netip.AddrPortFrom(ext, port)
+			if ps.rev.Insert(f.extKey(), f) == nil {
+				why = DropNone
+				return false
+			}
+		}
+		if n.cfg.ParityPreservation {
+			// Ports of the inside port's parity from a random start, each
+			// a 4-tuple tried as Connect would (Connect's own order would
+			// offer a whole parity first); then any port.
+			size := int(hi-lo) + 1
+			start := int(randUint32() % uint32(size))
+			for i := 0; i < min(size, 2*parityTries); i++ {
+				p := lo + uint16((start+i)%size)
+				if p&1 != f.inside.Port()&1 || ps.alloc.Reserved(p) {
+					continue
+				}
+				f.ext = netip.AddrPortFrom(ext, p)
+				if ps.rev.Insert(f.extKey(), f) == nil {
+					why = DropNone
+					return false
+				}
+			}
+		}
+		tup, err := ps.rev.Connect(ps.alloc, ext, f.remote, f, opts...)
+		if err == nil {
+			f.ext = tup.Local
+			why = DropNone
+			return false
+		}
+		return errors.Is(err, hash4.ErrNoPorts)
+	})
+	return why
+}
+
+// eachAddr calls try with the external addresses a host of inside address
+// a may use, in order, until try returns false: its block's address, or
+// under paired pooling the one its address hashes to, or under arbitrary
+// pooling each address from that one on.
+func (n *NAT) eachAddr(a netip.Addr, h *host, try func(netip.Addr) bool) {
+	if h.block >= 0 {
+		try(h.addr)
+		return
+	}
+	pool := n.pool[family(a)]
+	b := a.As16()
+	i := int(maphash.Bytes(n.seed, b[:]) % uint64(len(pool)))
+	if n.cfg.Pooling == Paired {
+		try(pool[i])
+		return
+	}
+	for j := range pool {
+		if !try(pool[(i+j)%len(pool)]) {
+			return
+		}
+	}
+}
+
+// mapping returns, referenced, the mapping of the inside endpoint inside
+// toward remote (endpoint-independent: any remote; address-dependent:
+// remote's address), making it if there is none.
+func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h *host) (*mapping, Drop) {
+	key := hash4.Tuple{Local: inside, Remote: sentinel(inside.Addr())}
+	if ps.b.Mapping == AddressDependent {
+		key.Remote = netip.AddrPortFrom(remote.Addr(), 1)
+	}
+	for range maxRetries {
+		if m, ok := ps.maps.Lookup(key); ok {
+			if m.state.Load() == stateLive && m.tryRef() {
+				return m, DropNone
+			}
+			runtime.Gosched() // being made or deleted
+			continue
+		}
+		m := &mapping{key: key, p: p, h: h}
+		m.refs.Store(1)
+		if why := n.holdPort(ps, m, inside, h); why != DropNone {
+			return nil, why
+		}
+		extKey := hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}
+		if _, loaded, err := ps.maps.LookupOrInsert(key, m); err != nil || loaded {
+			ps.extm.CompareAndDelete(extKey, m)
+			if err != nil {
+				return nil, DropBusy
+			}
+			runtime.Gosched()
+			continue
+		}
+		m.state.Store(stateLive)
+		n.mappings.Add(1)
+		n.ctr.mappingsCreated.Add(1)
+		return m, DropNone
+	}
+	return nil, DropBusy
+}
+
+// holdPort gives m an external endpoint for the inside endpoint inside and
+// inserts m, pending, into ps.extm under it. The external port is m's
+// alone, as a port bind() holds: extm's keys pair each external endpoint
+// with one sentinel remote, so Table.Connect toward that sentinel picks a
+// port no other mapping has, in the kernel's order, a bitmap of the taken
+// ports standing in for a scan once the address is busy.
+func (n *NAT) holdPort(ps *protoState, m *mapping, inside netip.AddrPort, h *host) Drop {
+	lo, hi := n.cfg.Ports.Low, n.cfg.Ports.High
+	var opts []hash4.ConnectOption
+	if h.block >= 0 {
+		lo, hi = h.lo, h.hi
+		opts = append(opts, hash4.WithConnectRange(hash4.PortRange{Low: lo, High: hi}))
+	}
+	why := DropNoPort
+	n.eachAddr(inside.Addr(), h, func(ext netip.Addr) bool {
+		sent := sentinel(ext)
+		try := func(port uint16) bool {
+			if ps.alloc.Reserved(port) {
+				return false
+			}
+			m.ext = netip.AddrPortFrom(ext, port)
+			if ps.extm.Insert(hash4.Tuple{Local: m.ext, Remote: sent}, m) != nil {
+				return false
+			}
+			why = DropNone
+			return true
+		}
+		port := inside.Port()
+		if n.cfg.PortPreservation && port >= lo && port <= hi && try(port) {
+			return false
+		}
+		if n.cfg.ParityPreservation {
+			// Ports of the inside port's parity from a random start
+			// (Connect's order would offer a whole parity first).
+			size := int(hi-lo) + 1
+			start := int(randUint32() % uint32(size))
+			for i := 0; i < min(size, 2*parityTries); i++ {
+				if p := lo + uint16((start+i)%size); p&1 == port&1 && try(p) {
+					return false
+				}
+			}
+		}
+		tup, err := ps.extm.Connect(ps.alloc, ext, sent, m, opts...)
+		if err != nil {
+			return errors.Is(err, hash4.ErrNoPorts) // this address is full: the next, if any
+		}
+		m.ext, why = tup.Local, DropNone
+		return false
+	})
+	return why
+}
+
+// tryRef takes a reference to m unless its last flow has gone.
+func (m *mapping) tryRef() bool {
+	for {
+		r := m.refs.Load()
+		if r <= 0 {
+			return false
+		}
+		if m.refs.CompareAndSwap(r, r+1) {
+			return true
+		}
+	}
+}
+
+// unref drops a reference to m; the last deletes it.
+func (n *NAT) unref(ps *protoState, m *mapping) {
+	if m.refs.Add(-1) != 0 {
+		return
+	}
+	m.state.Store(stateDead)
+	ps.maps.CompareAndDelete(m.key, m)
+	ps.extm.CompareAndDelete(hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}, m) // frees the port
+	n.mappings.Add(-1)
+}
+
+// permit adds d to the count of f's mapping's flows to f's remote address.
+func (n *NAT) permit(ps *protoState, f *flow, d int) {
+	key := hash4.Tuple{Local: f.ext, Remote: netip.AddrPortFrom(f.remote.Addr(), 1)}
+	ps.perm.Compute(key, func(old *permit, loaded bool) (*permit, hash4.ComputeOp) {
+		if !loaded {
+			if d < 0 {
+				return nil, hash4.CancelOp
+			}
+			return &permit{n: d}, hash4.UpdateOp
+		}
+		old.n += d
+		if old.n <= 0 {
+			return nil, hash4.DeleteOp
+		}
+		return old, hash4.UpdateOp
+	})
+}
+
+// reserveFlow counts a new flow against MaxFlows, evicting the oldest
+// unassured flow if the NAT is full (conntrack's early_drop).
+func (n *NAT) reserveFlow() Drop {
+	if n.flows.Add(1) <= int64(n.cfg.MaxFlows) {
+		return DropNone
+	}
+	for range 4 {
+		if n.earlyDrop() {
+			return DropNone
+		}
+		if n.flows.Load() <= int64(n.cfg.MaxFlows) {
+			return DropNone // another flow ended meanwhile
+		}
+	}
+	n.flows.Add(-1)
+	return DropTableFull
+}
+
+// earlyDropScan is how many of the oldest unassured flows early drop looks
+// at to choose one.
+const earlyDropScan = 8
+
+// earlyDrop deletes an unassured flow; false if there is none. Of the
+// oldest few it takes the one whose inside host has the most flows: under
+// a flood from one host, the flood's flows go, and another host's new
+// flow, unassured until it is answered, survives its handshake even when
+// it is the oldest. (conntrack's early_drop looks at the new flow's hash
+// neighbours instead, which a flood fills alike.)
+func (n *NAT) earlyDrop() bool {
+	u := &n.unassured
+	u.mu.Lock()
+	f := u.head
+	for c, i := u.head, 0; c != nil && i < earlyDropScan; c, i = c.down, i+1 {
+		if c.h.n.Load() > f.h.n.Load() {
+			f = c
+		}
+	}
+	if f != nil {
+		n.unlinkLocked(f)
+	}
+	u.mu.Unlock()
+	if f == nil {
+		return false
+	}
+	return n.deleteFlow(f, ExpiredEarlyDrop)
+}
+
+// unassuredPush appends f to the unassured list.
+func (n *NAT) unassuredPush(f *flow) {
+	u := &n.unassured
+	u.mu.Lock()
+	f.flags.Or(flagListed)
+	f.up, f.down = u.tail, nil
+	if u.tail != nil {
+		u.tail.down = f
+	} else {
+		u.head = f
+	}
+	u.tail = f
+	u.mu.Unlock()
+}
+
+// unlinkLocked removes f from the unassured list; n.unassured.mu is held.
+func (n *NAT) unlinkLocked(f *flow) {
+	if f.flags.Load()&flagListed == 0 {
+		return
+	}
+	f.flags.And(^flagListed)
+	u := &n.unassured
+	if f.up != nil {
+		f.up.down = f.down
+	} else {
+		u.head = f.down
+	}
+	if f.down != nil {
+		f.down.up = f.up
+	} else {
+		u.tail = f.up
+	}
+	f.up, f.down = nil, nil
+}
+
+// unlist removes f from the unassured list if it is there.
+func (n *NAT) unlist(f *flow) {
+	if f.flags.Load()&flagListed == 0 {
+		return
+	}
+	n.unassured.mu.Lock()
+	n.unlinkLocked(f)
+	n.unassured.mu.Unlock()
+}
+
+// assure marks f assured: it leaves the unassured list, out of early drop's
+// reach.
+func (n *NAT) assure(f *flow) {
+	if f.flags.Load()&flagAssured != 0 {
+		return
+	}
+	f.flags.Or(flagAssured)
+	n.unlist(f)
+}
+
+// deleteFlow ends f for reason and reports whether this call did: both of
+// its keys go, then its mapping's reference, its host's count and its
+// place in the count of flows.
+func (n *NAT) deleteFlow(f *flow, reason Expiry) bool {
+	if !f.state.CompareAndSwap(stateLive, stateDead) {
+		return false
+	}
+	ps := &n.proto[f.p]
+	ps.fwd.CompareAndDelete(f.insideKey(), f)
+	ps.rev.CompareAndDelete(f.extKey(), f) // frees an address-and-port-dependent flow's port
+	if ps.perm != nil {
+		n.permit(ps, f, -1)
+	}
+	if f.m != nil {
+		n.unref(ps, f.m)
+	}
+	n.hosts.release(f.h)
+	n.unlist(f)
+	f.timer.f.Store(nil)
+	if x := f.extra.Load(); x != nil {
+		x.f.Store(nil)
+	}
+	n.flows.Add(-1)
+	n.ctr.expired[reason].Add(1)
+	return true
+}
+
+// timeout returns f's idle timeout in its present state.
+func (n *NAT) timeout(f *flow) time.Duration {
+	return n.cfg.Timeouts.timeout(f.p, f.tcp.stateNow(), f.flags.Load()&flagReplied != 0)
+}
+
+// MapOutbound returns the external endpoint of a packet of protocol p from
+// the inside endpoint src to the remote endpoint dst, making its flow (and
+// mapping) if there is none, as Outbound does for a packet, without TCP
+// state (a TCP flow made here is assured once answered, as UDP is). It is
+// for a NAT that sees endpoints rather than packets, such as one on
+// sockets. For ICMP the ports are echo identifiers, dst's ignored. On
+// failure it returns the reason, also counted in Metrics.
+func (n *NAT) MapOutbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Drop) {
+	if why := checkTuple(p, src, dst); why != DropNone {
+		n.ctr.drops[why].Add(1)
+		return netip.AddrPort{}, why
+	}
+	src, dst = norm(src), norm(dst)
+	if p == ICMP {
+		dst = netip.AddrPortFrom(dst.Addr(), icmpRemotePort)
+	}
+	k := hash4.Tuple{Local: src, Remote: dst}
+	f, ok := n.proto[p].fwd.Lookup(k) // as flowOf: inlined here
+	if !ok || f.state.Load() != stateLive {
+		var why Drop
+		if f, why = n.outbound(p, k, true); why != DropNone {
+			n.ctr.drops[why].Add(1)
+			return netip.AddrPort{}, why
+		}
+	}
+	f.touch(n.now())
+	if f.flags.Load()&flagInbound != 0 {
+		n.replied(f)
+	}
+	return f.out.addrPort(), DropNone
+}
+
+// MapInbound returns the inside endpoint a packet of protocol p from the
+// remote endpoint src to the external endpoint dst goes to, as Inbound does
+// for a packet: its flow's, or, where the filtering allows, that of the
+// mapping of dst, with a new flow. On failure it returns the reason (no
+// flow, filtered, ...), also counted in Metrics.
+func (n *NAT) MapInbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Drop) {
+	if why := checkTuple(p, src, dst); why != DropNone {
+		n.ctr.drops[why].Add(1)
+		return netip.AddrPort{}, why
+	}
+	src, dst = norm(src), norm(dst)
+	if p == ICMP {
+		src = netip.AddrPortFrom(src.Addr(), icmpRemotePort)
+	}
+	k := hash4.Tuple{Local: dst, Remote: src}
+	f, ok := n.proto[p].rev.Lookup(k)
+	if !ok || f.state.Load() != stateLive {
+		var why Drop
+		if f, why = n.inbound(p, k, true, false); why != DropNone {
+			n.ctr.drops[why].Add(1)
+			return netip.AddrPort{}, why
+		}
+	}
+	f.touch(n.now())
+	if f.flags.Load()&flagInbound == 0 {
+		n.replied(f)
+	}
+	return f.in.addrPort(), DropNone
+}
+
+// replied marks f as answered: UDP and ICMP flows are then assured, and
+// UDP flows take the longer timeout.
+func (n *NAT) replied(f *flow) {
+	if f.flags.Load()&flagReplied != 0 {
+		return
+	}
+	f.flags.Or(flagReplied)
+	if f.p != TCP || !f.tcp.tracked() {
+		n.assure(f)
+	}
+}
+
+// norm drops zones and unmaps IPv4-mapped addresses.
+func norm(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
+}
+
+// checkTuple returns DropMalformed for endpoints no flow can have.
+func checkTuple(p Proto, a, b netip.AddrPort) Drop {
+	x, y := a.Addr().Unmap(), b.Addr().Unmap()
+	if p >= numProtos || !x.IsValid() || !y.IsValid() || x.Is4() != y.Is4() || x.IsUnspecified() || y.IsUnspecified() ||
+		a.Port() == 0 || (p != ICMP && b.Port() == 0) {
+		return DropMalformed
+	}
+	return DropNone
+}
+
+// Len returns the number of flows and of mappings (endpoint-independent and
+// address-dependent; an address-and-port-dependent flow is its own mapping
+// and counts as a flow only).
+func (n *NAT) Len() (flows, mappings int) {
+	return int(n.flows.Load()), int(n.mappings.Load())
+}
+
+// atomicState is a tcpState read without a lock.
+type atomicState struct{ v atomic.Uint32 }
+
+func (s *atomicState) load() tcpState   { return tcpState(s.v.Load()) }
+func (s *atomicState) store(v tcpState) { s.v.Store(uint32(v)) }

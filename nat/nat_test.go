@@ -1,0 +1,394 @@
+package nat
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/hash4/hash4"
+)
+
+var (
+	ext1 = netip.MustParseAddr("192.0.2.1")
+	ext2 = netip.MustParseAddr("192.0.2.2")
+	ext6 = netip.MustParseAddr("2001:db8::1")
+)
+
+// ap builds an AddrPort from an address string and a port.
+func ap(a string, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr(a), port)
+}
+
+// newTest returns a NAT of c, on ext1 if c has no pool, and a clock that
+// starts at a whole second an hour from now (the NAT's clock never goes
+// back, and New sets it to now).
+func newTest(t testing.TB, c Config) (*NAT, *testClock) {
+	t.Helper()
+	if c.External == nil {
+		c.External = []netip.Addr{ext1}
+	}
+	n, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &testClock{n: n, t: time.Now().Add(time.Hour).Truncate(time.Second)}
+	clk.advance(0)
+	return n, clk
+}
+
+// testClock drives a NAT's clock and expiry.
+type testClock struct {
+	n *NAT
+	t time.Time
+}
+
+// advance moves the clock by d and runs Expire; it returns the flows ended.
+func (c *testClock) advance(d time.Duration) int {
+	c.t = c.t.Add(d)
+	return c.n.Expire(c.t)
+}
+
+func mustOut(t *testing.T, n *NAT, p Proto, src, dst netip.AddrPort) netip.AddrPort {
+	t.Helper()
+	e, why := n.MapOutbound(p, src, dst)
+	if why != DropNone {
+		t.Fatalf("MapOutbound %v %v -> %v: %v", p, src, dst, why)
+	}
+	return e
+}
+
+// Endpoint-independent mapping: one external endpoint per inside endpoint
+// whatever the destination, none shared between inside endpoints (no
+// overloading), and replies come back to the right inside endpoint.
+func TestEndpointIndependentMapping(t *testing.T) {
+	n, _ := newTest(t, Config{})
+	a := ap("10.0.0.2", 5000)
+	dsts := []netip.AddrPort{ap("198.51.100.1", 80), ap("198.51.100.2", 80), ap("198.51.100.1", 81)}
+	var e netip.AddrPort
+	for i, d := range dsts {
+		got := mustOut(t, n, UDP, a, d)
+		if i > 0 && got != e {
+			t.Fatalf("toward %v: external %v, toward %v it was %v", d, got, dsts[0], e)
+		}
+		e = got
+	}
+	if e.Addr() != ext1 || e.Port() < 1024 {
+		t.Errorf("external %v", e)
+	}
+	b := ap("10.0.0.3", 5000)
+	if eb := mustOut(t, n, UDP, b, dsts[0]); eb == e {
+		t.Errorf("two inside endpoints share external %v", e)
+	}
+	for _, d := range dsts {
+		if in, why := n.MapInbound(UDP, d, e); why != DropNone || in != a {
+			t.Errorf("reply from %v to %v: %v %v", d, e, in, why)
+		}
+	}
+	if m := n.Metrics(); m.Flows != 4 || m.Mappings != 2 || m.MappingsCreated != 2 || m.FlowsCreated != 4 {
+		t.Errorf("metrics: %v", m)
+	}
+}
+
+// Address-dependent mapping: one external endpoint per remote address.
+func TestAddressDependentMapping(t *testing.T) {
+	n, _ := newTest(t, Config{UDP: Behaviors{Mapping: AddressDependent}})
+	a := ap("10.0.0.2", 5000)
+	e1 := mustOut(t, n, UDP, a, ap("198.51.100.1", 80))
+	e2 := mustOut(t, n, UDP, a, ap("198.51.100.1", 81))
+	e3 := mustOut(t, n, UDP, a, ap("198.51.100.2", 80))
+	if e1 != e2 || e1 == e3 {
+		t.Errorf("externals %v %v %v: want the first two equal, the third not", e1, e2, e3)
+	}
+}
+
+// Address-and-port-dependent mapping: a flow per remote endpoint, whose
+// external port may serve other inside endpoints toward other remotes, as
+// Connect gives ports; and it refuses any filtering but its own.
+func TestAddressAndPortDependentMapping(t *testing.T) {
+	if _, err := New(Config{External: []netip.Addr{ext1}, UDP: Behaviors{Mapping: AddressAndPortDependent}}); !errors.Is(err, ErrConfig) {
+		t.Errorf("APDM with the default filtering: %v", err)
+	}
+	n, _ := newTest(t, Config{Ports: hash4.PortRange{Low: 40000, High: 40000},
+		UDP: Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}})
+	a, b := ap("10.0.0.2", 5000), ap("10.0.0.3", 5000)
+	ea := mustOut(t, n, UDP, a, ap("198.51.100.1", 80))
+	eb := mustOut(t, n, UDP, b, ap("198.51.100.2", 80))
+	if ea != eb {
+		t.Errorf("one port, two remotes: %v and %v", ea, eb)
+	}
+	if _, why := n.MapOutbound(UDP, b, ap("198.51.100.1", 80)); why != DropNoPort {
+		t.Errorf("the same remote from another inside endpoint on one port: %v", why)
+	}
+	if in, _ := n.MapInbound(UDP, ap("198.51.100.2", 80), eb); in != b {
+		t.Errorf("reply to b went to %v", in)
+	}
+	if _, why := n.MapInbound(UDP, ap("198.51.100.2", 81), eb); why != DropNoFlow {
+		t.Errorf("unsolicited: %v", why)
+	}
+}
+
+// Filtering: endpoint-independent lets anyone in, address-dependent the
+// addresses contacted, address-and-port-dependent the endpoints contacted.
+func TestFiltering(t *testing.T) {
+	a := ap("10.0.0.2", 5000)
+	r := ap("198.51.100.1", 80)
+	samePort, otherPort, otherAddr := r, ap("198.51.100.1", 81), ap("198.51.100.9", 80)
+	for _, c := range []struct {
+		f    Behavior
+		want [3]bool
+	}{
+		{EndpointIndependent, [3]bool{true, true, true}},
+		{Default, [3]bool{true, true, false}},
+		{AddressDependent, [3]bool{true, true, false}},
+		{AddressAndPortDependent, [3]bool{true, false, false}},
+	} {
+		n, _ := newTest(t, Config{UDP: Behaviors{Filtering: c.f}})
+		e := mustOut(t, n, UDP, a, r)
+		for i, from := range []netip.AddrPort{samePort, otherPort, otherAddr} {
+			in, why := n.MapInbound(UDP, from, e)
+			if got := why == DropNone && in == a; got != c.want[i] {
+				t.Errorf("%v filtering, from %v: %v %v", c.f, from, in, why)
+			}
+			if !c.want[i] && why != DropFiltered {
+				t.Errorf("%v filtering, from %v: %v, want filtered", c.f, from, why)
+			}
+		}
+	}
+}
+
+// Port preservation keeps a free inside port; parity preservation keeps
+// the inside port's parity.
+func TestPortAndParityPreservation(t *testing.T) {
+	for _, m := range []Behaviors{{}, {Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}} {
+		n, _ := newTest(t, Config{PortPreservation: true, UDP: m})
+		a := ap("10.0.0.2", 5000)
+		if e := mustOut(t, n, UDP, a, ap("198.51.100.1", 80)); e.Port() != 5000 {
+			t.Errorf("%v: preserved port %v", m.Mapping, e)
+		}
+		b := ap("10.0.0.3", 5000)
+		if e := mustOut(t, n, UDP, b, ap("198.51.100.1", 80)); e.Port() == 5000 {
+			t.Errorf("%v: two inside endpoints on port 5000 to one remote", m.Mapping)
+		}
+		n, _ = newTest(t, Config{ParityPreservation: true, UDP: m})
+		for i := range 40 {
+			src := ap("10.0.0.4", uint16(6000+i))
+			if e := mustOut(t, n, UDP, src, ap("198.51.100.1", 80)); e.Port()&1 != src.Port()&1 {
+				t.Fatalf("%v: %v mapped to %v, another parity", m.Mapping, src, e)
+			}
+		}
+	}
+}
+
+// Paired pooling keeps all of an inside address's mappings on one external
+// address; arbitrary pooling moves on when an address's ports run out.
+func TestPooling(t *testing.T) {
+	n, _ := newTest(t, Config{External: []netip.Addr{ext1, ext2, ext6}})
+	for h := range 20 {
+		inside := netip.AddrFrom4([4]byte{10, 0, 1, byte(h)})
+		var first netip.Addr
+		for p := range 10 {
+			e := mustOut(t, n, UDP, netip.AddrPortFrom(inside, uint16(1000+p)), ap("198.51.100.1", uint16(80+p)))
+			if p == 0 {
+				first = e.Addr()
+			} else if e.Addr() != first {
+				t.Fatalf("host %v on %v and %v", inside, first, e.Addr())
+			}
+		}
+	}
+	if e := mustOut(t, n, UDP, ap("fd00::2", 1000), ap("2001:db8:1::1", 80)); e.Addr() != ext6 {
+		t.Errorf("IPv6 mapped to %v", e)
+	}
+	n4, _ := newTest(t, Config{External: []netip.Addr{ext1}})
+	if _, why := n4.MapOutbound(UDP, ap("fd00::2", 1000), ap("2001:db8:1::1", 80)); why != DropUnsupported {
+		t.Errorf("IPv6 with no IPv6 external address: %v", why)
+	}
+
+	one := hash4.PortRange{Low: 2000, High: 2001}
+	paired, _ := newTest(t, Config{External: []netip.Addr{ext1, ext2}, Ports: one})
+	arb, _ := newTest(t, Config{External: []netip.Addr{ext1, ext2}, Ports: one, Pooling: Arbitrary})
+	for _, c := range []struct {
+		n    *NAT
+		want int
+	}{{paired, 2}, {arb, 4}} {
+		got := 0
+		for p := range 5 {
+			if _, why := c.n.MapOutbound(UDP, ap("10.0.0.2", uint16(3000+p)), ap("198.51.100.1", 80)); why == DropNone {
+				got++
+			} else if why != DropNoPort {
+				t.Errorf("%v", why)
+			}
+		}
+		if got != c.want {
+			t.Errorf("pooling %d: %d mappings of one host on two addresses of two ports, want %d", c.n.cfg.Pooling, got, c.want)
+		}
+	}
+}
+
+// Port blocks: a host's mappings stay in its block; deterministic blocks
+// follow the address; two NATs on disjoint blocks of one address never
+// give out the same port.
+func TestPortBlocks(t *testing.T) {
+	ports := hash4.PortRange{Low: 10000, High: 10000 + 64*8 - 1}
+	n, _ := newTest(t, Config{Ports: ports, Blocks: Blocks{Size: 64, First: 2, Count: 3}})
+	blockOf := func(port uint16) int { return int(port-ports.Low) / 64 }
+	for h := range 4 {
+		inside := netip.AddrFrom4([4]byte{10, 0, 0, byte(10 + h)})
+		var blk int
+		for p := range 10 {
+			e, why := n.MapOutbound(UDP, netip.AddrPortFrom(inside, uint16(5000+p)), ap("198.51.100.1", 80))
+			if h == 3 {
+				if why != DropNoBlock {
+					t.Fatalf("a fourth host with three blocks: %v %v", e, why)
+				}
+				continue
+			}
+			if why != DropNone {
+				t.Fatal(why)
+			}
+			if p == 0 {
+				blk = blockOf(e.Port())
+			}
+			if b := blockOf(e.Port()); b != blk || b < 2 || b > 4 {
+				t.Fatalf("host %d: port %d in block %d (first in %d; blocks 2-4)", h, e.Port(), b, blk)
+			}
+		}
+	}
+	if m := n.Metrics(); m.Drops[DropNoBlock] != 10 {
+		t.Errorf("no-block drops %d", m.Drops[DropNoBlock])
+	}
+
+	det, _ := newTest(t, Config{Ports: ports, Blocks: Blocks{Size: 64, First: 1,
+		Deterministic: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/29")}}})
+	for i := range 7 {
+		inside := netip.AddrFrom4([4]byte{10, 1, 0, byte(i)})
+		e := mustOut(t, det, UDP, netip.AddrPortFrom(inside, 5000), ap("198.51.100.1", 80))
+		if blockOf(e.Port()) != 1+i {
+			t.Errorf("%v: block %d, want %d", inside, blockOf(e.Port()), 1+i)
+		}
+	}
+	if _, why := det.MapOutbound(UDP, ap("10.1.0.7", 5000), ap("198.51.100.1", 80)); why != DropNoBlock {
+		t.Errorf("past the last block: %v", why)
+	}
+	if _, why := det.MapOutbound(UDP, ap("10.2.0.1", 5000), ap("198.51.100.1", 80)); why != DropNoBlock {
+		t.Errorf("outside the prefix: %v", why)
+	}
+}
+
+// Two NATs, as two gateways, share one external address on disjoint
+// blocks: under load from many hosts, no external port is given twice.
+func TestTwoAllocatorsDisjointBlocks(t *testing.T) {
+	ports := hash4.PortRange{Low: 20000, High: 20000 + 32*40 - 1}
+	for _, m := range []Behaviors{{}, {Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}} {
+		a, _ := newTest(t, Config{Ports: ports, UDP: m, Blocks: Blocks{Size: 32, First: 0, Count: 20}})
+		b, _ := newTest(t, Config{Ports: ports, UDP: m, Blocks: Blocks{Size: 32, First: 20, Count: 20}})
+		used := map[netip.AddrPort]string{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for gi, g := range []*NAT{a, b} {
+			for h := range 20 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					inside := netip.AddrFrom4([4]byte{10, 9, byte(gi), byte(h)})
+					for p := range 32 {
+						e, why := g.MapOutbound(UDP, netip.AddrPortFrom(inside, uint16(1024+p)), ap("198.51.100.1", 80))
+						if why != DropNone {
+							t.Errorf("gateway %d host %d: %v", gi, h, why)
+							return
+						}
+						mu.Lock()
+						if who, ok := used[e]; ok {
+							t.Errorf("%v given by %s and by gateway %d", e, who, gi)
+						}
+						used[e] = fmt.Sprint("gateway ", gi)
+						mu.Unlock()
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		if len(used) != 2*20*32 {
+			t.Errorf("%v: %d ports, want every one of %d", m.Mapping, len(used), 2*20*32)
+		}
+	}
+}
+
+// Both directions of a flow appear together: a flow found from inside is
+// found from outside, and the other way, while goroutines make flows.
+func TestBothDirectionsTogether(t *testing.T) {
+	for _, m := range []Behaviors{{Filtering: AddressAndPortDependent}, {Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}} {
+		n, _ := newTest(t, Config{UDP: m})
+		ps := &n.proto[UDP]
+		const hosts, flows = 4, 300
+		var done atomic.Bool
+		var wg sync.WaitGroup
+		var seen atomic.Int64
+		for r := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !done.Load() {
+					for h := range hosts {
+						for i := range flows {
+							in := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(h)}), uint16(1000+i))
+							remote := ap("198.51.100.1", uint16(80+i%7))
+							if r == 0 {
+								if f := ps.lookupOut(hash4.Tuple{Local: in, Remote: remote}); f != nil {
+									seen.Add(1)
+									if g := ps.lookupIn(hash4.Tuple{Local: f.ext, Remote: remote}); g != f {
+										t.Errorf("flow %v found from inside, from outside %v", in, g)
+									}
+								}
+							}
+						}
+					}
+					if r == 1 {
+						for k, f := range ps.rev.All() {
+							if f.state.Load() == stateLive && ps.lookupOut(hash4.Tuple{Local: f.inside, Remote: k.Remote}) != f {
+								t.Errorf("flow %v found from outside, not from inside", k)
+							}
+						}
+					}
+				}
+			}()
+		}
+		for h := range hosts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range flows {
+					in := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(h)}), uint16(1000+i))
+					n.MapOutbound(UDP, in, ap("198.51.100.1", uint16(80+i%7)))
+				}
+			}()
+		}
+		for seen.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		done.Store(true)
+		wg.Wait()
+		if got := n.Metrics().Flows; got != hosts*flows {
+			t.Errorf("%d flows, want %d", got, hosts*flows)
+		}
+	}
+}
+
+// A packet reads one cache line of its flow: the fields it needs are in
+// the first 64 bytes, and flows, a multiple of 64 bytes, start on a line.
+func TestFlowLayout(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the layout is laid out for 64-bit targets")
+	}
+	var f flow
+	if s := unsafe.Sizeof(f); s%64 != 0 {
+		t.Errorf("flow is %d bytes", s)
+	}
+	if end := unsafe.Offsetof(f.in) + unsafe.Sizeof(f.in); end > 64 {
+		t.Errorf("the hot fields end at byte %d", end)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package nat
+
+const raceEnabled = false
