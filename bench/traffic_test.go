@@ -39,15 +39,18 @@ package bench
 // The -traffic.* flags (trafficFlags) choose how ranks map to flows, where
 // keys live, what stays warm and how many flows n=1M is. Each
 // implementation reports its CPU time per op (cpu-ns/op) beside its time.
-// Run each implementation in a process of its own, in alternating rounds,
-// from the repository's root:
 //
-//	for i in 1 2 3 4 5 6; do
-//		for impl in hash4 xsync rwmutex shard256 syncmap; do
-//			go test -run '^$' -bench "^Benchmark(Turnover|Zipf|NATMix|Uniform|UniformWrites)$/.*/impl=$impl$" -benchmem -count 1 ./bench
-//		done
-//	done > traffic.txt
-//	benchstat -col /impl traffic.txt
+// Measure with cmd/ratios, which builds this package's test binary once,
+// runs each implementation in a process of its own, in rounds that
+// alternate their order, and prints hash4's ratio to the fastest peer in
+// each round and the median of those ratios; from the repository's root:
+//
+//	go run ./bench/cmd/ratios -rounds 6 -o traffic.txt
+//	go run ./bench/cmd/ratios -rounds 6 -base ../hash4-main   # this hash4 over another checkout's
+//	go run ./bench/cmd/ratios -work Zipf -variant line=-traffic.keys=line
+//
+// One implementation by hand: go test -run '^$' -benchmem
+// -bench '^BenchmarkZipf$/^n=1M$/^impl=xsync$' ./bench
 
 import (
 	"encoding/binary"
