@@ -38,7 +38,9 @@ package bench
 //
 // The -traffic.* flags (trafficFlags) choose how ranks map to flows, where
 // keys live, what stays warm and how many flows n=1M is. Each
-// implementation reports its CPU time per op (cpu-ns/op) beside its time.
+// implementation reports its CPU time per op (cpu-ns/op) beside its time,
+// and the share of the machine's processors that other work kept busy
+// during its run (others-share).
 //
 // Measure with cmd/ratios, which builds this package's test binary once,
 // runs each implementation in a process of its own, in rounds that
@@ -61,9 +63,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/bench/internal/machine"
 	"github.com/hash4/hash4/internal/benchkit"
 	"github.com/puzpuzpuz/xsync/v4"
 )
@@ -653,13 +657,20 @@ func flowRun[K comparable](b *testing.B, impl string, bd trafficBody, conv func(
 	m := st.m
 	b.ReportAllocs()
 	b.ResetTimer()
-	// The CPU time of the run per op, beside the time: on a machine that
-	// other work shares, cpu-ns/op over GOMAXPROCS times ns/op is the
-	// share of the processors the run had.
-	cpu0 := cpuTime()
+	// On a machine that other work shares: the CPU time of the run per op
+	// (cpu-ns/op over GOMAXPROCS times ns/op is the share of the
+	// processors it had), and the share of the machine's processors that
+	// other work kept busy meanwhile (others-share, 0 on a quiet machine),
+	// by which a runner tells a disturbed run.
+	cpu0, busy0, t0 := machine.CPUTime(), machine.Busy(), time.Now()
 	defer func() {
-		if cpu := cpuTime() - cpu0; cpu0 > 0 && b.N > 0 {
+		wall, cpu := time.Since(t0), machine.CPUTime()-cpu0
+		if cpu0 >= 0 && b.N > 0 {
 			b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op")
+		}
+		if busy0 >= 0 && cpu0 >= 0 && wall > 0 {
+			others := float64(machine.Busy()-busy0-cpu) / (float64(wall) * float64(runtime.NumCPU()))
+			b.ReportMetric(max(others, 0), "others-share")
 		}
 	}()
 	var gid atomic.Uint64

@@ -23,7 +23,17 @@
 // -traffic.* flags of bench/traffic_test.go) and reports its ratios beside
 // the default's, and per round its ratio over the default's. -o writes every
 // process's output, with round:, setup: and impl: lines that benchstat
-// reads as configuration.
+// reads as configuration, and -from reports on such a file again.
+//
+// On a machine that other work shares, the benchmarks report the share of
+// the processors other work kept busy during each timed run
+// (others-share). Before each process the runner waits (up to -wait) for
+// other work to keep less than -quiet of them busy, and runs a process
+// whose runs saw more again, up to -retries times, keeping the least
+// disturbed; the report says how disturbed the runs it counts were, and
+// gives the ratios by CPU time per op too, which time-slicing with other
+// work moves less than it moves wall time (but which does not count the
+// time a goroutine spends blocked on a lock).
 package main
 
 import (
@@ -37,9 +47,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/hash4/hash4/bench/internal/machine"
 )
 
 func main() {
@@ -92,6 +106,9 @@ type config struct {
 	out       string
 	pkg       string
 	from      string
+	quiet     float64
+	wait      time.Duration
+	retries   int
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -108,6 +125,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(&variants, "variant", "name=test flags: run every implementation also with these flags, as a setup of its own (repeatable)")
 	fs.StringVar(&c.out, "o", "", "file to write every process's output to")
 	fs.StringVar(&c.pkg, "pkg", "github.com/hash4/hash4/bench", "the package of the benchmarks")
+	fs.Float64Var(&c.quiet, "quiet", 0.25, "the share of the machine's processors other work may keep busy: before each process the runner waits for less "+
+		"(up to -wait), and a process whose timed runs saw more runs again (up to -retries times); 1 turns both off")
+	fs.DurationVar(&c.wait, "wait", 5*time.Minute, "the longest wait for a quiet machine before a process")
+	fs.IntVar(&c.retries, "retries", 2, "the most times a disturbed process runs again")
 	fs.StringVar(&c.from, "from", "", "report on a file that -o wrote (complete or not) rather than run anything")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -218,10 +239,31 @@ func run(args []string, stdout, stderr io.Writer) error {
 			for i := range jobs {
 				j := jobs[(i+r)%len(jobs)]
 				fmt.Fprintf(stderr, "round %d/%d: %s, %s %s\n", r+1, c.rounds, w, j.s.name, j.impl)
-				rs, err := runJob(j, w, c.benchtime, dir, r, raw)
-				if err != nil {
-					return err
+				// A run that other work disturbed runs again, after a
+				// wait for the machine to be quiet, and the least
+				// disturbed of the tries counts.
+				var out []byte
+				var rs []result
+				tries := 0
+				for tries <= c.retries && (tries == 0 || disturbance(rs) > c.quiet) {
+					if c.quiet < 1 {
+						if d := waitQuiet(c.quiet, c.wait); d >= c.wait {
+							fmt.Fprintf(stderr, "  the machine was not quiet after %v; running anyway\n", d.Round(time.Second))
+						}
+					}
+					o, r1, err := runJob(j, w, c.benchtime, dir, r)
+					if err != nil {
+						return err
+					}
+					if tries++; tries == 1 || disturbance(r1) < disturbance(rs) {
+						out, rs = o, r1
+					}
+					if d := disturbance(r1); d > c.quiet {
+						fmt.Fprintf(stderr, "  disturbed: other work kept %.0f%% of the processors busy\n", 100*d)
+					}
 				}
+				fmt.Fprintf(raw, "round: %d\nsetup: %s\nargs: %s\nimpl: %s\ntries: %d\n%s\n",
+					r+1, j.s.name, strings.Join(j.s.args, " "), j.impl, tries, out)
 				results = append(results, rs...)
 			}
 		}
@@ -250,8 +292,12 @@ func parseRaw(r io.Reader) ([]result, []setup, []string, int, error) {
 		cur     string
 		out     bytes.Buffer
 	)
+	tries := 1
 	flush := func() {
-		results = append(results, parseResults(out.Bytes(), round-1, cur)...)
+		for _, r := range parseResults(out.Bytes(), round-1, cur) {
+			r.tries = tries
+			results = append(results, r)
+		}
 		out.Reset()
 	}
 	sc := bufio.NewScanner(r)
@@ -265,7 +311,7 @@ func parseRaw(r io.Reader) ([]result, []setup, []string, int, error) {
 			if err != nil || n < 1 {
 				return nil, nil, nil, 0, fmt.Errorf("bad line %q", line)
 			}
-			round = n
+			round, tries = n, 1
 		case "setup":
 			cur = val
 			if !slices.ContainsFunc(setups, func(s setup) bool { return s.name == val }) {
@@ -278,6 +324,8 @@ func parseRaw(r io.Reader) ([]result, []setup, []string, int, error) {
 			}
 		case "load":
 			loads = append(loads, val)
+		case "tries":
+			tries, _ = strconv.Atoi(val)
 		default:
 			out.WriteString(line + "\n")
 		}
@@ -295,9 +343,9 @@ type job struct {
 	impl string
 }
 
-// runJob runs benchmark work of job j in a process, writes its output to
-// raw and returns its results.
-func runJob(j job, work, benchtime, dir string, round int, raw io.Writer) ([]result, error) {
+// runJob runs benchmark work of job j in a process and returns its output
+// and results.
+func runJob(j job, work, benchtime, dir string, round int) ([]byte, []result, error) {
 	args := append([]string{"-test.run", "^$", "-test.bench", benchPattern(work, j.impl),
 		"-test.benchmem", "-test.count", "1", "-test.benchtime", benchtime}, j.s.args...)
 	cmd := exec.Command(j.s.bin, args...)
@@ -305,15 +353,42 @@ func runJob(j job, work, benchtime, dir string, round int, raw io.Writer) ([]res
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
 	out, err := cmd.Output()
-	fmt.Fprintf(raw, "round: %d\nsetup: %s\nargs: %s\nimpl: %s\n%s\n", round+1, j.s.name, strings.Join(j.s.args, " "), j.impl, out)
 	if err != nil {
-		return nil, fmt.Errorf("%s %q: %v\n%s%s", j.s.bin, args, err, out, errb.Bytes())
+		return nil, nil, fmt.Errorf("%s %q: %v\n%s%s", j.s.bin, args, err, out, errb.Bytes())
 	}
 	rs := parseResults(out, round, j.s.name)
 	if len(rs) == 0 {
-		return nil, fmt.Errorf("%s %q ran no benchmark:\n%s", j.s.bin, args, out)
+		return nil, nil, fmt.Errorf("%s %q ran no benchmark:\n%s", j.s.bin, args, out)
 	}
-	return rs, nil
+	return out, rs, nil
+}
+
+// disturbance returns the greatest share of the machine's processors that
+// other work kept busy during the timed runs of rs, 0 if none says.
+func disturbance(rs []result) float64 {
+	d := 0.0
+	for _, r := range rs {
+		if r.others == r.others {
+			d = max(d, r.others)
+		}
+	}
+	return d
+}
+
+// waitQuiet waits until other work keeps busy less than share of the
+// machine's processors over a second, or until wait has passed; it
+// returns how long it waited.
+func waitQuiet(share float64, wait time.Duration) time.Duration {
+	start := time.Now()
+	for prev := machine.Busy(); ; {
+		time.Sleep(time.Second)
+		cur := machine.Busy()
+		if prev < 0 || cur < 0 || float64(cur-prev)/float64(time.Second)/float64(runtime.NumCPU()) < share ||
+			time.Since(start) >= wait {
+			return time.Since(start)
+		}
+		prev = cur
+	}
 }
 
 // buildBase builds the benchmarks of bench directory dir against the
@@ -375,7 +450,9 @@ type result struct {
 	ns       float64
 	allocs   float64 // NaN if not reported, as the next
 	cpu      float64 // CPU time per op, all threads
+	others   float64 // the share of the machine's processors other work kept busy
 	procs    int     // GOMAXPROCS
+	tries    int     // the runs of its process, the disturbed ones included
 }
 
 // parseResults returns the results in a test binary's output.
@@ -402,7 +479,7 @@ func parseResults(out []byte, round int, setup string) []result {
 			continue
 		}
 		wl := strings.Replace(strings.TrimPrefix(name[:i], "Benchmark"), "/n=1M", "", 1)
-		r := result{round: round, setup: setup, workload: wl, impl: name[i+len("/impl="):], ns: ns, allocs: nan, cpu: nan, procs: procs}
+		r := result{round: round, setup: setup, workload: wl, impl: name[i+len("/impl="):], ns: ns, allocs: nan, cpu: nan, others: nan, procs: procs, tries: 1}
 		for k := 4; k+1 < len(f); k += 2 {
 			v, err := strconv.ParseFloat(f[k], 64)
 			if err != nil {
@@ -413,6 +490,8 @@ func parseResults(out []byte, round int, setup string) []result {
 				r.allocs = v
 			case "cpu-ns/op":
 				r.cpu = v
+			case "others-share":
+				r.others = v
 			}
 		}
 		rs = append(rs, r)
@@ -429,6 +508,8 @@ const (
 	mAllocs = "allocs"
 	mCPU    = "cpu"
 	mShare  = "share" // cpu over ns times GOMAXPROCS
+	mOthers = "others"
+	mTries  = "tries"
 )
 
 // table is one setup's results: per workload, implementation and metric,
@@ -454,7 +535,8 @@ func collect(results []result, rounds int, setup string) *table {
 		if !slices.Contains(t.impls[r.workload], r.impl) {
 			t.impls[r.workload] = append(t.impls[r.workload], r.impl)
 		}
-		for m, v := range map[string]float64{mNs: r.ns, mAllocs: r.allocs, mCPU: r.cpu, mShare: r.cpu / (r.ns * float64(r.procs))} {
+		for m, v := range map[string]float64{mNs: r.ns, mAllocs: r.allocs, mCPU: r.cpu, mShare: r.cpu / (r.ns * float64(r.procs)),
+			mOthers: r.others, mTries: float64(r.tries)} {
 			k := [3]string{r.workload, r.impl, m}
 			if t.vals[k] == nil {
 				t.vals[k] = nans(rounds)
@@ -625,13 +707,23 @@ func report(w io.Writer, results []result, rounds int, setups []setup) {
 // the runs had.
 func writeNoise(w io.Writer, t *table) {
 	var spreads []string
-	var shares []float64
+	var shares, others []float64
+	runs, again := 0, 0
 	for _, wl := range t.workloads {
 		var parts []string
 		for _, impl := range t.impls[wl] {
 			_, lo, hi := stats(t.get(wl, impl, mNs))
 			parts = append(parts, fmt.Sprintf("%s %s", impl, fmtRatio(hi/lo)))
 			shares = append(shares, t.get(wl, impl, mShare)...)
+			others = append(others, t.get(wl, impl, mOthers)...)
+			for _, n := range t.get(wl, impl, mTries) {
+				if n == n {
+					runs++
+					if n > 1 {
+						again++
+					}
+				}
+			}
 		}
 		spreads = append(spreads, fmt.Sprintf("%s: %s", wl, strings.Join(parts, ", ")))
 	}
@@ -639,6 +731,10 @@ func writeNoise(w io.Writer, t *table) {
 	if med, lo, _ := stats(shares); med == med {
 		fmt.Fprintf(w, "Share of the processors the timed runs had (CPU time over GOMAXPROCS times the time): median %s, least %s.\n",
 			fmtRatio(med), fmtRatio(lo))
+	}
+	if med, _, hi := stats(others); med == med {
+		fmt.Fprintf(w, "Share of the machine's processors other work kept busy during them: median %s, greatest %s; "+
+			"%d results of %d came from a process run again for being disturbed.\n", fmtRatio(med), fmtRatio(hi), again, runs)
 	}
 	fmt.Fprintln(w)
 }

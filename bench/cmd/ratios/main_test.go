@@ -16,24 +16,26 @@ pkg: github.com/hash4/hash4/bench
 cpu: Oxide Virtual Turin-like Processor
 BenchmarkBurst/n=1M/mix=uniform/impl=hash4-batch-2         	 8000000	       145.0 ns/op	       0 B/op	       0 allocs/op
 BenchmarkBurst/n=1M/mix=uniform/impl=hash4-2               	 3000000	       491.5 ns/op	       0 B/op	       0 allocs/op
-BenchmarkBurst/n=1M/mix=nat/impl=hash4-batch-2             	 6000000	       194 ns/op	       388 cpu-ns/op	       2 B/op	       1 allocs/op
+BenchmarkBurst/n=1M/mix=nat/impl=hash4-batch-2             	 6000000	       194 ns/op	       388 cpu-ns/op	         0.125 others-share	       2 B/op	       1 allocs/op
 PASS
 `
 
 func TestParseResults(t *testing.T) {
 	rs := parseResults([]byte(burstOutput), 2, "default")
 	want := []result{
-		{2, "default", "Burst/mix=uniform", "hash4-batch", 145, 0, nan, 2},
-		{2, "default", "Burst/mix=uniform", "hash4", 491.5, 0, nan, 2},
-		{2, "default", "Burst/mix=nat", "hash4-batch", 194, 1, 388, 2},
+		{round: 2, setup: "default", workload: "Burst/mix=uniform", impl: "hash4-batch", ns: 145, allocs: 0, cpu: nan, others: nan},
+		{round: 2, setup: "default", workload: "Burst/mix=uniform", impl: "hash4", ns: 491.5, allocs: 0, cpu: nan, others: nan},
+		{round: 2, setup: "default", workload: "Burst/mix=nat", impl: "hash4-batch", ns: 194, allocs: 1, cpu: 388, others: 0.125},
 	}
 	if len(rs) != len(want) {
 		t.Fatalf("got %d results, want %d: %+v", len(rs), len(want), rs)
 	}
 	for i := range want {
-		if got := rs[i]; got.cpu != want[i].cpu && (got.cpu == got.cpu || want[i].cpu == want[i].cpu) {
-			t.Errorf("result %d: cpu %v, want %v", i, got.cpu, want[i].cpu)
-		} else if got.cpu, want[i].cpu = 0, 0; got != want[i] {
+		got, w := rs[i], want[i]
+		w.procs, w.tries = 2, 1
+		if !sameFloat(got.cpu, w.cpu) || !sameFloat(got.others, w.others) {
+			t.Errorf("result %d: cpu %v others %v, want %v %v", i, got.cpu, got.others, w.cpu, w.others)
+		} else if got.cpu, got.others, w.cpu, w.others = 0, 0, 0, 0; got != w {
 			t.Errorf("result %d: got %+v, want %+v", i, rs[i], want[i])
 		}
 	}
@@ -79,7 +81,7 @@ func TestBenchPattern(t *testing.T) {
 func TestReport(t *testing.T) {
 	var rs []result
 	add := func(round int, setup, w, impl string, ns float64) {
-		rs = append(rs, result{round, setup, w, impl, ns, 0, ns, 2})
+		rs = append(rs, result{round: round, setup: setup, workload: w, impl: impl, ns: ns, cpu: ns, others: 0.1, procs: 2, tries: 1 + round%2})
 	}
 	// Round 0: xsync fastest (100), hash4 80: 0.80. Round 1: rwmutex
 	// fastest (200), hash4 220: 1.10. Round 2: xsync 50, hash4 45: 0.90.
@@ -110,10 +112,33 @@ func TestReport(t *testing.T) {
 		"| Zipf | base | (hash4 of this build / of the base) | 0.50 0.50 0.50 | 0.50 (0.50–0.50) |",
 		"Zipf: hash4 4.89, xsync 5.00, rwmutex 3.33",
 		"had (CPU time over GOMAXPROCS times the time): median 0.50, least 0.50",
+		"other work kept busy during them: median 0.10, greatest 0.10; 3 results of 9 came from a process run again",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// sameFloat reports whether a and b are equal or both NaN.
+func sameFloat(a, b float64) bool { return a == b || a != a && b != b }
+
+// TestParseRaw reads what -o writes back: a process run twice counts its
+// tries, and results keep their round and setup.
+func TestParseRaw(t *testing.T) {
+	raw := "load: 1.0 0.9 0.8\nround: 1\nsetup: default\nargs: \nimpl: hash4\ntries: 2\n" + burstOutput +
+		"\nround: 1\nsetup: line\nargs: -traffic.keys=line\nimpl: xsync\ntries: 1\n" +
+		"BenchmarkZipf/n=1M/impl=xsync-2 \t 100\t 90.5 ns/op\n" +
+		"\nround: 2\nsetup: default\nargs: \nimpl: hash4\n" + burstOutput + "load: 2.0 1.9 1.8\n"
+	rs, setups, loads, rounds, err := parseRaw(strings.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rounds != 2 || len(loads) != 2 || len(setups) != 2 || setups[1].name != "line" || setups[1].args[0] != "-traffic.keys=line" {
+		t.Fatalf("rounds %d, loads %q, setups %+v", rounds, loads, setups)
+	}
+	if len(rs) != 7 || rs[0].tries != 2 || rs[0].round != 0 || rs[3].setup != "line" || rs[3].ns != 90.5 || rs[4].tries != 1 || rs[4].round != 1 {
+		t.Errorf("results %+v", rs)
 	}
 }
 
