@@ -107,6 +107,7 @@ type config struct {
 	pkg       string
 	from      string
 	quiet     float64
+	maxOthers float64
 	wait      time.Duration
 	retries   int
 }
@@ -129,6 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		"(up to -wait), and a process whose timed runs saw more runs again (up to -retries times); 1 turns both off")
 	fs.DurationVar(&c.wait, "wait", 5*time.Minute, "the longest wait for a quiet machine before a process")
 	fs.IntVar(&c.retries, "retries", 2, "the most times a disturbed process runs again")
+	fs.Float64Var(&c.maxOthers, "maxothers", 1, "leave out of the report the results whose runs other work kept more than this share of the processors busy")
 	fs.StringVar(&c.from, "from", "", "report on a file that -o wrote (complete or not) rather than run anything")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -182,7 +184,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		writeReport(stdout, results, setups, loads, rounds, "")
+		writeReport(stdout, results, setups, loads, rounds, "", c.maxOthers)
 		return nil
 	}
 	tmp, err := os.MkdirTemp("", "ratios")
@@ -270,15 +272,26 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	loads = append(loads, loadAvg())
 	fmt.Fprintf(raw, "load: %s\n", loads[len(loads)-1])
-	writeReport(stdout, results, setups, loads, c.rounds, ", -benchtime "+c.benchtime)
+	writeReport(stdout, results, setups, loads, c.rounds, ", -benchtime "+c.benchtime, c.maxOthers)
 	return nil
 }
 
-// writeReport writes the report with its heading.
-func writeReport(w io.Writer, results []result, setups []setup, loads []string, rounds int, how string) {
+// writeReport writes the report with its heading, of the results whose
+// runs other work kept no more than maxOthers of the processors busy.
+func writeReport(w io.Writer, results []result, setups []setup, loads []string, rounds int, how string, maxOthers float64) {
 	fmt.Fprintf(w, "%d rounds%s; load average (1, 5, 15 min) at each round's start and at the end: %s\n\n",
 		rounds, how, strings.Join(loads, "; "))
-	report(w, results, rounds, setups)
+	var kept []result
+	for _, r := range results {
+		if !(r.others > maxOthers) {
+			kept = append(kept, r)
+		}
+	}
+	if len(kept) < len(results) {
+		fmt.Fprintf(w, "Left out: %d results of %d, whose runs other work kept more than %s of the processors busy.\n\n",
+			len(results)-len(kept), len(results), fmtRatio(maxOthers))
+	}
+	report(w, kept, rounds, setups)
 }
 
 // parseRaw reads what -o wrote: the results, the setups in the order they

@@ -142,6 +142,27 @@ func TestParseRaw(t *testing.T) {
 	}
 }
 
+// TestWriteReportLeavesOut checks that -maxothers leaves out the results
+// of disturbed runs: here the one round where hash4 looked slow.
+func TestWriteReportLeavesOut(t *testing.T) {
+	var rs []result
+	for r, ns := range [][2]float64{{80, 100}, {300, 100}, {90, 100}} {
+		others := 0.1
+		if r == 1 {
+			others = 0.6
+		}
+		rs = append(rs, result{round: r, setup: defaultSetup, workload: "Zipf", impl: "hash4", ns: ns[0], cpu: nan, others: others, procs: 2, tries: 1},
+			result{round: r, setup: defaultSetup, workload: "Zipf", impl: "xsync", ns: ns[1], cpu: nan, others: 0.1, procs: 2, tries: 1})
+	}
+	var out bytes.Buffer
+	writeReport(&out, rs, []setup{{name: defaultSetup}}, nil, 3, "", 0.5)
+	for _, want := range []string{"Left out: 1 results of 6", "| Zipf | 0.85 (0.80–0.90) | 0.80 - 0.90 | xsync |"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	c, err := parseFlags([]string{"-rounds", "2", "-variant", "line=-traffic.keys=line -traffic.hot=last"}, io.Discard)
 	if err != nil {
