@@ -11,6 +11,9 @@
 // set of requirements and one command. Everything here uses hash4's public
 // API only, and the harness it shares with the root package's benchmarks
 // (key sets, walks, the Connect benchmarks' state) is the root module's
-// internal/benchkit. All code is in _test files; see README.md for the
-// commands.
+// internal/benchkit. All code is in _test files but cmd/ratios, the
+// command that runs the traffic benchmarks a process per implementation
+// and reports hash4's ratios to its peers, and internal/machine, which
+// reads the CPU time they used and how busy other work kept the machine;
+// see README.md for the commands.
 package bench

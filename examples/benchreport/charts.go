@@ -242,7 +242,7 @@ func barCharts(rep *report, gd *groupData) []chartFile {
 		bc.subtitle = rep.subtitle(strconv.Itoa(procs) + " goroutines")
 		bc.xLabel = "entries, implementation"
 		bc.yLabel = "time per delete+insert"
-	case "turnover", "zipf", "natmix", "burst":
+	case "turnover", "zipf", "natmix", "uniform", "writes", "burst":
 		bc.subtitle = rep.subtitle(strconv.Itoa(procs) + " goroutines")
 		var heads []string
 		for _, k := range gd.paramKeys() {

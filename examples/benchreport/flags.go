@@ -86,7 +86,7 @@ func parseFlags(args []string, gomaxprocs int, out io.Writer) (options, error) {
 	}
 	fs.StringVar(&groups, "groups", strings.Join(names, ","), "comma-separated comparisons to run: "+strings.Join(names, ", ")+
 		" (-quick leaves out "+strings.Join(slowNames, ", ")+" unless named here)")
-	fs.StringVar(&sizes, "sizes", strings.Join(defaultSizes, ","), "comma-separated table sizes of lookup, mixed, churn and batch (the n= of their sub-benchmarks; turnover, zipf, natmix and burst have 1M flows)")
+	fs.StringVar(&sizes, "sizes", strings.Join(defaultSizes, ","), "comma-separated table sizes of lookup, mixed, churn and batch (the n= of their sub-benchmarks; turnover, zipf, natmix, uniform, writes and burst have 1M flows)")
 	fs.StringVar(&o.benchtime, "benchtime", defaultBenchtime, "run time of each benchmark: a duration (300ms) or an iteration count (2000x)")
 	fs.IntVar(&o.count, "count", defaultCount, "runs of each benchmark, in as many rounds of the whole plan; the report shows the median")
 	fs.StringVar(&cpus, "cpu", joinInts(defaultCPUs(gomaxprocs)), "comma-separated goroutine counts (GOMAXPROCS) of lookup, mixed, churn and batch; the others run at GOMAXPROCS")

@@ -4,7 +4,7 @@ package main
 // part of the sub-benchmark name names the implementations compared, and how
 // it is charted.
 type groupSpec struct {
-	name  string // flag name: lookup, mixed, churn, batch, turnover, zipf, natmix, burst, sharing, connect, udp
+	name  string // flag name: lookup, mixed, churn, batch, turnover, zipf, natmix, uniform, writes, burst, sharing, connect, udp
 	bench string // benchmark function, e.g. BenchmarkLookup
 	title string // heading and chart title
 	// implKey is the sub-name key whose values are the implementations
@@ -103,8 +103,8 @@ var groupSpecs = []*groupSpec{
 	},
 	{
 		name: "turnover", bench: "BenchmarkTurnover", title: "Turnover: a cold delete and insert among 1M flows",
-		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"}, dir: peersDir,
-		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: 4,
+		implKey: "impl", impls: trafficImpls, dir: peersDir,
+		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: len(trafficImpls),
 		what: "Each op deletes a random live flow and inserts a new one, unrelated to it, that left the table " +
 			"long ago: both cold. The 1M flows, half IPv4 and half IPv6, are split between the goroutines as " +
 			"receive-side scaling splits them between cores.",
@@ -114,8 +114,8 @@ var groupSpecs = []*groupSpec{
 	},
 	{
 		name: "zipf", bench: "BenchmarkZipf", title: "Zipf lookups among 1M flows",
-		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"}, dir: peersDir,
-		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: 4,
+		implKey: "impl", impls: trafficImpls, dir: peersDir,
+		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: len(trafficImpls),
 		what: "Lookups of flows drawn from a Zipf law (s = 1.1), the hot flows at random places in the table " +
 			"and in memory.",
 		meaning: "A few flows carry most of a gateway's packets while most flows idle: this is the per-packet " +
@@ -123,17 +123,34 @@ var groupSpecs = []*groupSpec{
 	},
 	{
 		name: "natmix", bench: "BenchmarkNATMix", title: "NAT mix: 98 Zipf lookups to one turnover",
-		implKey: "impl", impls: []string{"hash4", "syncmap", "xsync", "rwmutex"}, dir: peersDir,
-		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: 4,
+		implKey: "impl", impls: trafficImpls, dir: peersDir,
+		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: len(trafficImpls),
 		what: "Of every 100 ops, 98 Zipf lookups and one turnover (its delete and its insert, one op each), " +
 			"among 1M flows.",
 		meaning: "A NAT gateway forwards the packets of its flows while new flows replace old ones: this is its " +
 			"per-packet cost with the writes among the reads, as a NAT's traffic mixes them.",
 	},
 	{
+		name: "uniform", bench: "BenchmarkUniform", title: "Uniform lookups among 1M flows",
+		implKey: "impl", impls: trafficImpls, dir: peersDir,
+		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: len(trafficImpls),
+		what: "Lookups of every flow in turn, in a random order, among 1M flows split between the goroutines.",
+		meaning: "A gateway whose flows carry traffic evenly (many similar clients) finds every flow as cold as " +
+			"the next: this is the per-packet cost when the caches hold almost none of the table.",
+	},
+	{
+		name: "writes", bench: "BenchmarkUniformWrites", title: "90% uniform lookups, 10% turnover writes",
+		implKey: "impl", impls: trafficImpls, dir: peersDir,
+		processPerImpl: true, levels: "^n=1M$", slow: true, perRow: len(trafficImpls),
+		what: "Of every 20 ops, 18 uniform lookups and one turnover (its delete and its insert, one op each), " +
+			"among 1M flows.",
+		meaning: "Flows that open and close often (short connections, DNS) make a tenth of a gateway's table " +
+			"operations writes: this is the per-packet cost with the writers among the readers.",
+	},
+	{
 		name: "burst", bench: "BenchmarkBurst", title: "Bursts of 16 among 1M flows",
-		implKey: "impl", impls: []string{"hash4-batch", "hash4", "syncmap", "xsync", "rwmutex"}, variants: []string{"hash4"},
-		dir: peersDir, processPerImpl: true, levels: "^n=1M$/.", slow: true, perRow: 2 * 5, // mix=uniform and nat
+		implKey: "impl", impls: append([]string{"hash4-batch"}, trafficImpls...), variants: []string{"hash4"},
+		dir: peersDir, processPerImpl: true, levels: "^n=1M$/.", slow: true, perRow: 2 * (1 + len(trafficImpls)), // mix=uniform and nat
 		what: "Lookups 16 at a time, of uniformly random flows (mix=uniform) or as in the NAT mix (mix=nat, " +
 			"the turnover between bursts): Table.AppendLookups (hash4-batch) against loops of Lookup (hash4) " +
 			"and of each peer's lookup, the RWMutex map's under one RLock per burst; time per lookup (or write).",
@@ -176,14 +193,20 @@ var groupSpecs = []*groupSpec{
 	},
 }
 
-// tablePeers names the maps that Lookup, Mixed and Churn compare hash4
-// with, in the order of their columns, and says what each is.
+// trafficImpls are the implementations of the traffic groups, hash4 first:
+// the peers of tablePeers but cmap, which the traffic benchmarks leave to
+// shard256.
+var trafficImpls = []string{"hash4", "syncmap", "xsync", "rwmutex", "shard256"}
+
+// tablePeers names the maps that the comparisons run hash4 against, in the
+// order of their columns, and says what each is.
 var tablePeers = []struct{ name, what string }{
 	{"syncmap", "sync.Map"},
 	{"xsync", "`github.com/puzpuzpuz/xsync/v4` Map, presized"},
 	{"rwmutex", "a map behind one sync.RWMutex, presized"},
 	{"cmap", "`github.com/orcaman/concurrent-map/v2`: 32 maps, each behind a sync.RWMutex, " +
 		"picked by a maphash of the key"},
+	{"shard256", "256 maps, each behind a sync.RWMutex of its own, picked by a seeded hash of the key's words, presized"},
 }
 
 // groupByName returns the spec named name, or nil.

@@ -13,8 +13,8 @@
 //
 //	go test -run '^$' -bench '^Benchmark(Lookup|Mixed|Churn|AppendLookups)$/^n=(1K|1M)$' -benchtime 1s -count 3 -cpu 1,2 -benchmem
 //
-// The benchmarks on the shapes of real traffic (turnover, zipf, natmix and
-// burst, of 1M flows in bench/traffic_test.go) run at GOMAXPROCS with each
+// The benchmarks on the shapes of real traffic (turnover, zipf, natmix,
+// uniform, writes and burst, of 1M flows in bench/traffic_test.go) run at GOMAXPROCS with each
 // implementation in a process of its own, one implementation after the
 // other, so that one's heap and GC do not weigh on the next's:
 //
@@ -38,16 +38,17 @@
 //     the goroutines and in a table per goroutine, which tells whether the
 //     processors shared caches while the report ran;
 //   - udp.svg: time per UDP socket lookup, hash4 on and off, per case;
-//   - turnover.svg, zipf.svg, natmix.svg, burst.svg: time per op on the
-//     shapes of real traffic, a bar per implementation (per mix for burst);
+//   - turnover.svg, zipf.svg, natmix.svg, uniform.svg, writes.svg,
+//     burst.svg: time per op on the shapes of real traffic, a bar per
+//     implementation (per mix for burst);
 //   - data/benchmarks.txt: the raw output, for benchstat or -from.
 //
 // # Flags
 //
 //	-groups list     comparisons to run: lookup, mixed, churn, batch, turnover, zipf,
-//	                 natmix, burst, sharing, connect, udp (default all)
+//	                 natmix, uniform, writes, burst, sharing, connect, udp (default all)
 //	-sizes list      table sizes of lookup, mixed, churn and batch (default 1K,1M);
-//	                 turnover, zipf, natmix and burst have 1M flows
+//	                 turnover, zipf, natmix, uniform, writes and burst have 1M flows
 //	-benchtime t     run time of each benchmark, a duration or Nx (default 1s)
 //	-count n         runs of each benchmark; the report shows the median (default 3)
 //	-cpu list        goroutine counts of lookup, mixed, churn and batch (default 1, 2, 4, ...
@@ -62,7 +63,7 @@
 //	-quick           sizes 1K, benchtime 100ms, count 1, policy flat, output in
 //	                 $TMPDIR/benchreport-quick (not docs/): under a minute on two
 //	                 cores; flags given explicitly still apply. It leaves out
-//	                 turnover, zipf, natmix and burst, which fill 1M flows in
+//	                 turnover, zipf, natmix, uniform, writes and burst, which fill 1M flows in
 //	                 every process, unless -groups names them
 //
 // Invalid flags print a message and exit with status 2; a failed build or

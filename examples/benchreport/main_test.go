@@ -23,7 +23,7 @@ func TestBadFlags(t *testing.T) {
 	}{
 		{[]string{"-groups", "lookup,bogus"}, `-groups: unknown group "bogus"`},
 		{[]string{"-groups", ","}, "-groups: empty"},
-		{[]string{"-quick", "-groups", "zipf,bogus"}, "(want some of lookup, mixed, churn, batch, turnover, zipf, natmix, burst, sharing, connect, udp)"},
+		{[]string{"-quick", "-groups", "zipf,bogus"}, "(want some of lookup, mixed, churn, batch, turnover, zipf, natmix, uniform, writes, burst, sharing, connect, udp)"},
 		{[]string{"-sizes", "1Q"}, `-sizes: bad size "1Q"`},
 		{[]string{"-sizes", ""}, "-sizes: empty"},
 		{[]string{"-benchtime", "0s"}, `-benchtime: bad value "0s"`},
@@ -62,7 +62,7 @@ func TestHelp(t *testing.T) {
 	if code := realMain(context.Background(), []string{"-h"}, &stdout, &stderr); code != 0 {
 		t.Errorf("exit %d, want 0", code)
 	}
-	for _, s := range []string{"-quick", "-groups", "-from", "-benchtime", "-quick leaves out turnover, zipf, natmix, burst unless named"} {
+	for _, s := range []string{"-quick", "-groups", "-from", "-benchtime", "-quick leaves out turnover, zipf, natmix, uniform, writes, burst unless named"} {
 		if !strings.Contains(stderr.String(), s) {
 			t.Errorf("usage lacks %s:\n%s", s, stderr.String())
 		}
@@ -102,7 +102,7 @@ func TestFlagsQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if groupNames(o.groups) != "lookup,mixed,churn,batch,turnover,zipf,natmix,burst,sharing,connect,udp" {
+	if groupNames(o.groups) != "lookup,mixed,churn,batch,turnover,zipf,natmix,uniform,writes,burst,sharing,connect,udp" {
 		t.Errorf("default groups %s", groupNames(o.groups))
 	}
 	if o.benchtime != "1s" || o.count != 3 || !slices.Equal(o.sizes, []string{"1K", "1M"}) ||
@@ -192,11 +192,13 @@ func TestPlanProcessPerImpl(t *testing.T) {
 		flags + `'^BenchmarkTurnover$/^n=1M$/^impl=syncmap$' ./bench`,
 		flags + `'^BenchmarkTurnover$/^n=1M$/^impl=xsync$' ./bench`,
 		flags + `'^BenchmarkTurnover$/^n=1M$/^impl=rwmutex$' ./bench`,
+		flags + `'^BenchmarkTurnover$/^n=1M$/^impl=shard256$' ./bench`,
 		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=hash4-batch$' ./bench`,
 		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=hash4$' ./bench`,
 		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=syncmap$' ./bench`,
 		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=xsync$' ./bench`,
 		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=rwmutex$' ./bench`,
+		flags + `'^BenchmarkBurst$/^n=1M$/./^impl=shard256$' ./bench`,
 		flags + `'^BenchmarkUDPLookup$' .`,
 	}
 	if !slices.Equal(got, want) {
@@ -204,8 +206,8 @@ func TestPlanProcessPerImpl(t *testing.T) {
 	}
 	// Turnover: a result per process; burst: one per mix; UDP: 5 cases x
 	// on and off.
-	if total != 4*1+5*2+10 {
-		t.Errorf("expect %d results, want 24", total)
+	if total != 5*1+6*2+10 {
+		t.Errorf("expect %d results, want 27", total)
 	}
 
 	// With -pkg, in that one package.
@@ -214,7 +216,7 @@ func TestPlanProcessPerImpl(t *testing.T) {
 		t.Fatal(err)
 	}
 	invs := plan(o)
-	if len(invs) != 4 || invs[0].dir != "" || invs[0].expect != 1 ||
+	if len(invs) != 5 || invs[0].dir != "" || invs[0].expect != 1 ||
 		!slices.Contains(invs[3].args, "-test.bench=^BenchmarkZipf$/^n=1M$/^impl=rwmutex$") {
 		t.Errorf("plan %+v", invs)
 	}
@@ -467,17 +469,17 @@ func each(b *testing.B, prefix string, impls ...string) {
 	}
 }
 
-func BenchmarkZipf(b *testing.B) { each(b, "", "hash4", "xsync", "rwmutex", "syncmap") }
+func BenchmarkZipf(b *testing.B) { each(b, "", "hash4", "xsync", "rwmutex", "shard256", "syncmap") }
 
 func BenchmarkBurst(b *testing.B) {
 	for _, mix := range []string{"mix=uniform/", "mix=nat/"} {
-		each(b, mix, "hash4", "hash4-batch", "xsync", "rwmutex", "syncmap")
+		each(b, mix, "hash4", "hash4-batch", "xsync", "rwmutex", "shard256", "syncmap")
 	}
 }
 `,
 	}
-	// (4 zipf + 5 burst x 2 mixes) x 2 rounds.
-	out, raw := runRounds(t, files, "zipf,burst", 28)
+	// (5 zipf + 6 burst x 2 mixes) x 2 rounds.
+	out, raw := runRounds(t, files, "zipf,burst", 34)
 	// The benchmark and implementation of each result line, runs of one
 	// merged.
 	var order []string
@@ -494,14 +496,15 @@ func BenchmarkBurst(b *testing.B) {
 		}
 	}
 	round := []string{
-		"BenchmarkZipf hash4", "BenchmarkZipf syncmap", "BenchmarkZipf xsync", "BenchmarkZipf rwmutex",
+		"BenchmarkZipf hash4", "BenchmarkZipf syncmap", "BenchmarkZipf xsync", "BenchmarkZipf rwmutex", "BenchmarkZipf shard256",
 		"BenchmarkBurst hash4-batch", "BenchmarkBurst hash4", "BenchmarkBurst syncmap", "BenchmarkBurst xsync", "BenchmarkBurst rwmutex",
+		"BenchmarkBurst shard256",
 	}
 	if want := append(slices.Clone(round), round...); !slices.Equal(order, want) {
 		t.Errorf("ran in the order\n%s\nwant\n%s", strings.Join(order, "\n"), strings.Join(want, "\n"))
 	}
-	if n := strings.Count(string(raw), "\nPASS\n"); n != 2*9 {
-		t.Errorf("%d processes, want 18", n)
+	if n := strings.Count(string(raw), "\nPASS\n"); n != 2*11 {
+		t.Errorf("%d processes, want 22", n)
 	}
 
 	// -from renders what they wrote.
@@ -512,7 +515,7 @@ func BenchmarkBurst(b *testing.B) {
 		t.Fatalf("-from: exit %d\nstderr:\n%s", code, stderr.String())
 	}
 	mdFrom, _ := os.ReadFile(filepath.Join(from, "benchmarks.md"))
-	if !bytes.Equal(md, mdFrom) || !strings.Contains(string(md), "| entries | mix | hash4-batch | hash4 | syncmap | xsync | rwmutex | hash4-batch vs fastest peer |\n") {
+	if !bytes.Equal(md, mdFrom) || !strings.Contains(string(md), "| entries | mix | hash4-batch | hash4 | syncmap | xsync | rwmutex | shard256 | hash4-batch vs fastest peer |\n") {
 		t.Errorf("benchmarks.md\n%s\nfrom its data/benchmarks.txt\n%s", md, mdFrom)
 	}
 	for _, f := range []string{"zipf.svg", "burst.svg"} {

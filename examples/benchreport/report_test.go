@@ -23,7 +23,7 @@ func recorded(t *testing.T) *report { return parseTestdata(t, "bench.txt") }
 // recordedTraffic is testdata/traffic.txt, written by hand in the format of
 // the output of
 //
-//	go run ./examples/benchreport -groups turnover,zipf,natmix,burst -count 2
+//	go run ./examples/benchreport -groups turnover,zipf,natmix,uniform,writes,burst -count 2
 //
 // on a 2-core machine: a process per implementation, in two rounds. Its
 // numbers are made up.
@@ -212,7 +212,7 @@ func TestMarkdownRecorded(t *testing.T) {
 
 func TestParseTraffic(t *testing.T) {
 	rep := recordedTraffic(t)
-	if got := reportGroups(rep); got != "turnover,zipf,natmix,burst" {
+	if got := reportGroups(rep); got != "turnover,zipf,natmix,uniform,writes,burst" {
 		t.Fatalf("groups %s", got)
 	}
 
@@ -285,7 +285,7 @@ func TestMarkdownTraffic(t *testing.T) {
 	rep := recordedTraffic(t)
 	md := markdown(rep, charts(rep))
 	for _, s := range []string{
-		"- **Command:** `go run ./examples/benchreport -groups turnover,zipf,natmix,burst -count 2` (2026-03-02)\n",
+		"- **Command:** `go run ./examples/benchreport -groups turnover,zipf,natmix,uniform,writes,burst -count 2` (2026-03-02)\n",
 		"- **Machine:** Oxide Virtual Turin-like Processor, linux/amd64, GOMAXPROCS 2, go1.26.8\n",
 		"the median of 2 runs of 1s",
 		// No goroutines column: these run at GOMAXPROCS only.

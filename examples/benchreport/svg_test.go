@@ -237,7 +237,7 @@ func TestChartsTraffic(t *testing.T) {
 	rep := recordedTraffic(t)
 	cs := charts(rep)
 	names := chartNames(cs)
-	if want := []string{"turnover.svg", "zipf.svg", "natmix.svg", "burst.svg"}; !slices.Equal(names, want) {
+	if want := []string{"turnover.svg", "zipf.svg", "natmix.svg", "uniform.svg", "writes.svg", "burst.svg"}; !slices.Equal(names, want) {
 		t.Fatalf("charts %q, want %q", names, want)
 	}
 	for _, c := range cs {
