@@ -4,7 +4,7 @@ package bench
 // half IPv6, e.g. BenchmarkZipf/n=1M/impl=hash4:
 //
 //   - BenchmarkZipf: lookups whose flows follow a Zipf law (s = 1.1), the
-//     hot flows at random places in the table and in memory.
+//     hot flows at random places in the table.
 //   - BenchmarkTurnover: each op deletes a random live flow and inserts a
 //     new one, unrelated to it, that left the table long ago: both cold.
 //   - BenchmarkNATMix: of every 100 ops, 98 Zipf lookups and one turnover
@@ -36,11 +36,38 @@ package bench
 // hash4 by Tuple, whose conversion to its key form it does in every call,
 // and the peers by flowKey, a flat 36-byte struct, which costs them none.
 //
-// The -traffic.* flags (trafficFlags) choose how ranks map to flows, where
-// keys live, what stays warm and how many flows n=1M is. Each
-// implementation reports its CPU time per op (cpu-ns/op) beside its time,
-// and the share of the machine's processors that other work kept busy
-// during its run (others-share).
+// Which flows are hot, where keys live, what stays warm and how many flows
+// n=1M is are choices that can move hash4's ratio to its peers. The
+// -traffic.* flags (trafficFlags) make each, and their defaults are the
+// hardest for hash4 of those measured one at a time, or, where none moved
+// the ratio beyond the noise of alternating rounds, the one closest to a
+// gateway (docs/performance.md, "Traffic shapes"):
+//
+//   - hot=last: the table is filled coldest flow first, so that the
+//     hottest flows of each share are the last inserted. A flow takes its
+//     bucket's home slot if it is free when it arrives, so hash4 finds
+//     early flows at home more often than late ones, which cost it more
+//     lines; and a peer that allocates an entry per insert (xsync) finds
+//     the late, hot entries side by side in memory. Filled in an order
+//     unrelated to the ranks (hot=random), hash4 read clearly better
+//     ratios in Zipf and NATMix.
+//   - keys=packed: each implementation's keys side by side in its own
+//     form, as a program holds them (a 36-byte key straddles two lines
+//     one time in two, a 64-byte Tuple never); every key on a line of its
+//     own, or read in the order of the ops, did not move the ratios.
+//   - law=share: each goroutine looks up its own flows, as receive-side
+//     scaling gives them; one law over all flows for both did not move
+//     the ratio.
+//   - warm=kept: the filled state is kept between the runs of a
+//     sub-benchmark, as a gateway's table lives on; a fresh fill per run
+//     did not move the ratios beyond their noise, and costs a fill per run.
+//   - flows=1<<20, against tables sized for them; 1,000,000 flows left
+//     hash4's table (sized for 2^20 either way) less full, and read lower
+//     ratios.
+//
+// Each implementation reports its CPU time per op (cpu-ns/op) beside its
+// time, and the share of the machine's processors that other work kept
+// busy during its run (others-share).
 //
 // Measure with cmd/ratios, which builds this package's test binary once,
 // runs each implementation in a process of its own, in rounds that
@@ -72,9 +99,8 @@ import (
 	"github.com/puzpuzpuz/xsync/v4"
 )
 
-// trafficFlags choose the variant of the traffic benchmarks. Each names a
-// choice that moves hash4's ratio to its peers (measured one at a time,
-// each implementation in a process of its own: docs/performance.md).
+// trafficFlags choose the variant of the traffic benchmarks; the file's
+// comment says why their defaults are what they are.
 var trafficFlags = struct {
 	keys, hot, law, warm *string
 	flows                *int
@@ -83,8 +109,8 @@ var trafficFlags = struct {
 		"where the traffic benchmarks' keys live: packed (each implementation's keys side by side, in its form), "+
 			"line (every key on a cache line of its own) or stream (lookups read their keys in the order of the ops; "+
 			"Zipf, Uniform and Burst mix=uniform only)"),
-	hot: flag.String("traffic.hot", "random",
-		"which flows are hot, by their place in the fill: random, first (the hottest inserted first) or last (inserted last)"),
+	hot: flag.String("traffic.hot", "last",
+		"which flows are hot, by their place in the fill: last (the hottest inserted last), first (inserted first) or random"),
 	law: flag.String("traffic.law", "share",
 		"share (each goroutine looks up its own flows, ranked by a law of their own) or shared (every goroutine draws "+
 			"from one law over all flows; the workloads that write keep shares)"),
