@@ -301,7 +301,7 @@ func (n *NAT) Outbound(pkt []byte, emit Emit) Drop {
 	var p packet
 	why := parse(pkt, &p)
 	if why == DropNone {
-		why = n.translate(pkt, &p, Inside, emit)
+		why = n.translate(pkt, &p, Inside, emit, nil)
 	}
 	if why != DropNone {
 		n.ctr.drops[why].Add(1)
@@ -316,7 +316,7 @@ func (n *NAT) Inbound(pkt []byte, emit Emit) Drop {
 	var p packet
 	why := parse(pkt, &p)
 	if why == DropNone {
-		why = n.translate(pkt, &p, Outside, emit)
+		why = n.translate(pkt, &p, Outside, emit, nil)
 	}
 	if why != DropNone {
 		n.ctr.drops[why].Add(1)
@@ -325,7 +325,8 @@ func (n *NAT) Inbound(pkt []byte, emit Emit) Drop {
 }
 
 // translate translates the parsed packet b, which came from side from.
-func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
+// known, if not nil, is what a batch's lookup found for b's flow.
+func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) Drop {
 	if len(n.pool[family(p.src)]) == 0 {
 		return DropUnsupported
 	}
@@ -347,7 +348,7 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 	if from == Outside {
 		to = Inside
 	}
-	f, why := n.flowOf(p, from, false)
+	f, why := n.flowOf(p, from, false, known)
 	if why != DropNone {
 		if from == Inside && (why == DropNoPort || why == DropNoBlock || why == DropTableFull || why == DropHostLimit) {
 			n.sendError(b, p, from, errProhibited, emit)
@@ -382,7 +383,7 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 		// sender's external endpoint, goes in as if it came from outside.
 		q := *p
 		q.src, q.sport = f.ext.Addr(), f.ext.Port()
-		g, why := n.flowOf(&q, Outside, true)
+		g, why := n.flowOf(&q, Outside, true, nil)
 		if why != DropNone {
 			return why
 		}
@@ -400,42 +401,50 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 	return n.send(b, p, to, emit)
 }
 
-// flowOf returns the flow of the parsed packet p from side from, refreshed,
-// made if there is none and the packet may make one. hairpin says that p,
-// from Outside, is an inside host's packet to another's mapping.
-func (n *NAT) flowOf(p *packet, from Side, hairpin bool) (*flow, Drop) {
-	pr := protoOf(p.proto)
-	var local, remote netip.AddrPort
+// flowKey sets k to the key of the parsed packet p from side from in its
+// protocol's table (fwd from inside, rev from outside), and returns the
+// protocol and whether the packet may make a flow.
+func flowKey(p *packet, from Side, k *hash4.Tuple) (pr Proto, canCreate bool) {
 	if from == Inside {
-		local, remote = netip.AddrPortFrom(p.src, p.sport), netip.AddrPortFrom(p.dst, p.dport)
+		k.Local, k.Remote = netip.AddrPortFrom(p.src, p.sport), netip.AddrPortFrom(p.dst, p.dport)
 	} else {
-		local, remote = netip.AddrPortFrom(p.dst, p.dport), netip.AddrPortFrom(p.src, p.sport)
+		k.Local, k.Remote = netip.AddrPortFrom(p.dst, p.dport), netip.AddrPortFrom(p.src, p.sport)
 	}
 	// An echo's flow: requests go out, replies come in; the remote has no
 	// identifier of its own.
-	canCreate := true
+	canCreate = true
 	switch {
 	case p.echo():
-		remote = netip.AddrPortFrom(remote.Addr(), icmpRemotePort)
+		k.Remote = netip.AddrPortFrom(k.Remote.Addr(), icmpRemotePort)
 		req := p.icmpType == icmpEcho || p.icmpType == icmp6Echo
 		canCreate = req == (from == Inside)
 	case p.proto == ipTCP:
 		canCreate = p.tcp.flags&(tcpSYN|tcpACK|tcpRST) == tcpSYN
 	}
-	var f *flow
-	var why Drop
+	return protoOf(p.proto), canCreate
+}
+
+// flowOf returns the flow of the parsed packet p from side from, refreshed,
+// made if there is none and the packet may make one. hairpin says that p,
+// from Outside, is an inside host's packet to another's mapping. known, if
+// not nil, is what a lookup of p's key found: it is used if still live.
+func (n *NAT) flowOf(p *packet, from Side, hairpin bool, known *flow) (*flow, Drop) {
+	var k hash4.Tuple
+	pr, canCreate := flowKey(p, from, &k)
 	// The known flow's lookup is written out here, where Table.Lookup is
 	// inlined: through lookupOut, too large to inline, it costs a call
 	// and a copy of the 64-byte tuple more.
-	k := hash4.Tuple{Local: local, Remote: remote}
 	ps := &n.proto[pr]
-	var ok bool
-	if from == Inside {
-		f, ok = ps.fwd.Lookup(k)
-	} else {
-		f, ok = ps.rev.Lookup(k)
+	f, ok := known, known != nil
+	if !ok {
+		if from == Inside {
+			f, ok = ps.fwd.Lookup(k)
+		} else {
+			f, ok = ps.rev.Lookup(k)
+		}
 	}
 	if !ok || f.state.Load() != stateLive {
+		var why Drop
 		if from == Inside {
 			f, why = n.outbound(pr, k, canCreate)
 		} else {
