@@ -83,7 +83,7 @@ func runCompare(ctx context.Context, o options, out, progressW io.Writer) error 
 		return fmt.Errorf("kernel NAT: %w", err)
 	}
 
-	t, err := newTUNTopology()
+	t, err := newTUNTopology(o.queues)
 	defer func() { t.close() }()
 	if err != nil {
 		return err

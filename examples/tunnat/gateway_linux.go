@@ -11,21 +11,39 @@ import (
 	"time"
 
 	"github.com/hash4/hash4/nat"
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/tun"
 )
 
-// maxPacket is the largest packet a TUN device hands over (its MTU is
-// 1500; the buffer takes any IP packet).
-const maxPacket = 65535
+// The gateway's buffers: each read gives up to batchSize packets (the
+// segments of one GSO read), each buffer holds a whole packet after
+// bufOffset bytes of headroom, where the tun package writes the
+// virtio-net header of what it writes; and the buffers must hold 64 KiB
+// so that Write can coalesce segments into them (GRO).
+const (
+	batchSize = conn.IdealBatchSize
+	bufOffset = 16
+	bufSize   = bufOffset + 65535
+)
 
-// gateway runs a NAT between two TUN devices: one goroutine per direction,
-// each reading one device and writing what the NAT emits to the other (or,
-// for hairpinned packets and the NAT's own ICMP errors, back to the same
-// side), and one running the NAT's expiry.
+// gateway runs a NAT between two multi-queue TUN devices: per queue, one
+// goroutine reads the inside device's queue and writes what the NAT emits
+// to the outside device's queue of the same number (hairpinned packets
+// and the NAT's own ICMP errors back to the inside queue), one does the
+// same the other way; and one goroutine runs the NAT's expiry.
+//
+// A flow's packets stay in order: the kernel hands the packets of one flow
+// to one queue of a device (the queue a packet of the flow was last
+// written to, else one by the flow's hash: tun_automq_select_queue), and
+// each queue is read by one goroutine, which translates and writes its
+// packets in the order read. A flow's first packet is written to the
+// other device on the queue it was read from, which is where the other
+// device then sends its replies.
 type gateway struct {
 	nat     *nat.NAT
 	c       counters
-	inside  *os.File // the client side
-	outside *os.File // the server side
+	inside  []tun.Device // the client side, one per queue
+	outside []tun.Device // the server side
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
 }
@@ -42,59 +60,125 @@ func startGateway(cfg natConfig, t *topology) (*gateway, error) {
 	// The label marks the gateway's samples in a CPU profile, apart from
 	// the clients and servers that -compare and the tests run in-process.
 	pprof.Do(ctx, pprof.Labels("tunnat", "gateway"), func(ctx context.Context) {
-		g.wg.Add(3)
-		go func() { defer g.wg.Done(); g.pump(ctx, g.inside, n.Outbound) }()
-		go func() { defer g.wg.Done(); g.pump(ctx, g.outside, n.Inbound) }()
+		for q := range g.inside {
+			g.wg.Add(2)
+			go func() { defer g.wg.Done(); g.pump(ctx, nat.Inside, g.inside[q], g.outside[q]) }()
+			go func() { defer g.wg.Done(); g.pump(ctx, nat.Outside, g.outside[q], g.inside[q]) }()
+		}
+		g.wg.Add(1)
 		go func() { defer g.wg.Done(); n.Run(ctx) }()
 	})
 	return g, nil
 }
 
-// emit writes a packet the NAT sends to the device of its side.
-func (g *gateway) emit(to nat.Side, pkt []byte) {
-	dev := g.outside
-	if to == nat.Inside {
-		dev = g.inside
-	}
-	if _, err := dev.Write(pkt); err != nil {
-		g.c.writeErrors.Add(1)
-		return
-	}
-	if to == nat.Outside {
-		g.c.pktsOut.Add(1)
-		g.c.bytesOut.Add(int64(len(pkt)))
-	} else {
-		g.c.pktsIn.Add(1)
-		g.c.bytesIn.Add(int64(len(pkt)))
-	}
-}
-
-// pump reads packets from src and hands them to translate, until ctx is
-// done: a read deadline in the past then ends the read it waits in.
-func (g *gateway) pump(ctx context.Context, src *os.File, translate func([]byte, nat.Emit) nat.Drop) {
+// pump reads batches of packets from src, the device of side from, hands
+// each batch to the NAT, and writes the translated packets in one Write
+// per device: to dst, the other side's device, or back to src. It ends
+// when ctx is done: a read deadline in the past then ends the read it
+// waits in.
+func (g *gateway) pump(ctx context.Context, from nat.Side, src, dst tun.Device) {
+	f := src.File()
 	// A gateway before this one on the same device left its deadline in
 	// the past.
-	src.SetReadDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { src.SetReadDeadline(time.Now()) })
+	f.SetReadDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
 	defer stop()
-	buf := make([]byte, maxPacket)
-	emit := g.emit // one func value for every packet: no allocation each
+	dev := [2]tun.Device{nat.Inside: src, nat.Outside: dst}
+	if from == nat.Outside {
+		dev = [2]tun.Device{nat.Inside: dst, nat.Outside: src}
+	}
+	bufs := make([][]byte, batchSize)
+	for i := range bufs {
+		bufs[i] = make([]byte, bufSize)
+	}
+	var (
+		b       nat.Batch
+		sizes   = make([]int, batchSize)
+		pkts    = make([][]byte, 0, batchSize)
+		out     [2][][]byte
+		scratch = make([]byte, bufSize)
+	)
+	for i := range out {
+		out[i] = make([][]byte, 0, batchSize)
+	}
+	translate := g.nat.OutboundBatch
+	if from == nat.Outside {
+		translate = g.nat.InboundBatch
+	}
+	// What the NAT sends of its own (ICMP errors, fragments) is written
+	// at once, one packet per Write, after the headroom Write needs.
+	emit := func(to nat.Side, pkt []byte) {
+		n := copy(scratch[bufOffset:], pkt)
+		g.write(to, dev[to], [][]byte{scratch[:bufOffset+n]})
+	}
 	for {
-		n, err := src.Read(buf)
+		n, err := src.Read(bufs, sizes, bufOffset)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, os.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
 				return
 			}
-			continue // EINTR and the like; a dead device gives ErrClosed
+			g.c.readErrors.Add(1)
+			if n <= 0 {
+				continue // EINTR, a GSO packet the tun package refused
+			}
 		}
-		translate(buf[:n], emit)
+		g.c.reads.Add(1)
+		if n > 1 {
+			g.c.gsoReads.Add(1)
+			g.c.gsoSegments.Add(int64(n))
+		}
+		pkts = pkts[:0]
+		for i := range n {
+			pkts = append(pkts, bufs[i][bufOffset:bufOffset+sizes[i]])
+		}
+		out[0], out[1] = out[0][:0], out[1][:0]
+		for i, v := range translate(&b, pkts, emit) {
+			if v.Len > 0 {
+				// Write may grow the buffer in place (GRO): its full
+				// capacity is taken again at the next read.
+				out[v.To] = append(out[v.To], bufs[i][:bufOffset+v.Len])
+			}
+		}
+		for to := range out {
+			if len(out[to]) > 0 {
+				g.write(nat.Side(to), dev[to], out[to])
+			}
+		}
+		for i := range n {
+			bufs[i] = bufs[i][:bufSize]
+		}
+	}
+}
+
+// write writes pkts, each after bufOffset bytes of headroom, to dev, the
+// device of side to, and counts them.
+func (g *gateway) write(to nat.Side, dev tun.Device, pkts [][]byte) {
+	var bytes int64
+	for _, p := range pkts {
+		bytes += int64(len(p) - bufOffset)
+	}
+	if _, err := dev.Write(pkts, bufOffset); err != nil {
+		failed := 1
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			failed = len(j.Unwrap())
+		}
+		g.c.writeErrors.Add(int64(failed))
+		return
+	}
+	if to == nat.Outside {
+		g.c.pktsOut.Add(int64(len(pkts)))
+		g.c.bytesOut.Add(bytes)
+	} else {
+		g.c.pktsIn.Add(int64(len(pkts)))
+		g.c.bytesIn.Add(bytes)
 	}
 }
 
 // stats returns the NAT's metrics and the gateway's counters.
 func (g *gateway) stats() stats {
 	return stats{Metrics: g.nat.Metrics(), PktsOut: g.c.pktsOut.Load(), PktsIn: g.c.pktsIn.Load(),
-		BytesOut: g.c.bytesOut.Load(), BytesIn: g.c.bytesIn.Load(), WriteErrors: g.c.writeErrors.Load()}
+		BytesOut: g.c.bytesOut.Load(), BytesIn: g.c.bytesIn.Load(), WriteErrors: g.c.writeErrors.Load(),
+		Reads: g.c.reads.Load(), GSOReads: g.c.gsoReads.Load(), GSOSegments: g.c.gsoSegments.Load(), ReadErrors: g.c.readErrors.Load()}
 }
 
 // close stops the gateway and waits for its goroutines. The devices stay
@@ -165,7 +249,7 @@ func runGateway(ctx context.Context, o options, stdout, stderr io.Writer) (err e
 	if err := checkEnv(); err != nil {
 		return err
 	}
-	t, err := newTUNTopology()
+	t, err := newTUNTopology(o.queues)
 	defer func() { err = errors.Join(err, t.close()) }()
 	if err != nil {
 		return err

@@ -41,7 +41,7 @@ var testTimeouts = nat.Timeouts{UDP: 30 * time.Second, UDPUnreplied: 30 * time.S
 // go away when the test ends.
 func startTestNAT(t *testing.T, ports hash4.PortRange, to nat.Timeouts) (*topology, *gateway) {
 	t.Helper()
-	topo, err := newTUNTopology()
+	topo, err := newTUNTopology(defaultQueues())
 	t.Cleanup(func() {
 		if err := topo.close(); err != nil {
 			t.Errorf("removing the topology: %v", err)
@@ -173,7 +173,7 @@ func isTimeout(err error) bool {
 func TestDemo(t *testing.T) {
 	needTopology(t, demoTools...)
 	var out, prog bytes.Buffer
-	o := options{duration: time.Second, nat: natConfig{ports: hash4.PortRange{Low: 1024, High: 65535}, maxFlows: 1000, timeouts: testTimeouts,
+	o := options{duration: time.Second, queues: defaultQueues(), nat: natConfig{ports: hash4.PortRange{Low: 1024, High: 65535}, maxFlows: 1000, timeouts: testTimeouts,
 		filtering: nat.AddressDependent}}
 	res, err := runDemo(context.Background(), o, &out, &prog)
 	if err != nil {
