@@ -28,6 +28,25 @@ type Verdict struct {
 	Drop Drop
 }
 
+// Offload is what a packet's offload metadata says: Linux's virtio-net
+// header, read with the packet from a TUN device of IFF_VNET_HDR, or a
+// socket buffer's checksum state. The translated packet keeps it: the
+// caller sends it with the same metadata.
+type Offload struct {
+	// PartialChecksum says that the packet's TCP or UDP checksum field
+	// holds only the pseudo-header's sum (CHECKSUM_PARTIAL,
+	// VIRTIO_NET_HDR_F_NEEDS_CSUM with the checksum at the transport
+	// header's), which the receiver completes over the segment: the NAT
+	// updates it for the addresses only. A packet of another protocol, or a
+	// fragment, with a partial checksum is dropped (DropUnsupported): the
+	// caller completes such checksums first.
+	PartialChecksum bool
+	// SegmentSize, if not 0, says that the packet is a GSO super-packet,
+	// to be cut into segments of this much payload: Config.MTU applies to
+	// its segments, and it is never fragmented.
+	SegmentSize int
+}
+
 // Batch is the working memory of OutboundBatch and InboundBatch: the
 // parsed packets, their keys, the flows found and the verdicts. Its zero
 // value is ready to use; it grows to the largest batch it is given and
@@ -51,26 +70,27 @@ type Batch struct {
 
 // OutboundBatch translates pkts, packets from the inside, in place, as
 // Outbound translates each, and returns their verdicts, one per packet in
-// order: each translated packet is pkts[i][:v[i].Len], for the caller to
+// order. off is nil, or holds each packet's offload metadata (off[i] for
+// pkts[i]; missing entries are zero): each translated packet is pkts[i][:v[i].Len], for the caller to
 // send to v[i].To. What the NAT sends besides the batch's own packets (its
 // ICMP errors, fragments of a packet larger than Config.MTU, fragments it
 // held for a datagram whose first came) goes to emit during the call,
 // before the caller sends the batch. Packets of one flow keep their order
 // in the verdicts. Drops are counted in Metrics. The verdicts are b's,
 // valid until its next use.
-func (n *NAT) OutboundBatch(b *Batch, pkts [][]byte, emit Emit) []Verdict {
-	return n.batch(b, pkts, Inside, emit)
+func (n *NAT) OutboundBatch(b *Batch, pkts [][]byte, off []Offload, emit Emit) []Verdict {
+	return n.batch(b, pkts, off, Inside, emit)
 }
 
 // InboundBatch translates pkts, packets from the outside, in place, as
 // Inbound translates each, and returns their verdicts as OutboundBatch
 // does.
-func (n *NAT) InboundBatch(b *Batch, pkts [][]byte, emit Emit) []Verdict {
-	return n.batch(b, pkts, Outside, emit)
+func (n *NAT) InboundBatch(b *Batch, pkts [][]byte, off []Offload, emit Emit) []Verdict {
+	return n.batch(b, pkts, off, Outside, emit)
 }
 
 // batch translates pkts from side from.
-func (n *NAT) batch(b *Batch, pkts [][]byte, from Side, emit Emit) []Verdict {
+func (n *NAT) batch(b *Batch, pkts [][]byte, off []Offload, from Side, emit Emit) []Verdict {
 	b.grow(len(pkts))
 	v, ps, ref := b.v[:len(pkts)], b.pkts[:len(pkts)], b.ref[:len(pkts)]
 	for pr := range b.tups {
@@ -79,7 +99,14 @@ func (n *NAT) batch(b *Batch, pkts [][]byte, from Side, emit Emit) []Verdict {
 	for i, pkt := range pkts {
 		p := &ps[i]
 		v[i], ref[i] = Verdict{}, -1
-		if why := parse(pkt, p); why != DropNone {
+		why := parse(pkt, p)
+		if i < len(off) && why == DropNone {
+			p.partial, p.segSize = off[i].PartialChecksum, max(off[i].SegmentSize, 0)
+			if p.partial && (p.proto != ipTCP && p.proto != ipUDP || p.frag) {
+				why = DropUnsupported
+			}
+		}
+		if why != DropNone {
 			v[i].Drop = why
 			continue
 		}

@@ -2,6 +2,7 @@ package nat
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -98,9 +99,9 @@ func TestBatchMatchesPackets(t *testing.T) {
 		emit := func(to Side, p []byte) { extra = append(extra, out{to, string(p)}) }
 		var v []Verdict
 		if step.from == Inside {
-			v = many.OutboundBatch(&b, bufs, emit)
+			v = many.OutboundBatch(&b, bufs, nil, emit)
 		} else {
-			v = many.InboundBatch(&b, bufs, emit)
+			v = many.InboundBatch(&b, bufs, nil, emit)
 		}
 		if len(v) != len(bufs) {
 			t.Fatalf("step %d: %d verdicts for %d packets", s, len(v), len(bufs))
@@ -160,17 +161,110 @@ func TestBatchNoAllocs(t *testing.T) {
 			copy(o[k], outs[k])
 			copy(i[k], ins[k])
 		}
-		for _, v := range n.OutboundBatch(&b, o, emit) {
+		for _, v := range n.OutboundBatch(&b, o, nil, emit) {
 			if v.Drop != DropNone || v.To != Outside {
 				t.Fatalf("outbound %v", v)
 			}
 		}
-		for _, v := range n.InboundBatch(&b, i, emit) {
+		for _, v := range n.InboundBatch(&b, i, nil, emit) {
 			if v.Drop != DropNone || v.To != Inside {
 				t.Fatalf("inbound %v", v)
 			}
 		}
 	}); a != 0 {
 		t.Errorf("%v allocations per pair of batches", a)
+	}
+}
+
+// partialOf turns the full transport checksum of b (TCP or UDP, no IPv6
+// extension headers) into a partial one: the folded pseudo-header sum, as
+// a sender that offloads its checksum leaves it.
+func partialOf(b []byte) []byte {
+	b = bytes.Clone(b)
+	src, dst, proto := addrs(b)
+	off := l4Offset(b)
+	binary.BigEndian.PutUint16(b[off+csumOff(proto):], ^checksum(nil, pseudoSum(src, dst, proto, len(b)-off)))
+	return b
+}
+
+// complete completes a partial checksum from scratch, as the receiver of
+// its offload metadata does.
+func complete(b []byte) []byte {
+	b = bytes.Clone(b)
+	_, _, proto := addrs(b)
+	off := l4Offset(b)
+	f := off + csumOff(proto)
+	initial := uint32(binary.BigEndian.Uint16(b[f:]))
+	b[f], b[f+1] = 0, 0
+	binary.BigEndian.PutUint16(b[f:], checksum(b[off:], initial))
+	return b
+}
+
+// Packets with partial checksums and GSO super-packets (offload metadata):
+// translated either way, the partial checksum holds the new pseudo-header's
+// sum (completed from scratch, it verifies); the MTU applies to a
+// super-packet's segments; one fragmented by the NAT goes with its
+// checksum completed; a partial checksum of another protocol is refused.
+func TestBatchOffload(t *testing.T) {
+	n, _ := packetNAT(t, Config{MTU: 1280, UDP: Behaviors{Filtering: EndpointIndependent}})
+	var b Batch
+	big := bytes.Repeat([]byte("0123456789"), 300)
+	pkts := [][]byte{
+		partialOf(build(spec{proto: ipTCP, src: in4, dst: remote4, flags: tcpSYN, seq: 1})),
+		partialOf(build(spec{proto: ipUDP, src: in4, dst: remote4, payload: big, df: true})),
+		partialOf(build(spec{proto: ipUDP, src: in6, dst: remote6, payload: big})),
+		partialOf(build(spec{proto: ipUDP, src: ap("10.0.0.2", 40001), dst: remote4, payload: big})), // no DF, no GSO: fragmented
+		partialOf(build(spec{proto: ipUDP, src: ap("10.0.0.2", 40002), dst: remote4, payload: big, df: true})),
+		partialOf(build(spec{proto: ipICMP, src: ap("10.0.0.2", 40003), dst: remote4, icmpType: icmpEcho})),
+	}
+	off := []Offload{{PartialChecksum: true}, {PartialChecksum: true, SegmentSize: 1000}, {PartialChecksum: true, SegmentSize: 1200},
+		{PartialChecksum: true}, {PartialChecksum: true, SegmentSize: 1400}, {PartialChecksum: true}}
+	want := []Drop{DropNone, DropNone, DropNone, DropNone, DropTooBig, DropUnsupported}
+	var frags [][]byte
+	emit := func(_ Side, p []byte) {
+		if p[9] == ipUDP {
+			frags = append(frags, bytes.Clone(p))
+		}
+	}
+	v := n.OutboundBatch(&b, pkts, off, emit)
+	for i, x := range v {
+		if x.Drop != want[i] {
+			t.Errorf("packet %d: %v, want %v", i, x.Drop, want[i])
+			continue
+		}
+		if x.Len == 0 {
+			continue
+		}
+		p := pkts[i][:x.Len]
+		if src, _, _ := addrs(p); src != ext1 && src != ext6 {
+			t.Errorf("packet %d went out from %v", i, src)
+		}
+		if err := verify(complete(p)); err != nil {
+			t.Errorf("packet %d, its partial checksum completed: %v", i, err)
+		}
+	}
+	if whole := reassemble(t, frags); verify(whole) != nil {
+		t.Errorf("the NAT's fragments: %v", verify(whole))
+	}
+	// The replies, partial too, to the ports the NAT gave (not the
+	// inside ones: the ports' change must not touch a partial checksum).
+	tcpPort, udpPort := binary.BigEndian.Uint16(pkts[0][20:]), binary.BigEndian.Uint16(pkts[2][40:])
+	if tcpPort == in4.Port() || udpPort == in6.Port() {
+		t.Fatalf("the NAT kept the ports %d and %d", tcpPort, udpPort)
+	}
+	back := [][]byte{
+		partialOf(build(spec{proto: ipTCP, src: remote4, dst: netip.AddrPortFrom(ext1, tcpPort), flags: tcpSYN | tcpACK, seq: 9, ack: 2})),
+		partialOf(build(spec{proto: ipUDP, src: remote6, dst: netip.AddrPortFrom(ext6, udpPort), payload: big})),
+	}
+	for i, x := range n.InboundBatch(&b, back, []Offload{{PartialChecksum: true}, {PartialChecksum: true, SegmentSize: 1000}}, emit) {
+		if x.Drop != DropNone || x.To != Inside {
+			t.Fatalf("reply %d: %v", i, x)
+		}
+		if _, dst, _ := addrs(back[i]); dst != in4.Addr() && dst != in6.Addr() {
+			t.Errorf("reply %d went to %v", i, dst)
+		}
+		if err := verify(complete(back[i][:x.Len])); err != nil {
+			t.Errorf("reply %d, its partial checksum completed: %v", i, err)
+		}
 	}
 }

@@ -78,6 +78,11 @@ type packet struct {
 	frag, first bool
 	df          bool
 	fragID      uint32
+	// Offload metadata, from a batch's Offload: the transport checksum
+	// holds the pseudo-header's sum only; the packet is a GSO
+	// super-packet of segments of segSize payload bytes.
+	partial bool
+	segSize int
 }
 
 // echo reports whether p is an echo request or reply.
@@ -340,9 +345,13 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) 
 		n.sendError(b, p, from, errTimeExceeded, emit)
 		return DropTTL
 	}
-	if mtu := n.cfg.MTU; mtu > 0 && p.length > mtu && (p.v6 || p.df) {
-		n.sendError(b, p, from, errTooBig, emit)
-		return DropTooBig
+	if mtu := n.cfg.MTU; mtu > 0 && p.length > mtu && (p.v6 || p.df || p.segSize > 0) {
+		// A GSO super-packet is too big if its segments are: it is not
+		// fragmented, as the kernel would not fragment its segments.
+		if p.segSize == 0 || segmentLen(b, p) > mtu {
+			n.sendError(b, p, from, errTooBig, emit)
+			return DropTooBig
+		}
 	}
 	to := Outside
 	if from == Outside {
@@ -464,7 +473,12 @@ func (n *NAT) flowOf(p *packet, from Side, hairpin bool, known *flow) (*flow, Dr
 // send passes p to emit, in fragments if it is larger than the MTU (translate
 // refused those that may not be fragmented).
 func (n *NAT) send(b []byte, p *packet, to Side, emit Emit) Drop {
-	if mtu := n.cfg.MTU; mtu > 0 && p.length > mtu {
+	if mtu := n.cfg.MTU; mtu > 0 && p.length > mtu && p.segSize == 0 {
+		if p.partial {
+			// The fragments go without the packet's offload metadata:
+			// its checksum is completed first.
+			completeChecksum(b, p)
+		}
 		return fragmentOut(b[:p.length], p, mtu, to, emit)
 	}
 	emit(to, b[:p.length])
@@ -515,6 +529,17 @@ func rewrite(b []byte, p *packet, dst bool, a netip.AddrPort) {
 		p.dport = a.Port()
 	default:
 		p.sport = a.Port()
+	}
+	switch p.proto {
+	case ipTCP, ipUDP:
+		if p.partial {
+			// The field holds the pseudo-header's sum, not complemented:
+			// only the address changes it; the port is in what the
+			// receiver sums.
+			off := p.l4 + csumField(p.proto)
+			binary.BigEndian.PutUint16(b[off:], ^csumAdd(^binary.BigEndian.Uint16(b[off:]), delta))
+			return
+		}
 	}
 	switch p.proto {
 	case ipTCP:
@@ -578,6 +603,38 @@ func setAddr(dst []byte, a netip.Addr) uint32 {
 	}
 	copy(dst, nw[:len(dst)])
 	return delta
+}
+
+// csumField returns the offset of the checksum in a TCP or UDP header.
+func csumField(proto uint8) int {
+	if proto == ipTCP {
+		return 16
+	}
+	return 6
+}
+
+// segmentLen returns the length of the largest segment of the GSO
+// super-packet b: its headers and segSize bytes of payload.
+func segmentLen(b []byte, p *packet) int {
+	h := p.l4 + 8
+	if p.proto == ipTCP {
+		h = p.l4 + int(b[p.l4+12]>>4)*4
+	}
+	return min(h+p.segSize, p.length)
+}
+
+// completeChecksum completes the partial transport checksum of the TCP or
+// UDP packet b: what the receiver of its offload metadata would do.
+func completeChecksum(b []byte, p *packet) {
+	off := p.l4 + csumField(p.proto)
+	initial := uint32(binary.BigEndian.Uint16(b[off:]))
+	b[off], b[off+1] = 0, 0
+	sum := checksum(b[p.l4:p.length], initial)
+	if sum == 0 && p.proto == ipUDP {
+		sum = 0xffff
+	}
+	binary.BigEndian.PutUint16(b[off:], sum)
+	p.partial = false
 }
 
 // csumAdd applies delta, a sum of ~old + new over changed words, to the
