@@ -11,26 +11,14 @@ import (
 	"time"
 
 	"github.com/hash4/hash4/nat"
-	"golang.zx2c4.com/wireguard/conn"
-	"golang.zx2c4.com/wireguard/tun"
-)
-
-// The gateway's buffers: each read gives up to batchSize packets (the
-// segments of one GSO read), each buffer holds a whole packet after
-// bufOffset bytes of headroom, where the tun package writes the
-// virtio-net header of what it writes; and the buffers must hold 64 KiB
-// so that Write can coalesce segments into them (GRO).
-const (
-	batchSize = conn.IdealBatchSize
-	bufOffset = 16
-	bufSize   = bufOffset + 65535
 )
 
 // gateway runs a NAT between two multi-queue TUN devices: per queue, one
-// goroutine reads the inside device's queue and writes what the NAT emits
-// to the outside device's queue of the same number (hairpinned packets
-// and the NAT's own ICMP errors back to the inside queue), one does the
-// same the other way; and one goroutine runs the NAT's expiry.
+// goroutine reads batches from the inside device's queue and writes what
+// the NAT emits to the outside device's queue of the same number
+// (hairpinned packets and the NAT's own ICMP errors back to the inside
+// queue), one does the same the other way; and one goroutine runs the
+// NAT's expiry.
 //
 // A flow's packets stay in order: the kernel hands the packets of one flow
 // to one queue of a device (the queue a packet of the flow was last
@@ -42,8 +30,8 @@ const (
 type gateway struct {
 	nat     *nat.NAT
 	c       counters
-	inside  []tun.Device // the client side, one per queue
-	outside []tun.Device // the server side
+	inside  []*tunQueue // the client side, one per queue
+	outside []*tunQueue // the server side
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
 }
@@ -71,106 +59,65 @@ func startGateway(cfg natConfig, t *topology) (*gateway, error) {
 	return g, nil
 }
 
-// pump reads batches of packets from src, the device of side from, hands
-// each batch to the NAT, and writes the translated packets in one Write
-// per device: to dst, the other side's device, or back to src. It ends
-// when ctx is done: a read deadline in the past then ends the read it
-// waits in.
-func (g *gateway) pump(ctx context.Context, from nat.Side, src, dst tun.Device) {
-	f := src.File()
+// pump reads batches of packets from src, the queue of side from, hands
+// each batch to the NAT, and writes the translated packets, each with the
+// offload header it was read with, to dst, the other side's queue, or back
+// to src. It ends when ctx is done: a read deadline in the past then ends
+// the read it waits in.
+func (g *gateway) pump(ctx context.Context, from nat.Side, src, dst *tunQueue) {
 	// A gateway before this one on the same device left its deadline in
 	// the past.
-	f.SetReadDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
+	src.f.SetReadDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { src.f.SetReadDeadline(time.Now()) })
 	defer stop()
-	dev := [2]tun.Device{nat.Inside: src, nat.Outside: dst}
+	dev := [2]*tunQueue{nat.Inside: src, nat.Outside: dst}
 	if from == nat.Outside {
-		dev = [2]tun.Device{nat.Inside: dst, nat.Outside: src}
-	}
-	bufs := make([][]byte, batchSize)
-	for i := range bufs {
-		bufs[i] = make([]byte, bufSize)
-	}
-	var (
-		b       nat.Batch
-		sizes   = make([]int, batchSize)
-		pkts    = make([][]byte, 0, batchSize)
-		out     [2][][]byte
-		scratch = make([]byte, bufSize)
-	)
-	for i := range out {
-		out[i] = make([][]byte, 0, batchSize)
+		dev = [2]*tunQueue{nat.Inside: dst, nat.Outside: src}
 	}
 	translate := g.nat.OutboundBatch
 	if from == nat.Outside {
 		translate = g.nat.InboundBatch
 	}
-	// What the NAT sends of its own (ICMP errors, fragments) is written
-	// at once, one packet per Write, after the headroom Write needs.
+	rb := newReadBatch()
+	var b nat.Batch
+	// What the NAT sends of its own (ICMP errors, fragments) goes at once,
+	// without offload metadata.
+	scratch := make([]byte, maxRead)
 	emit := func(to nat.Side, pkt []byte) {
-		n := copy(scratch[bufOffset:], pkt)
-		g.write(to, dev[to], [][]byte{scratch[:bufOffset+n]})
+		g.count(to, len(pkt), dev[to].writePlain(scratch, pkt))
 	}
 	for {
-		n, err := src.Read(bufs, sizes, bufOffset)
-		if err != nil {
+		if err := src.read(rb); err != nil {
 			if ctx.Err() != nil || errors.Is(err, os.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
 				return
 			}
 			g.c.readErrors.Add(1)
-			if n <= 0 {
-				continue // EINTR, a GSO packet the tun package refused
-			}
+			continue // EINTR and the like; a dead device gives ErrClosed
 		}
-		g.c.reads.Add(1)
-		if n > 1 {
-			g.c.gsoReads.Add(1)
-			g.c.gsoSegments.Add(int64(n))
-		}
-		pkts = pkts[:0]
-		for i := range n {
-			pkts = append(pkts, bufs[i][bufOffset:bufOffset+sizes[i]])
-		}
-		out[0], out[1] = out[0][:0], out[1][:0]
-		for i, v := range translate(&b, pkts, emit) {
+		g.c.reads.Add(int64(len(rb.pkts)))
+		g.c.gsoReads.Add(int64(rb.gso))
+		g.c.gsoSegments.Add(int64(rb.segs))
+		g.c.readErrors.Add(int64(rb.bad))
+		for i, v := range translate(&b, rb.pkts, rb.off, emit) {
 			if v.Len > 0 {
-				// Write may grow the buffer in place (GRO): its full
-				// capacity is taken again at the next read.
-				out[v.To] = append(out[v.To], bufs[i][:bufOffset+v.Len])
+				g.count(v.To, v.Len, dev[v.To].write(rb, i, v.Len))
 			}
-		}
-		for to := range out {
-			if len(out[to]) > 0 {
-				g.write(nat.Side(to), dev[to], out[to])
-			}
-		}
-		for i := range n {
-			bufs[i] = bufs[i][:bufSize]
 		}
 	}
 }
 
-// write writes pkts, each after bufOffset bytes of headroom, to dev, the
-// device of side to, and counts them.
-func (g *gateway) write(to nat.Side, dev tun.Device, pkts [][]byte) {
-	var bytes int64
-	for _, p := range pkts {
-		bytes += int64(len(p) - bufOffset)
-	}
-	if _, err := dev.Write(pkts, bufOffset); err != nil {
-		failed := 1
-		if j, ok := err.(interface{ Unwrap() []error }); ok {
-			failed = len(j.Unwrap())
-		}
-		g.c.writeErrors.Add(int64(failed))
-		return
-	}
-	if to == nat.Outside {
-		g.c.pktsOut.Add(int64(len(pkts)))
-		g.c.bytesOut.Add(bytes)
-	} else {
-		g.c.pktsIn.Add(int64(len(pkts)))
-		g.c.bytesIn.Add(bytes)
+// count counts a packet of n bytes written to side to, or its write's
+// failure.
+func (g *gateway) count(to nat.Side, n int, err error) {
+	switch {
+	case err != nil:
+		g.c.writeErrors.Add(1)
+	case to == nat.Outside:
+		g.c.pktsOut.Add(1)
+		g.c.bytesOut.Add(int64(n))
+	default:
+		g.c.pktsIn.Add(1)
+		g.c.bytesIn.Add(int64(n))
 	}
 }
 

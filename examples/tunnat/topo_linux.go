@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
-	"golang.zx2c4.com/wireguard/tun"
 )
 
 // This file builds and removes the topology: network namespaces, TUN
@@ -58,10 +57,10 @@ var topoSeq atomic.Int64
 // topology is a set of namespaces and, for the user-space NAT, the two TUN
 // devices whose descriptors the process holds.
 type topology struct {
-	client, server, gw string       // namespace names; gw only for the kernel's NAT
-	client2, far       string       // the second inside host, the host past the server (user-space NAT only)
-	inside, outside    []tun.Device // TUN queues (user-space NAT only)
-	made               []string     // namespaces to remove
+	client, server, gw string      // namespace names; gw only for the kernel's NAT
+	client2, far       string      // the second inside host, the host past the server (user-space NAT only)
+	inside, outside    []*tunQueue // TUN queues (user-space NAT only)
+	made               []string    // namespaces to remove
 }
 
 // ipCmd runs ip with args and returns its error with its output.
@@ -146,53 +145,28 @@ func inNetns(ns string, fn func() error) error {
 	return ferr
 }
 
-// openTUN creates TUN device name in namespace ns with queues queues and
-// returns them, each a descriptor of its own, through wireguard-go's tun
-// package: IFF_VNET_HDR and IFF_MULTI_QUEUE on the device, TCP and UDP
-// segmentation offloads (TUNSETOFFLOAD) set by the package. The
-// descriptors are non-blocking, so that reads park in Go's poller and a
-// read deadline ends them. The device lives as long as its descriptors.
-//
-// The descriptors are opened inside the namespace and handed to
-// tun.CreateUnmonitoredTUNFromFD, which uses nothing but the descriptor.
-// (tun.CreateTUNFromFile also looks the device up by name and sets its
-// MTU through sockets of the calling thread's namespace, and starts two
-// goroutines and a netlink socket per descriptor to report link events,
-// which this program does not read.)
-func openTUN(ns, name string, queues int) ([]tun.Device, error) {
-	var devs []tun.Device
+// openTUN creates TUN device name in namespace ns with queues queues (see
+// offload_linux.go) and returns them. The device lives as long as its
+// queues' descriptors.
+func openTUN(ns, name string, queues int) ([]*tunQueue, error) {
+	var qs []*tunQueue
 	err := inNetns(ns, func() error {
 		for range queues {
-			fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+			q, err := openQueue(name)
 			if err != nil {
-				return fmt.Errorf("open /dev/net/tun: %w", err)
-			}
-			ifr, err := unix.NewIfreq(name)
-			if err != nil {
-				unix.Close(fd)
-				return err
-			}
-			ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_VNET_HDR | unix.IFF_MULTI_QUEUE)
-			if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-				unix.Close(fd)
-				return fmt.Errorf("TUNSETIFF %s: %w", name, err)
-			}
-			dev, _, err := tun.CreateUnmonitoredTUNFromFD(fd)
-			if err != nil {
-				unix.Close(fd)
 				return fmt.Errorf("%s in %s: %w", name, ns, err)
 			}
-			devs = append(devs, dev)
+			qs = append(qs, q)
 		}
 		return nil
 	})
 	if err != nil {
-		for _, d := range devs {
-			d.Close()
+		for _, q := range qs {
+			q.close()
 		}
 		return nil, err
 	}
-	return devs, nil
+	return qs, nil
 }
 
 // newTUNTopology makes the user-space NAT's topology: a client namespace
@@ -329,8 +303,8 @@ func newKernelTopology() (*topology, error) {
 // nftables rules inside them. It returns the first error.
 func (t *topology) close() error {
 	var errs []error
-	for _, d := range append(t.inside, t.outside...) {
-		errs = append(errs, d.Close())
+	for _, q := range append(t.inside, t.outside...) {
+		errs = append(errs, q.close())
 	}
 	t.inside, t.outside = nil, nil
 	for _, ns := range t.made {
