@@ -61,8 +61,8 @@ func startGateway(cfg natConfig, t *topology) (*gateway, error) {
 
 // pump reads batches of packets from src, the queue of side from, hands
 // each batch to the NAT, and writes the translated packets, each with the
-// offload header it was read with, to dst, the other side's queue, or back
-// to src. It ends when ctx is done: a read deadline in the past then ends
+// offload header it was read with (runs of UDP datagrams coalesced), to
+// dst, the other side's queue, or back to src. It ends when ctx is done: a read deadline in the past then ends
 // the read it waits in.
 func (g *gateway) pump(ctx context.Context, from nat.Side, src, dst *tunQueue) {
 	// A gateway before this one on the same device left its deadline in
@@ -78,7 +78,8 @@ func (g *gateway) pump(ctx context.Context, from nat.Side, src, dst *tunQueue) {
 	if from == nat.Outside {
 		translate = g.nat.InboundBatch
 	}
-	rb := newReadBatch()
+	rb, w := newReadBatch(), newWriter()
+	count := g.count
 	var b nat.Batch
 	// What the NAT sends of its own (ICMP errors, fragments) goes at once,
 	// without offload metadata.
@@ -100,9 +101,10 @@ func (g *gateway) pump(ctx context.Context, from nat.Side, src, dst *tunQueue) {
 		g.c.readErrors.Add(int64(rb.bad))
 		for i, v := range translate(&b, rb.pkts, rb.off, emit) {
 			if v.Len > 0 {
-				g.count(v.To, v.Len, dev[v.To].write(rb, i, v.Len))
+				w.write(dev[v.To], v.To, rb, i, v.Len, count)
 			}
 		}
+		w.flush(count)
 	}
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -29,8 +28,12 @@ import (
 //
 // Each read is one system call (TUN has no recvmmsg); a batch is what one
 // wakeup finds queued: reads go on, without waiting, until the queue is
-// empty, the batch full or its buffer short of a 64 KiB packet. Each
-// packet is written with one write (tun_get_user takes one per call).
+// empty, the batch full or its buffer short of a 64 KiB packet. Each write
+// is one packet (tun_get_user takes one per call): a batch's consecutive
+// UDP datagrams of one flow, of one size, are first coalesced into a UDP
+// GSO super-packet (GRO, as the kernel's udp_gro_receive does), which the
+// receiving namespace takes with one write and one pass through IP, and
+// cuts into the datagrams at its socket.
 
 // vnetHdrLen is the size of struct virtio_net_hdr, which TUN devices use
 // unless told otherwise (TUNSETVNETHDRSZ).
@@ -55,10 +58,14 @@ const (
 
 // tunQueue is one queue of a multi-queue TUN device made with
 // IFF_VNET_HDR. Its descriptor is non-blocking: reads park in Go's poller,
-// and a read deadline ends them.
+// and a read deadline ends them. Writes go straight to the descriptor
+// (fd): a TUN write does not block, and it is closed only once the
+// gateway's goroutines have ended.
 type tunQueue struct {
-	f  *os.File
-	rc syscall.RawConn
+	f   *os.File
+	rc  syscall.RawConn
+	fd  int
+	uso bool // the device takes UDP GSO super-packets
 }
 
 // openQueue attaches a new queue to TUN device name (creating the device
@@ -78,13 +85,14 @@ func openQueue(name string) (*tunQueue, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("TUNSETIFF %s: %w", name, err)
 	}
-	if unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunTCPOffloads|tunUDPOffloads) != nil {
+	uso := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunTCPOffloads|tunUDPOffloads) == nil
+	if !uso {
 		if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunTCPOffloads); err != nil {
 			unix.Close(fd)
 			return nil, fmt.Errorf("TUNSETOFFLOAD %s: %w", name, err)
 		}
 	}
-	q := &tunQueue{f: os.NewFile(uintptr(fd), "tun:"+name)}
+	q := &tunQueue{f: os.NewFile(uintptr(fd), "tun:"+name), fd: fd, uso: uso}
 	if q.rc, err = q.f.SyscallConn(); err != nil {
 		q.f.Close()
 		return nil, err
@@ -98,6 +106,11 @@ func (q *tunQueue) close() error { return q.f.Close() }
 // readBatch is the packets of one read of a queue, in one buffer: each
 // packet after its virtio-net header.
 type readBatch struct {
+	// fill is rb.readReady, bound once (a closure given to RawConn.Read
+	// would be allocated at each read); used and err are its state.
+	fill func(fd uintptr) bool
+	used int
+	err  error
 	buf  []byte
 	at   []int         // where each packet's header starts in buf
 	pkts [][]byte      // the packets, after their headers
@@ -108,41 +121,44 @@ type readBatch struct {
 }
 
 func newReadBatch() *readBatch {
-	return &readBatch{buf: make([]byte, batchBytes), at: make([]int, 0, batchSize),
+	rb := &readBatch{buf: make([]byte, batchBytes), at: make([]int, 0, batchSize),
 		pkts: make([][]byte, 0, batchSize), off: make([]nat.Offload, 0, batchSize)}
+	rb.fill = rb.readReady
+	return rb
 }
 
 // read fills rb with the packets queued on q, waiting for the first.
 func (q *tunQueue) read(rb *readBatch) error {
 	rb.at, rb.pkts, rb.off = rb.at[:0], rb.pkts[:0], rb.off[:0]
-	rb.segs, rb.gso, rb.bad = 0, 0, 0
-	used := 0
-	var rerr error
-	err := q.rc.Read(func(fd uintptr) bool {
-		for len(rb.pkts) < batchSize && len(rb.buf)-used >= maxRead {
-			n, err := unix.Read(int(fd), rb.buf[used:used+maxRead])
-			switch {
-			case err == unix.EINTR:
-				continue
-			case err == unix.EAGAIN:
-				return len(rb.pkts) > 0 || rb.bad > 0 // wait only for the first
-			case err != nil:
-				rerr = err
-				return true
-			}
-			if rb.add(used, n) {
-				used += n
-			}
-		}
-		return true
-	})
-	if err != nil {
+	rb.segs, rb.gso, rb.bad, rb.used, rb.err = 0, 0, 0, 0, nil
+	if err := q.rc.Read(rb.fill); err != nil {
 		return err
 	}
-	if rerr != nil && len(rb.pkts) == 0 {
-		return rerr
+	if rb.err != nil && len(rb.pkts) == 0 {
+		return rb.err
 	}
 	return nil
+}
+
+// readReady reads the packets queued on fd into rb; it reports false,
+// to wait, if there was none.
+func (rb *readBatch) readReady(fd uintptr) bool {
+	for len(rb.pkts) < batchSize && len(rb.buf)-rb.used >= maxRead {
+		n, err := unix.Read(int(fd), rb.buf[rb.used:rb.used+maxRead])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return len(rb.pkts) > 0 || rb.bad > 0 // wait only for the first
+		case err != nil:
+			rb.err = err
+			return true
+		}
+		if rb.add(rb.used, n) {
+			rb.used += n
+		}
+	}
+	return true
 }
 
 // add takes the packet and header read at rb.buf[at:at+n] into the batch,
@@ -222,22 +238,177 @@ func (q *tunQueue) writePlain(buf, pkt []byte) error {
 
 // writeRaw writes b, a header and a packet, in one system call.
 func (q *tunQueue) writeRaw(b []byte) error {
-	var werr error
-	err := q.rc.Write(func(fd uintptr) bool {
-		for {
-			_, werr = unix.Write(int(fd), b)
-			if werr != unix.EINTR {
-				return werr != unix.EAGAIN
-			}
+	for {
+		_, err := unix.Write(q.fd, b)
+		if err != unix.EINTR {
+			return err
 		}
-	})
-	if err != nil {
-		return err
 	}
-	if errors.Is(werr, unix.EBADFD) {
-		return os.ErrClosed
+}
+
+// Coalescing bounds: the segments of a UDP GSO packet (UDP_MAX_SEGMENTS in
+// older kernels) and its size.
+const (
+	groSegments = 64
+	groBytes    = 65535
+)
+
+// writer writes a pump's translated packets to the devices, coalescing
+// runs of UDP datagrams (see above). It is one goroutine's.
+type writer struct {
+	buf  []byte // the super-packet being built, after its header's room
+	q    *tunQueue
+	to   nat.Side
+	n    int  // datagrams in buf; 0: none
+	used int  // bytes in buf after the header's room
+	l4   int  // where the UDP header starts
+	size int  // the first datagram's payload
+	last bool // a shorter datagram came: the run ends
+	key  [40]byte
+	klen int
+	// The run's first datagram, in its batch: a run of one is written
+	// from there, as it came.
+	rb    *readBatch
+	first int
+}
+
+func newWriter() *writer { return &writer{buf: make([]byte, vnetHdrLen+groBytes)} }
+
+// write writes the i-th packet of rb, translated to its first n bytes, to
+// q, the device of side to, or adds it to the run being coalesced; count
+// is told of each packet, and of a write's failure (a super-packet's
+// counts once).
+func (w *writer) write(q *tunQueue, to nat.Side, rb *readBatch, i, n int, count func(nat.Side, int, error)) {
+	at := rb.at[i]
+	pkt := rb.buf[at+vnetHdrLen : at+vnetHdrLen+n]
+	l4, ok := coalescible(pkt, rb.off[i])
+	ok = ok && q.uso
+	if ok && w.n > 0 && w.q == q && w.join(pkt, l4) {
+		count(to, n, nil)
+		return
 	}
-	return werr
+	w.flush(count)
+	if !ok {
+		count(to, n, q.write(rb, i, n))
+		return
+	}
+	w.q, w.to, w.n, w.l4, w.size, w.last = q, to, 1, l4, len(pkt)-l4-8, false
+	w.rb, w.first = rb, i
+	w.klen = runKey(&w.key, pkt, l4)
+	w.used = copy(w.buf[vnetHdrLen:], pkt)
+	count(to, n, nil)
+}
+
+// coalescible returns where the UDP header of pkt starts if pkt may join
+// a super-packet: a UDP datagram with a payload, IPv4 without options or
+// fragmentation or IPv6 without extension headers, not itself a GSO
+// packet, its checksum partial or verified (a super-packet goes with a
+// partial one, which the receiver trusts).
+func coalescible(pkt []byte, o nat.Offload) (int, bool) {
+	var l4 int
+	switch {
+	case len(pkt) >= 28 && pkt[0] == 0x45 && pkt[9] == unix.IPPROTO_UDP && binary.BigEndian.Uint16(pkt[6:])&0x3fff == 0:
+		l4 = 20
+	case len(pkt) >= 48 && pkt[0]>>4 == 6 && pkt[6] == unix.IPPROTO_UDP:
+		l4 = 40
+	default:
+		return 0, false
+	}
+	if o.SegmentSize != 0 || len(pkt) <= l4+8 || int(binary.BigEndian.Uint16(pkt[l4+4:])) != len(pkt)-l4 {
+		return 0, false
+	}
+	if !o.PartialChecksum {
+		sum := binary.BigEndian.Uint16(pkt[l4+6:])
+		if sum == 0 || inetChecksum(pkt[l4:], pseudoSum(pkt, l4)) != 0 {
+			return 0, false
+		}
+	}
+	return l4, true
+}
+
+// pseudoSum returns the one's complement sum of the UDP pseudo-header of
+// pkt, its transport header at l4.
+func pseudoSum(pkt []byte, l4 int) uint32 {
+	var acc uint32
+	addrs := pkt[12:20]
+	if l4 == 40 {
+		addrs = pkt[8:40]
+	}
+	for i := 0; i < len(addrs); i += 2 {
+		acc += uint32(binary.BigEndian.Uint16(addrs[i:]))
+	}
+	return acc + unix.IPPROTO_UDP + uint32(len(pkt)-l4)
+}
+
+// runKey copies into key what the datagrams of a run share, and returns
+// its length: addresses and ports, and the TOS (traffic class) and TTL
+// (hop limit), which the segments of a super-packet take from its header.
+func runKey(key *[40]byte, pkt []byte, l4 int) int {
+	if l4 == 20 {
+		key[0], key[1] = pkt[1], pkt[8]
+		copy(key[2:], pkt[12:20])
+		copy(key[10:], pkt[20:24])
+		return 14
+	}
+	copy(key[:], pkt[:2]) // version, traffic class, flow label's top
+	key[2] = pkt[7]
+	copy(key[3:], pkt[8:40])
+	copy(key[35:], pkt[40:44])
+	return 39
+}
+
+// join adds pkt to the run if it belongs: same flow, TTL and TOS, a
+// payload of the first's size (or a last, shorter one), room left.
+func (w *writer) join(pkt []byte, l4 int) bool {
+	var key [40]byte
+	size := len(pkt) - l4 - 8
+	if w.last || l4 != w.l4 || size > w.size || w.n == groSegments || vnetHdrLen+w.used+size > len(w.buf) ||
+		runKey(&key, pkt, l4) != w.klen || key != w.key {
+		return false
+	}
+	w.used += copy(w.buf[vnetHdrLen+w.used:], pkt[l4+8:])
+	w.n++
+	w.last = size < w.size
+	return true
+}
+
+// flush writes the run, if any: one datagram as it came, several as a UDP
+// GSO super-packet, its lengths and IPv4 header checksum set again and its
+// UDP checksum made partial (the pseudo-header's sum; the datagrams' own
+// were partial or verified).
+func (w *writer) flush(count func(nat.Side, int, error)) {
+	if w.n == 0 {
+		return
+	}
+	n, l4, total := w.n, w.l4, w.used
+	w.n = 0
+	if n == 1 {
+		if err := w.q.write(w.rb, w.first, total); err != nil {
+			count(w.to, 0, err)
+		}
+		return
+	}
+	pkt := w.buf[vnetHdrLen : vnetHdrLen+total]
+	h := w.buf[:vnetHdrLen]
+	clear(h)
+	h[0] = unix.VIRTIO_NET_HDR_F_NEEDS_CSUM
+	binary.NativeEndian.PutUint16(h[2:], uint16(l4+8))
+	binary.NativeEndian.PutUint16(h[6:], uint16(l4))
+	binary.NativeEndian.PutUint16(h[8:], 6)
+	if l4 == 20 {
+		binary.BigEndian.PutUint16(pkt[2:], uint16(total))
+		pkt[10], pkt[11] = 0, 0
+		binary.BigEndian.PutUint16(pkt[10:], inetChecksum(pkt[:20], 0))
+	} else {
+		binary.BigEndian.PutUint16(pkt[4:], uint16(total-40))
+	}
+	binary.BigEndian.PutUint16(pkt[l4+4:], uint16(total-l4))
+	h[1] = unix.VIRTIO_NET_HDR_GSO_UDP_L4
+	binary.NativeEndian.PutUint16(h[4:], uint16(w.size))
+	binary.BigEndian.PutUint16(pkt[l4+6:], ^inetChecksum(nil, pseudoSum(pkt, l4)))
+	if err := w.q.writeRaw(w.buf[:vnetHdrLen+total]); err != nil {
+		count(w.to, 0, err)
+	}
 }
 
 // inetChecksum returns the Internet checksum (RFC 1071) of b with initial

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hash4/hash4"
+	"github.com/hash4/hash4/nat"
 	"golang.org/x/sys/unix"
 )
 
@@ -150,8 +151,9 @@ func (c captured) check() (src netip.Addr, proto uint8, err error) {
 // receiver can trust: captured with their virtio-net headers on the
 // devices, partial checksums hold the translated pseudo-header's sum and
 // full ones (raw datagrams) verify from scratch; a TCP echo of 8 MiB comes
-// back whole, and a UDP GSO send of 32 datagrams arrives as 32 intact
-// datagrams.
+// back whole, a UDP GSO send of 32 datagrams arrives as 32 intact
+// datagrams, and so does a burst of 200 datagrams, whose runs read together
+// are coalesced.
 func TestOffloadChecksums(t *testing.T) {
 	needTopology(t)
 	topo, g := startTestNAT(t, hash4.PortRange{Low: 20000, High: 29999}, testTimeouts)
@@ -212,6 +214,29 @@ func TestOffloadChecksums(t *testing.T) {
 		n, _, err := pc.ReadFrom(buf)
 		if err != nil || !bytes.Equal(buf[:n], burst[i*1000:(i+1)*1000]) {
 			t.Fatalf("UDP datagram %d: %v, %d bytes, intact %v", i, err, n, err == nil && bytes.Equal(buf[:n], burst[i*1000:(i+1)*1000]))
+		}
+	}
+	// A burst of datagrams, sent faster than the NAT wakes: the runs it
+	// reads together go out coalesced (how many is up to the scheduler),
+	// and every datagram arrives intact.
+	const burstLen = 200
+	for i := range burstLen {
+		if _, err := u.Write(fmt.Appendf(nil, "datagram %03d of the burst", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]bool{}
+	for range burstLen {
+		pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, _, err := pc.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("the burst: %d of %d datagrams arrived: %v", len(seen), burstLen, err)
+		}
+		seen[string(buf[:n])] = true
+	}
+	for i := range burstLen {
+		if d := fmt.Sprintf("datagram %03d of the burst", i); !seen[d] {
+			t.Errorf("the burst: %q did not arrive intact", d)
 		}
 	}
 
@@ -277,4 +302,113 @@ func TestOffloadChecksums(t *testing.T) {
 	if s := g.stats(); s.GSOReads == 0 {
 		t.Errorf("no GSO super-packet read: %v", s)
 	}
+}
+
+// udpDatagram builds an IPv4 UDP datagram of payload from src to dst,
+// with a virtio-net header before it: its checksum partial if partial,
+// full otherwise.
+func udpDatagram(src, dst netip.AddrPort, payload []byte, partial bool) []byte {
+	pkt := ipv4Packet(unix.IPPROTO_UDP, src, dst, append(make([]byte, 8), payload...), nil)
+	h := make([]byte, vnetHdrLen)
+	if partial {
+		h[0] = unix.VIRTIO_NET_HDR_F_NEEDS_CSUM
+		binary.NativeEndian.PutUint16(h[6:], 20)
+		binary.NativeEndian.PutUint16(h[8:], 6)
+		binary.BigEndian.PutUint16(pkt[26:], ^inetChecksum(nil, pseudoSum(pkt, 20)))
+	}
+	return append(h, pkt...)
+}
+
+// Runs of datagrams of one flow and one size are written as UDP GSO
+// super-packets: their segments, cut from scratch as the receiver cuts
+// them, are the datagrams, with checksums that verify once the partial one
+// is completed; other packets, and a datagram whose checksum is wrong,
+// are written as they came, in order.
+func TestCoalesce(t *testing.T) {
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(sp[0])
+	defer unix.Close(sp[1])
+	unix.SetsockoptInt(sp[0], unix.SOL_SOCKET, unix.SO_SNDBUF, 1<<20)
+	unix.SetsockoptInt(sp[1], unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
+	a, b := netip.AddrPortFrom(clientAddr4, 40000), netip.AddrPortFrom(serverAddr4, 9000)
+	var in [][]byte
+	var want [][]byte // the datagrams each write must carry
+	for i := range 10 {
+		in = append(in, udpDatagram(a, b, bytes.Repeat([]byte{byte(i)}, 100), i%2 == 0))
+	}
+	in = append(in, udpDatagram(b, a, []byte("another flow"), true))
+	for i := range 3 {
+		in = append(in, udpDatagram(a, b, bytes.Repeat([]byte{byte(i)}, 100-20*(i/2)), true))
+	}
+	bad := udpDatagram(a, b, bytes.Repeat([]byte{9}, 100), false)
+	bad[len(bad)-1] ^= 1 // its full checksum no longer verifies
+	in = append(in, bad, udpDatagram(a, b, bytes.Repeat([]byte{8}, 100), true))
+	// The batch, as a read leaves it.
+	rb := newReadBatch()
+	used := 0
+	for _, p := range in {
+		copy(rb.buf[used:], p)
+		if !rb.add(used, len(p)) {
+			t.Fatal("a test packet refused")
+		}
+		used += len(p)
+	}
+	q := &tunQueue{fd: sp[0], uso: true}
+	w := newWriter()
+	count := func(nat.Side, int, error) {}
+	for i, p := range rb.pkts {
+		w.write(q, nat.Outside, rb, i, len(p), count)
+	}
+	w.flush(count)
+	runs := []int{10, 1, 3, 1, 1} // datagrams per write
+	buf := make([]byte, 1<<17)
+	k := 0
+	for r, n := range runs {
+		m, _, err := unix.Recvfrom(sp[1], buf, unix.MSG_DONTWAIT)
+		if err != nil {
+			t.Fatalf("write %d: %v", r, err)
+		}
+		h, pkt := buf[:vnetHdrLen], buf[vnetHdrLen:m]
+		want = in[k : k+n]
+		k += n
+		if n == 1 {
+			if !bytes.Equal(buf[:m], want[0]) {
+				t.Errorf("write %d: not the datagram as it came", r)
+			}
+			continue
+		}
+		size := int(binary.NativeEndian.Uint16(h[4:]))
+		if h[0] != unix.VIRTIO_NET_HDR_F_NEEDS_CSUM || h[1] != unix.VIRTIO_NET_HDR_GSO_UDP_L4 || size != 100 ||
+			binary.NativeEndian.Uint16(h[6:]) != 20 || binary.NativeEndian.Uint16(h[8:]) != 6 {
+			t.Fatalf("write %d: header %x", r, h)
+		}
+		if _, _, err := (captured{flags: h[0], csumStart: 20, csumOffset: 6, pkt: pkt}).check(); err != nil {
+			t.Errorf("write %d: %v", r, err)
+		}
+		// Cut it as the receiver does: each segment the headers and
+		// size bytes of payload, lengths and checksums its own.
+		for j, d := range want {
+			payload := pkt[28+j*size : min(28+(j+1)*size, len(pkt))]
+			seg := ipv4Packet(unix.IPPROTO_UDP, a, b, append(make([]byte, 8), payload...), nil)
+			if orig := d[vnetHdrLen:]; !bytes.Equal(seg[20:], completeOf(orig)[20:]) {
+				t.Errorf("write %d segment %d: %x, want %x", r, j, seg[20:], completeOf(orig)[20:])
+			}
+		}
+	}
+	if _, _, err := unix.Recvfrom(sp[1], buf, unix.MSG_DONTWAIT); err == nil {
+		t.Error("more writes than runs")
+	}
+}
+
+// completeOf returns the IPv4 UDP packet pkt with its checksum complete.
+func completeOf(pkt []byte) []byte {
+	pkt = bytes.Clone(pkt)
+	if sum := binary.BigEndian.Uint16(pkt[26:]); sum == ^inetChecksum(nil, pseudoSum(pkt, 20)) {
+		pkt[26], pkt[27] = 0, 0
+		binary.BigEndian.PutUint16(pkt[26:], inetChecksum(pkt[20:], pseudoSum(pkt, 20)))
+	}
+	return pkt
 }
