@@ -66,9 +66,10 @@ func tickFor(to nat.Timeouts) time.Duration {
 
 // counters are what the gateway counts itself: packets and bytes
 // forwarded each way (hairpinned ones and the NAT's own ICMP errors with
-// those going in; a GSO read's segments one by one), packets whose write
-// failed; reads, those that gave GSO super-packets and their segments, and
-// reads that failed.
+// those going in; a GSO super-packet counts once, coalesced datagrams one
+// each), writes that failed; packets read, the GSO super-packets among
+// them and about how many segments they held, and reads that failed or
+// gave a packet tunnat could not pass on.
 type counters struct {
 	pktsOut, pktsIn         atomic.Int64
 	bytesOut, bytesIn       atomic.Int64
@@ -111,7 +112,7 @@ func (s stats) drops() string {
 
 // String gives the counters on one line.
 func (s stats) String() string {
-	return fmt.Sprintf("flows created %d, expired %d (early %d), active %d, mappings %d; packets out %d (%d bytes), in %d (%d bytes); reads %d, of GSO super-packets %d (%d segments); dropped %d: %s",
+	return fmt.Sprintf("flows created %d, expired %d (early %d), active %d, mappings %d; packets out %d (%d bytes), in %d (%d bytes); read %d, of them GSO super-packets %d (about %d segments); dropped %d: %s",
 		s.FlowsCreated, s.Expired[nat.ExpiredTimeout]+s.Expired[nat.ExpiredEarlyDrop], s.Expired[nat.ExpiredEarlyDrop],
 		s.Flows, s.Mappings, s.PktsOut, s.BytesOut, s.PktsIn, s.BytesIn, s.Reads, s.GSOReads, s.GSOSegments, s.dropped(), s.drops())
 }
