@@ -107,17 +107,18 @@ func (q *tunQueue) close() error { return q.f.Close() }
 // packet after its virtio-net header.
 type readBatch struct {
 	// fill is rb.readReady, bound once (a closure given to RawConn.Read
-	// would be allocated at each read); used and err are its state.
-	fill func(fd uintptr) bool
-	used int
-	err  error
-	buf  []byte
-	at   []int         // where each packet's header starts in buf
-	pkts [][]byte      // the packets, after their headers
-	off  []nat.Offload // what their headers say
-	segs int           // segments of the GSO super-packets among them
-	gso  int           // GSO super-packets among them
-	bad  int           // packets dropped for headers tunnat cannot pass on
+	// would be allocated at each read); used, calls and err are its state.
+	fill  func(fd uintptr) bool
+	used  int
+	calls int
+	err   error
+	buf   []byte
+	at    []int         // where each packet's header starts in buf
+	pkts  [][]byte      // the packets, after their headers
+	off   []nat.Offload // what their headers say
+	segs  int           // segments of the GSO super-packets among them
+	gso   int           // GSO super-packets among them
+	bad   int           // packets dropped for headers tunnat cannot pass on
 }
 
 func newReadBatch() *readBatch {
@@ -130,7 +131,7 @@ func newReadBatch() *readBatch {
 // read fills rb with the packets queued on q, waiting for the first.
 func (q *tunQueue) read(rb *readBatch) error {
 	rb.at, rb.pkts, rb.off = rb.at[:0], rb.pkts[:0], rb.off[:0]
-	rb.segs, rb.gso, rb.bad, rb.used, rb.err = 0, 0, 0, 0, nil
+	rb.segs, rb.gso, rb.bad, rb.used, rb.calls, rb.err = 0, 0, 0, 0, 0, nil
 	if err := q.rc.Read(rb.fill); err != nil {
 		return err
 	}
@@ -141,8 +142,13 @@ func (q *tunQueue) read(rb *readBatch) error {
 }
 
 // readReady reads the packets queued on fd into rb; it reports false,
-// to wait, if there was none.
+// to wait, if there was none. Called again after a wait, it reads one: the
+// queue was empty a moment before, and most likely is again, and a read
+// to find out would cost as much as the packet's (the old one-packet reads
+// took two system calls per packet when idle, a read and the wait's; this
+// keeps it so). Under load the first call finds packets and reads a batch.
 func (rb *readBatch) readReady(fd uintptr) bool {
+	rb.calls++
 	for len(rb.pkts) < batchSize && len(rb.buf)-rb.used >= maxRead {
 		n, err := unix.Read(int(fd), rb.buf[rb.used:rb.used+maxRead])
 		switch {
@@ -156,6 +162,9 @@ func (rb *readBatch) readReady(fd uintptr) bool {
 		}
 		if rb.add(rb.used, n) {
 			rb.used += n
+		}
+		if rb.calls > 1 {
+			return true
 		}
 	}
 	return true
