@@ -112,13 +112,16 @@ type readBatch struct {
 	used  int
 	calls int
 	err   error
-	buf   []byte
-	at    []int         // where each packet's header starts in buf
-	pkts  [][]byte      // the packets, after their headers
-	off   []nat.Offload // what their headers say
-	segs  int           // segments of the GSO super-packets among them
-	gso   int           // GSO super-packets among them
-	bad   int           // packets dropped for headers tunnat cannot pass on
+	// busy counts the reads in a row that found the queue not empty
+	// without waiting: past one, a batch reads on.
+	busy int
+	buf  []byte
+	at   []int         // where each packet's header starts in buf
+	pkts [][]byte      // the packets, after their headers
+	off  []nat.Offload // what their headers say
+	segs int           // segments of the GSO super-packets among them
+	gso  int           // GSO super-packets among them
+	bad  int           // packets dropped for headers tunnat cannot pass on
 }
 
 func newReadBatch() *readBatch {
@@ -142,13 +145,18 @@ func (q *tunQueue) read(rb *readBatch) error {
 }
 
 // readReady reads the packets queued on fd into rb; it reports false,
-// to wait, if there was none. Called again after a wait, it reads one: the
-// queue was empty a moment before, and most likely is again, and a read
-// to find out would cost as much as the packet's (the old one-packet reads
-// took two system calls per packet when idle, a read and the wait's; this
-// keeps it so). Under load the first call finds packets and reads a batch.
+// to wait, if there was none. It reads on, to the end of the queue or of
+// the batch, only when the queue was found not empty without waiting twice
+// in a row: otherwise the queue was empty a moment before and most likely
+// is again, and a read to find out would cost as much as the packet's
+// (one-packet reads take two system calls per packet when idle, a read
+// and the wait's; this keeps it so). Under load the batches fill.
 func (rb *readBatch) readReady(fd uintptr) bool {
-	rb.calls++
+	if rb.calls++; rb.calls == 1 {
+		rb.busy++
+	} else {
+		rb.busy = 0
+	}
 	for len(rb.pkts) < batchSize && len(rb.buf)-rb.used >= maxRead {
 		n, err := unix.Read(int(fd), rb.buf[rb.used:rb.used+maxRead])
 		switch {
@@ -163,7 +171,7 @@ func (rb *readBatch) readReady(fd uintptr) bool {
 		if rb.add(rb.used, n) {
 			rb.used += n
 		}
-		if rb.calls > 1 {
+		if rb.busy < 2 {
 			return true
 		}
 	}
