@@ -14,6 +14,15 @@
 //	emit := func(to nat.Side, pkt []byte) { dev[to].Write(pkt) }
 //	for { pkt := readInside(); n.Outbound(pkt, emit) } // and Inbound on the other side
 //
+// OutboundBatch and InboundBatch translate a burst of packets at once (a
+// TUN device's reads, a ring of frames): the flows of the whole batch are
+// looked up with one Table.AppendLookups per table, which overlaps their
+// cache misses, and each packet gets a Verdict: send pkts[i][:Len] to a
+// side, or why it was dropped. A packet may carry offload metadata
+// (Offload): a partial checksum, which the NAT updates for the addresses
+// only, and a GSO super-packet's segment size, to which the MTU applies, so
+// that a gateway passes 64 KiB super-packets through whole.
+//
 // MapOutbound and MapInbound do the same for a NAT that sees endpoints
 // rather than packets.
 //
@@ -70,8 +79,9 @@
 //
 // # Cost
 //
-// A packet of a known flow costs a parse, one Table.Lookup and an
-// incremental checksum update. A new flow costs, for endpoint-independent
+// A packet of a known flow costs a parse, one Table.Lookup (in a batch, its
+// share of an AppendLookups; a batch's run of packets of one flow, such as
+// a GSO read's segments, one lookup) and an incremental checksum update. A new flow costs, for endpoint-independent
 // mapping, a Table.Connect (its port) and four inserts into hash4 tables
 // (the mapping's two keys, the flow's two), and a few allocations; for
 // address-and-port-dependent mapping, a Connect and one insert. The

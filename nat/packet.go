@@ -78,6 +78,11 @@ type packet struct {
 	frag, first bool
 	df          bool
 	fragID      uint32
+	// Offload metadata, from a batch's Offload: the transport checksum
+	// holds the pseudo-header's sum only; the packet is a GSO
+	// super-packet of segments of segSize payload bytes.
+	partial bool
+	segSize int
 }
 
 // echo reports whether p is an echo request or reply.
@@ -301,7 +306,7 @@ func (n *NAT) Outbound(pkt []byte, emit Emit) Drop {
 	var p packet
 	why := parse(pkt, &p)
 	if why == DropNone {
-		why = n.translate(pkt, &p, Inside, emit)
+		why = n.translate(pkt, &p, Inside, emit, nil)
 	}
 	if why != DropNone {
 		n.ctr.drops[why].Add(1)
@@ -316,7 +321,7 @@ func (n *NAT) Inbound(pkt []byte, emit Emit) Drop {
 	var p packet
 	why := parse(pkt, &p)
 	if why == DropNone {
-		why = n.translate(pkt, &p, Outside, emit)
+		why = n.translate(pkt, &p, Outside, emit, nil)
 	}
 	if why != DropNone {
 		n.ctr.drops[why].Add(1)
@@ -325,7 +330,8 @@ func (n *NAT) Inbound(pkt []byte, emit Emit) Drop {
 }
 
 // translate translates the parsed packet b, which came from side from.
-func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
+// known, if not nil, is what a batch's lookup found for b's flow.
+func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) Drop {
 	if len(n.pool[family(p.src)]) == 0 {
 		return DropUnsupported
 	}
@@ -339,15 +345,19 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 		n.sendError(b, p, from, errTimeExceeded, emit)
 		return DropTTL
 	}
-	if mtu := n.cfg.MTU; mtu > 0 && p.length > mtu && (p.v6 || p.df) {
-		n.sendError(b, p, from, errTooBig, emit)
-		return DropTooBig
+	if mtu := n.cfg.MTU; mtu > 0 && p.length > mtu && (p.v6 || p.df || p.segSize > 0) {
+		// A GSO super-packet is too big if its segments are: it is not
+		// fragmented, as the kernel would not fragment its segments.
+		if p.segSize == 0 || segmentLen(b, p) > mtu {
+			n.sendError(b, p, from, errTooBig, emit)
+			return DropTooBig
+		}
 	}
 	to := Outside
 	if from == Outside {
 		to = Inside
 	}
-	f, why := n.flowOf(p, from, false)
+	f, why := n.flowOf(p, from, false, known)
 	if why != DropNone {
 		if from == Inside && (why == DropNoPort || why == DropNoBlock || why == DropTableFull || why == DropHostLimit) {
 			n.sendError(b, p, from, errProhibited, emit)
@@ -382,7 +392,7 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 		// sender's external endpoint, goes in as if it came from outside.
 		q := *p
 		q.src, q.sport = f.ext.Addr(), f.ext.Port()
-		g, why := n.flowOf(&q, Outside, true)
+		g, why := n.flowOf(&q, Outside, true, nil)
 		if why != DropNone {
 			return why
 		}
@@ -400,42 +410,50 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit) Drop {
 	return n.send(b, p, to, emit)
 }
 
-// flowOf returns the flow of the parsed packet p from side from, refreshed,
-// made if there is none and the packet may make one. hairpin says that p,
-// from Outside, is an inside host's packet to another's mapping.
-func (n *NAT) flowOf(p *packet, from Side, hairpin bool) (*flow, Drop) {
-	pr := protoOf(p.proto)
-	var local, remote netip.AddrPort
+// flowKey sets k to the key of the parsed packet p from side from in its
+// protocol's table (fwd from inside, rev from outside), and returns the
+// protocol and whether the packet may make a flow.
+func flowKey(p *packet, from Side, k *hash4.Tuple) (pr Proto, canCreate bool) {
 	if from == Inside {
-		local, remote = netip.AddrPortFrom(p.src, p.sport), netip.AddrPortFrom(p.dst, p.dport)
+		k.Local, k.Remote = netip.AddrPortFrom(p.src, p.sport), netip.AddrPortFrom(p.dst, p.dport)
 	} else {
-		local, remote = netip.AddrPortFrom(p.dst, p.dport), netip.AddrPortFrom(p.src, p.sport)
+		k.Local, k.Remote = netip.AddrPortFrom(p.dst, p.dport), netip.AddrPortFrom(p.src, p.sport)
 	}
 	// An echo's flow: requests go out, replies come in; the remote has no
 	// identifier of its own.
-	canCreate := true
+	canCreate = true
 	switch {
 	case p.echo():
-		remote = netip.AddrPortFrom(remote.Addr(), icmpRemotePort)
+		k.Remote = netip.AddrPortFrom(k.Remote.Addr(), icmpRemotePort)
 		req := p.icmpType == icmpEcho || p.icmpType == icmp6Echo
 		canCreate = req == (from == Inside)
 	case p.proto == ipTCP:
 		canCreate = p.tcp.flags&(tcpSYN|tcpACK|tcpRST) == tcpSYN
 	}
-	var f *flow
-	var why Drop
+	return protoOf(p.proto), canCreate
+}
+
+// flowOf returns the flow of the parsed packet p from side from, refreshed,
+// made if there is none and the packet may make one. hairpin says that p,
+// from Outside, is an inside host's packet to another's mapping. known, if
+// not nil, is what a lookup of p's key found: it is used if still live.
+func (n *NAT) flowOf(p *packet, from Side, hairpin bool, known *flow) (*flow, Drop) {
+	var k hash4.Tuple
+	pr, canCreate := flowKey(p, from, &k)
 	// The known flow's lookup is written out here, where Table.Lookup is
 	// inlined: through lookupOut, too large to inline, it costs a call
 	// and a copy of the 64-byte tuple more.
-	k := hash4.Tuple{Local: local, Remote: remote}
 	ps := &n.proto[pr]
-	var ok bool
-	if from == Inside {
-		f, ok = ps.fwd.Lookup(k)
-	} else {
-		f, ok = ps.rev.Lookup(k)
+	f, ok := known, known != nil
+	if !ok {
+		if from == Inside {
+			f, ok = ps.fwd.Lookup(k)
+		} else {
+			f, ok = ps.rev.Lookup(k)
+		}
 	}
 	if !ok || f.state.Load() != stateLive {
+		var why Drop
 		if from == Inside {
 			f, why = n.outbound(pr, k, canCreate)
 		} else {
@@ -455,7 +473,12 @@ func (n *NAT) flowOf(p *packet, from Side, hairpin bool) (*flow, Drop) {
 // send passes p to emit, in fragments if it is larger than the MTU (translate
 // refused those that may not be fragmented).
 func (n *NAT) send(b []byte, p *packet, to Side, emit Emit) Drop {
-	if mtu := n.cfg.MTU; mtu > 0 && p.length > mtu {
+	if mtu := n.cfg.MTU; mtu > 0 && p.length > mtu && p.segSize == 0 {
+		if p.partial {
+			// The fragments go without the packet's offload metadata:
+			// its checksum is completed first.
+			completeChecksum(b, p)
+		}
 		return fragmentOut(b[:p.length], p, mtu, to, emit)
 	}
 	emit(to, b[:p.length])
@@ -506,6 +529,17 @@ func rewrite(b []byte, p *packet, dst bool, a netip.AddrPort) {
 		p.dport = a.Port()
 	default:
 		p.sport = a.Port()
+	}
+	switch p.proto {
+	case ipTCP, ipUDP:
+		if p.partial {
+			// The field holds the pseudo-header's sum, not complemented:
+			// only the address changes it; the port is in what the
+			// receiver sums.
+			off := p.l4 + csumField(p.proto)
+			binary.BigEndian.PutUint16(b[off:], ^csumAdd(^binary.BigEndian.Uint16(b[off:]), delta))
+			return
+		}
 	}
 	switch p.proto {
 	case ipTCP:
@@ -569,6 +603,38 @@ func setAddr(dst []byte, a netip.Addr) uint32 {
 	}
 	copy(dst, nw[:len(dst)])
 	return delta
+}
+
+// csumField returns the offset of the checksum in a TCP or UDP header.
+func csumField(proto uint8) int {
+	if proto == ipTCP {
+		return 16
+	}
+	return 6
+}
+
+// segmentLen returns the length of the largest segment of the GSO
+// super-packet b: its headers and segSize bytes of payload.
+func segmentLen(b []byte, p *packet) int {
+	h := p.l4 + 8
+	if p.proto == ipTCP {
+		h = p.l4 + int(b[p.l4+12]>>4)*4
+	}
+	return min(h+p.segSize, p.length)
+}
+
+// completeChecksum completes the partial transport checksum of the TCP or
+// UDP packet b: what the receiver of its offload metadata would do.
+func completeChecksum(b []byte, p *packet) {
+	off := p.l4 + csumField(p.proto)
+	initial := uint32(binary.BigEndian.Uint16(b[off:]))
+	b[off], b[off+1] = 0, 0
+	sum := checksum(b[p.l4:p.length], initial)
+	if sum == 0 && p.proto == ipUDP {
+		sum = 0xffff
+	}
+	binary.BigEndian.PutUint16(b[off:], sum)
+	p.partial = false
 }
 
 // csumAdd applies delta, a sum of ~old + new over changed words, to the

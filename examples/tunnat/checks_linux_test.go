@@ -76,7 +76,7 @@ func TestRealTools(t *testing.T) {
 		t.Skip("-short: the checks with real tools run in the full run (about 35s)")
 	}
 	needTopology(t, checkTools...)
-	topo, err := newTUNTopology()
+	topo, err := newTUNTopology(defaultQueues())
 	t.Cleanup(func() {
 		if err := topo.close(); err != nil {
 			t.Errorf("removing the topology: %v", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"strconv"
 	"time"
 )
 
@@ -19,15 +20,37 @@ const comparePort = 9000
 // compareTools are the programs -compare runs.
 var compareTools = []string{"iperf3", "nft", "ss", "sysctl"}
 
+// fixedRate is the offered rate of -compare's UDP run at a fixed rate,
+// in 64-byte datagrams per second: one the kernel's NAT carries with no
+// more than 1% lost on a 2-core machine.
+const fixedRate = 50000
+
 // measurement is what -compare measures of one NAT.
 type measurement struct {
 	tcpMbps     float64       // iperf3 TCP, one stream, receiver's rate
+	tcp4Mbps    float64       // iperf3 TCP, four streams
 	udpPPS      float64       // iperf3 UDP, 64-byte payloads, unlimited rate: datagrams received per second
 	udpLoss     float64       // and the percentage lost
+	fixedPPS    float64       // the same at fixedRate offered
+	fixedLoss   float64       // and the percentage lost
 	connPerSec  float64       // TCP connections set up and torn down per second
 	rttP50, p99 time.Duration // UDP round trips, one at a time
 	connWorkers int
 	roundTrips  int
+}
+
+// udpRun runs iperf3 UDP with 64-byte datagrams at rate (bits per
+// second, "0" for unlimited) and returns the datagrams received per
+// second and the percentage lost.
+func udpRun(ctx context.Context, t *topology, d time.Duration, rate string) (pps, loss float64, err error) {
+	c, _, err := iperf(ctx, t, d, "-u", "-b", rate, "-l", "64")
+	if err != nil {
+		return 0, 0, err
+	}
+	if c.End.Sum.Seconds > 0 {
+		pps = float64(c.End.Sum.Packets-c.End.Sum.LostPackets) / c.End.Sum.Seconds
+	}
+	return pps, c.End.Sum.LostPercent, nil
 }
 
 // measure runs the measurements over topology t.
@@ -39,15 +62,19 @@ func measure(ctx context.Context, t *topology, d time.Duration, progress func(st
 		return m, err
 	}
 	m.tcpMbps = c.End.SumReceived.BitsPerSecond / 1e6
-	progress("iperf3 UDP")
-	c, _, err = iperf(ctx, t, d, "-u", "-b", "0", "-l", "64")
-	if err != nil {
+	progress("iperf3 TCP, 4 streams")
+	if c, _, err = iperf(ctx, t, d, "-P", "4"); err != nil {
 		return m, err
 	}
-	if c.End.Sum.Seconds > 0 {
-		m.udpPPS = float64(c.End.Sum.Packets-c.End.Sum.LostPackets) / c.End.Sum.Seconds
+	m.tcp4Mbps = c.End.SumReceived.BitsPerSecond / 1e6
+	progress("iperf3 UDP")
+	if m.udpPPS, m.udpLoss, err = udpRun(ctx, t, d, "0"); err != nil {
+		return m, err
 	}
-	m.udpLoss = c.End.Sum.LostPercent
+	progress(fmt.Sprintf("iperf3 UDP at %d datagrams/s", fixedRate))
+	if m.fixedPPS, m.fixedLoss, err = udpRun(ctx, t, d, strconv.Itoa(fixedRate*64*8)); err != nil {
+		return m, err
+	}
 	stop, err := goListen(t.server, netip.AddrPortFrom(serverAddr4, comparePort))
 	if err != nil {
 		return m, err
@@ -83,7 +110,7 @@ func runCompare(ctx context.Context, o options, out, progressW io.Writer) error 
 		return fmt.Errorf("kernel NAT: %w", err)
 	}
 
-	t, err := newTUNTopology()
+	t, err := newTUNTopology(o.queues)
 	defer func() { t.close() }()
 	if err != nil {
 		return err
@@ -123,8 +150,11 @@ func printComparison(w io.Writer, d time.Duration, k, u measurement) {
 		fmt.Fprintf(w, "| %s | "+format+" | "+format+" | %.2f |\n", name, kv, uv, ratio)
 	}
 	row("TCP throughput, 1 stream (iperf3, Mbit/s)", k.tcpMbps, u.tcpMbps, "%.0f", false)
+	row("TCP throughput, 4 streams (iperf3 -P 4, Mbit/s)", k.tcp4Mbps, u.tcp4Mbps, "%.0f", false)
 	row("UDP 64-byte datagrams received per second (iperf3 -b 0)", k.udpPPS, u.udpPPS, "%.0f", false)
 	fmt.Fprintf(w, "| UDP datagrams lost (%%) | %.1f | %.1f | |\n", k.udpLoss, u.udpLoss)
+	row(fmt.Sprintf("UDP 64-byte datagrams received per second, %d offered", fixedRate), k.fixedPPS, u.fixedPPS, "%.0f", false)
+	fmt.Fprintf(w, "| UDP datagrams lost at %d offered (%%) | %.2f | %.2f | |\n", fixedRate, k.fixedLoss, u.fixedLoss)
 	row(fmt.Sprintf("TCP connections per second (%d clients, connect, 1 byte, close)", k.connWorkers), k.connPerSec, u.connPerSec, "%.0f", false)
 	row(fmt.Sprintf("UDP round trip, median of %d (µs)", k.roundTrips), us(k.rttP50), us(u.rttP50), "%.0f", true)
 	row("UDP round trip, 99th percentile (µs)", us(k.p99), us(u.p99), "%.0f", true)

@@ -64,7 +64,7 @@ func runDemo(ctx context.Context, o options, out, progressW io.Writer) (res demo
 	if err := checkEnv(demoTools...); err != nil {
 		return res, err
 	}
-	t, err := newTUNTopology()
+	t, err := newTUNTopology(o.queues)
 	defer func() { err = errors.Join(err, t.close()) }()
 	if err != nil {
 		return res, err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"runtime"
 	"time"
 
 	"github.com/hash4/hash4"
@@ -22,6 +23,10 @@ const (
 	defaultCompareDuration = 3 * time.Second
 )
 
+// defaultQueues is the default of -queues: one queue per processor Go
+// runs on.
+func defaultQueues() int { return min(runtime.GOMAXPROCS(0), 16) }
+
 // options is the parsed command line.
 type options struct {
 	nat        natConfig
@@ -29,6 +34,7 @@ type options struct {
 	compare    bool
 	duration   time.Duration // demo and compare: length of each iperf3 run
 	cpuprofile string
+	queues     int // queues per TUN device, a reading goroutine each way per queue
 }
 
 // parseFlags parses args (without the program name). Errors describe the
@@ -66,6 +72,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		compare      = fs.Bool("compare", false, "measure the NAT against the kernel's (nftables masquerade) on the same topology")
 		duration     = fs.Duration("duration", 0, "demo, compare: length of each iperf3 run (default 2s with -demo, 3s with -compare)")
 		cpuprofile   = fs.String("cpuprofile", "", "write a CPU profile of the run to `file`")
+		queues       = fs.Int("queues", defaultQueues(), "queues per TUN device (1 to 16), each read by a goroutine of its own each way")
 	)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: tunnat [flags]           (a gateway between two namespaces, until Ctrl-C)\n       tunnat -demo [flags]\n       tunnat -compare [flags]\n\nLinux only; needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).\n\nflags:\n")
@@ -75,7 +82,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if err != nil {
 		return options{}, err
 	}
-	o := options{demo: *demo, compare: *compare, cpuprofile: *cpuprofile}
+	o := options{demo: *demo, compare: *compare, cpuprofile: *cpuprofile, queues: *queues}
+	if o.queues < 1 || o.queues > 16 {
+		return o, fmt.Errorf("-queues %d: want 1 to 16", *queues)
+	}
 	if o.demo && o.compare {
 		return o, errors.New("-demo and -compare: choose one")
 	}

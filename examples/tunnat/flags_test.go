@@ -31,6 +31,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"-pool", "9"}, 2, "-pool"},
 		{[]string{"-block-size", "64", "-blocks", "x"}, 2, "-blocks"},
 		{[]string{"-mtu", "100"}, 2, "MTU"},
+		{[]string{"-queues", "0"}, 2, "-queues"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var stdout, stderr bytes.Buffer

@@ -13,19 +13,25 @@ import (
 	"github.com/hash4/hash4/nat"
 )
 
-// maxPacket is the largest packet a TUN device hands over (its MTU is
-// 1500; the buffer takes any IP packet).
-const maxPacket = 65535
-
-// gateway runs a NAT between two TUN devices: one goroutine per direction,
-// each reading one device and writing what the NAT emits to the other (or,
-// for hairpinned packets and the NAT's own ICMP errors, back to the same
-// side), and one running the NAT's expiry.
+// gateway runs a NAT between two multi-queue TUN devices: per queue, one
+// goroutine reads batches from the inside device's queue and writes what
+// the NAT emits to the outside device's queue of the same number
+// (hairpinned packets and the NAT's own ICMP errors back to the inside
+// queue), one does the same the other way; and one goroutine runs the
+// NAT's expiry.
+//
+// A flow's packets stay in order: the kernel hands the packets of one flow
+// to one queue of a device (the queue a packet of the flow was last
+// written to, else one by the flow's hash: tun_automq_select_queue), and
+// each queue is read by one goroutine, which translates and writes its
+// packets in the order read. A flow's first packet is written to the
+// other device on the queue it was read from, which is where the other
+// device then sends its replies.
 type gateway struct {
 	nat     *nat.NAT
 	c       counters
-	inside  *os.File // the client side
-	outside *os.File // the server side
+	inside  []*tunQueue // the client side, one per queue
+	outside []*tunQueue // the server side
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
 }
@@ -42,59 +48,86 @@ func startGateway(cfg natConfig, t *topology) (*gateway, error) {
 	// The label marks the gateway's samples in a CPU profile, apart from
 	// the clients and servers that -compare and the tests run in-process.
 	pprof.Do(ctx, pprof.Labels("tunnat", "gateway"), func(ctx context.Context) {
-		g.wg.Add(3)
-		go func() { defer g.wg.Done(); g.pump(ctx, g.inside, n.Outbound) }()
-		go func() { defer g.wg.Done(); g.pump(ctx, g.outside, n.Inbound) }()
+		for q := range g.inside {
+			g.wg.Add(2)
+			go func() { defer g.wg.Done(); g.pump(ctx, nat.Inside, g.inside[q], g.outside[q]) }()
+			go func() { defer g.wg.Done(); g.pump(ctx, nat.Outside, g.outside[q], g.inside[q]) }()
+		}
+		g.wg.Add(1)
 		go func() { defer g.wg.Done(); n.Run(ctx) }()
 	})
 	return g, nil
 }
 
-// emit writes a packet the NAT sends to the device of its side.
-func (g *gateway) emit(to nat.Side, pkt []byte) {
-	dev := g.outside
-	if to == nat.Inside {
-		dev = g.inside
-	}
-	if _, err := dev.Write(pkt); err != nil {
-		g.c.writeErrors.Add(1)
-		return
-	}
-	if to == nat.Outside {
-		g.c.pktsOut.Add(1)
-		g.c.bytesOut.Add(int64(len(pkt)))
-	} else {
-		g.c.pktsIn.Add(1)
-		g.c.bytesIn.Add(int64(len(pkt)))
-	}
-}
-
-// pump reads packets from src and hands them to translate, until ctx is
-// done: a read deadline in the past then ends the read it waits in.
-func (g *gateway) pump(ctx context.Context, src *os.File, translate func([]byte, nat.Emit) nat.Drop) {
+// pump reads batches of packets from src, the queue of side from, hands
+// each batch to the NAT, and writes the translated packets, each with the
+// offload header it was read with (runs of UDP datagrams coalesced), to
+// dst, the other side's queue, or back to src. It ends when ctx is done: a read deadline in the past then ends
+// the read it waits in.
+func (g *gateway) pump(ctx context.Context, from nat.Side, src, dst *tunQueue) {
 	// A gateway before this one on the same device left its deadline in
 	// the past.
-	src.SetReadDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { src.SetReadDeadline(time.Now()) })
+	src.f.SetReadDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { src.f.SetReadDeadline(time.Now()) })
 	defer stop()
-	buf := make([]byte, maxPacket)
-	emit := g.emit // one func value for every packet: no allocation each
+	dev := [2]*tunQueue{nat.Inside: src, nat.Outside: dst}
+	if from == nat.Outside {
+		dev = [2]*tunQueue{nat.Inside: dst, nat.Outside: src}
+	}
+	translate := g.nat.OutboundBatch
+	if from == nat.Outside {
+		translate = g.nat.InboundBatch
+	}
+	rb, w := newReadBatch(), newWriter()
+	count := g.count
+	var b nat.Batch
+	// What the NAT sends of its own (ICMP errors, fragments) goes at once,
+	// without offload metadata.
+	scratch := make([]byte, maxRead)
+	emit := func(to nat.Side, pkt []byte) {
+		g.count(to, len(pkt), dev[to].writePlain(scratch, pkt))
+	}
 	for {
-		n, err := src.Read(buf)
-		if err != nil {
+		if err := src.read(rb); err != nil {
 			if ctx.Err() != nil || errors.Is(err, os.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
 				return
 			}
+			g.c.readErrors.Add(1)
 			continue // EINTR and the like; a dead device gives ErrClosed
 		}
-		translate(buf[:n], emit)
+		g.c.reads.Add(int64(len(rb.pkts)))
+		g.c.gsoReads.Add(int64(rb.gso))
+		g.c.gsoSegments.Add(int64(rb.segs))
+		g.c.readErrors.Add(int64(rb.bad))
+		for i, v := range translate(&b, rb.pkts, rb.off, emit) {
+			if v.Len > 0 {
+				w.write(dev[v.To], v.To, rb, i, v.Len, count)
+			}
+		}
+		w.flush(count)
+	}
+}
+
+// count counts a packet of n bytes written to side to, or its write's
+// failure.
+func (g *gateway) count(to nat.Side, n int, err error) {
+	switch {
+	case err != nil:
+		g.c.writeErrors.Add(1)
+	case to == nat.Outside:
+		g.c.pktsOut.Add(1)
+		g.c.bytesOut.Add(int64(n))
+	default:
+		g.c.pktsIn.Add(1)
+		g.c.bytesIn.Add(int64(n))
 	}
 }
 
 // stats returns the NAT's metrics and the gateway's counters.
 func (g *gateway) stats() stats {
 	return stats{Metrics: g.nat.Metrics(), PktsOut: g.c.pktsOut.Load(), PktsIn: g.c.pktsIn.Load(),
-		BytesOut: g.c.bytesOut.Load(), BytesIn: g.c.bytesIn.Load(), WriteErrors: g.c.writeErrors.Load()}
+		BytesOut: g.c.bytesOut.Load(), BytesIn: g.c.bytesIn.Load(), WriteErrors: g.c.writeErrors.Load(),
+		Reads: g.c.reads.Load(), GSOReads: g.c.gsoReads.Load(), GSOSegments: g.c.gsoSegments.Load(), ReadErrors: g.c.readErrors.Load()}
 }
 
 // close stops the gateway and waits for its goroutines. The devices stay
@@ -165,7 +198,7 @@ func runGateway(ctx context.Context, o options, stdout, stderr io.Writer) (err e
 	if err := checkEnv(); err != nil {
 		return err
 	}
-	t, err := newTUNTopology()
+	t, err := newTUNTopology(o.queues)
 	defer func() { err = errors.Join(err, t.close()) }()
 	if err != nil {
 		return err

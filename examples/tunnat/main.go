@@ -30,13 +30,21 @@
 //
 // # How it works
 //
-// One goroutine reads the client-side TUN device and gives each packet to
-// the NAT's Outbound, one reads the server side and gives each to Inbound;
-// each writes what the NAT emits to the device of its side (hairpinned
-// packets and the NAT's own ICMP errors go back to the device they came
-// from). A third runs the NAT's expiry. The nat package does the rest:
-// mappings and flows, the behaviours, pool, blocks and limits of the
-// flags, TCP tracking, ICMP errors, fragments, drops counted by reason.
+// The devices carry a virtio-net header with each packet (IFF_VNET_HDR,
+// TUNSETOFFLOAD): the namespaces hand tunnat TCP and UDP GSO super-packets
+// of up to 64 KiB with partial checksums, which it translates once and
+// writes to the other device whole, with the same header (see
+// offload_linux.go). Per queue of the devices (-queues), one goroutine
+// reads batches from the client-side queue and gives each batch to the
+// NAT's OutboundBatch, one reads the server side and gives them to
+// InboundBatch; each writes what the NAT emits to the device of its side
+// (hairpinned packets and the NAT's own ICMP errors go back to the device
+// they came from), runs of UDP datagrams of one flow coalesced into one
+// super-packet. The kernel hands a flow's packets to one queue, so they
+// stay in order. One more goroutine runs the NAT's expiry. The nat package
+// does the rest: mappings and flows, the behaviours, pool, blocks and
+// limits of the flags, TCP tracking, ICMP errors, fragments, drops counted
+// by reason.
 //
 // # Flags
 //
@@ -60,6 +68,7 @@
 //	-demo                     run the demo
 //	-compare                  run the comparison with the kernel's NAT
 //	-duration d               demo, compare: length of each iperf3 run (default 2s, 3s)
+//	-queues n                 queues per TUN device, a goroutine each way per queue (default GOMAXPROCS)
 //	-cpuprofile file          write a CPU profile of the run
 //
 // Invalid flags print a message and exit with status 2.

@@ -66,11 +66,16 @@ func tickFor(to nat.Timeouts) time.Duration {
 
 // counters are what the gateway counts itself: packets and bytes
 // forwarded each way (hairpinned ones and the NAT's own ICMP errors with
-// those going in), and writes that failed.
+// those going in; a GSO super-packet counts once, coalesced datagrams one
+// each), writes that failed; packets read, the GSO super-packets among
+// them and about how many segments they held, and reads that failed or
+// gave a packet tunnat could not pass on.
 type counters struct {
-	pktsOut, pktsIn   atomic.Int64
-	bytesOut, bytesIn atomic.Int64
-	writeErrors       atomic.Int64
+	pktsOut, pktsIn         atomic.Int64
+	bytesOut, bytesIn       atomic.Int64
+	writeErrors             atomic.Int64
+	reads, gsoReads         atomic.Int64
+	gsoSegments, readErrors atomic.Int64
 }
 
 // stats is a snapshot of the NAT's metrics and the gateway's counters.
@@ -78,19 +83,26 @@ type stats struct {
 	nat.Metrics
 	PktsOut, PktsIn, BytesOut, BytesIn int64
 	WriteErrors                        int64
+	Reads, GSOReads, GSOSegments       int64
+	ReadErrors                         int64
 }
 
-// dropped returns the drops, the NAT's and the failed writes.
-func (s stats) dropped() uint64 { return s.Dropped() + uint64(s.WriteErrors) }
+// dropped returns the drops, the NAT's and the failed writes and reads.
+func (s stats) dropped() uint64 { return s.Dropped() + uint64(s.WriteErrors+s.ReadErrors) }
 
 // drops lists the drops by reason, "none" if there are none.
 func (s stats) drops() string {
 	d := s.DropsString()
-	if s.WriteErrors != 0 {
-		if d != "" {
-			d += ", "
+	for _, e := range []struct {
+		name string
+		n    int64
+	}{{"write error", s.WriteErrors}, {"read error", s.ReadErrors}} {
+		if e.n != 0 {
+			if d != "" {
+				d += ", "
+			}
+			d += fmt.Sprintf("%s %d", e.name, e.n)
 		}
-		d += fmt.Sprintf("write error %d", s.WriteErrors)
 	}
 	if d == "" {
 		return "none"
@@ -100,7 +112,7 @@ func (s stats) drops() string {
 
 // String gives the counters on one line.
 func (s stats) String() string {
-	return fmt.Sprintf("flows created %d, expired %d (early %d), active %d, mappings %d; packets out %d (%d bytes), in %d (%d bytes); dropped %d: %s",
+	return fmt.Sprintf("flows created %d, expired %d (early %d), active %d, mappings %d; packets out %d (%d bytes), in %d (%d bytes); read %d, of them GSO super-packets %d (about %d segments); dropped %d: %s",
 		s.FlowsCreated, s.Expired[nat.ExpiredTimeout]+s.Expired[nat.ExpiredEarlyDrop], s.Expired[nat.ExpiredEarlyDrop],
-		s.Flows, s.Mappings, s.PktsOut, s.BytesOut, s.PktsIn, s.BytesIn, s.dropped(), s.drops())
+		s.Flows, s.Mappings, s.PktsOut, s.BytesOut, s.PktsIn, s.BytesIn, s.Reads, s.GSOReads, s.GSOSegments, s.dropped(), s.drops())
 }

@@ -57,10 +57,10 @@ var topoSeq atomic.Int64
 // topology is a set of namespaces and, for the user-space NAT, the two TUN
 // devices whose descriptors the process holds.
 type topology struct {
-	client, server, gw string   // namespace names; gw only for the kernel's NAT
-	client2, far       string   // the second inside host, the host past the server (user-space NAT only)
-	inside, outside    *os.File // TUN descriptors (user-space NAT only)
-	made               []string // namespaces to remove
+	client, server, gw string      // namespace names; gw only for the kernel's NAT
+	client2, far       string      // the second inside host, the host past the server (user-space NAT only)
+	inside, outside    []*tunQueue // TUN queues (user-space NAT only)
+	made               []string    // namespaces to remove
 }
 
 // ipCmd runs ip with args and returns its error with its output.
@@ -145,37 +145,35 @@ func inNetns(ns string, fn func() error) error {
 	return ferr
 }
 
-// openTUN creates TUN device name in namespace ns and returns its
-// descriptor, non-blocking, so that reads park in Go's poller and a read
-// deadline ends them. The device lives as long as the descriptor.
-func openTUN(ns, name string) (*os.File, error) {
-	var f *os.File
+// openTUN creates TUN device name in namespace ns with queues queues (see
+// offload_linux.go) and returns them. The device lives as long as its
+// queues' descriptors.
+func openTUN(ns, name string, queues int) ([]*tunQueue, error) {
+	var qs []*tunQueue
 	err := inNetns(ns, func() error {
-		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-		if err != nil {
-			return fmt.Errorf("open /dev/net/tun: %w", err)
+		for range queues {
+			q, err := openQueue(name)
+			if err != nil {
+				return fmt.Errorf("%s in %s: %w", name, ns, err)
+			}
+			qs = append(qs, q)
 		}
-		ifr, err := unix.NewIfreq(name)
-		if err != nil {
-			unix.Close(fd)
-			return err
-		}
-		ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
-		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-			unix.Close(fd)
-			return fmt.Errorf("TUNSETIFF %s: %w", name, err)
-		}
-		f = os.NewFile(uintptr(fd), "tun:"+ns+"/"+name)
 		return nil
 	})
-	return f, err
+	if err != nil {
+		for _, q := range qs {
+			q.close()
+		}
+		return nil, err
+	}
+	return qs, nil
 }
 
 // newTUNTopology makes the user-space NAT's topology: a client namespace
 // whose default routes lead into one TUN device, a server namespace whose
 // TUN device has the NAT's external addresses on its link. The caller must
 // close it, also after an error.
-func newTUNTopology() (*topology, error) {
+func newTUNTopology(queues int) (*topology, error) {
 	removeLeftovers()
 	t := &topology{}
 	tag := strconv.FormatInt(topoSeq.Add(1), 10)
@@ -192,10 +190,10 @@ func newTUNTopology() (*topology, error) {
 	if t.far, err = t.addNS(tag, "far"); err != nil {
 		return t, err
 	}
-	if t.inside, err = openTUN(t.client, "tun0"); err != nil {
+	if t.inside, err = openTUN(t.client, "tun0", queues); err != nil {
 		return t, err
 	}
-	if t.outside, err = openTUN(t.server, "tun0"); err != nil {
+	if t.outside, err = openTUN(t.server, "tun0", queues); err != nil {
 		return t, err
 	}
 	// No link-local address and no multicast on the devices: nothing but
@@ -305,10 +303,8 @@ func newKernelTopology() (*topology, error) {
 // nftables rules inside them. It returns the first error.
 func (t *topology) close() error {
 	var errs []error
-	for _, f := range []*os.File{t.inside, t.outside} {
-		if f != nil {
-			errs = append(errs, f.Close())
-		}
+	for _, q := range append(t.inside, t.outside...) {
+		errs = append(errs, q.close())
 	}
 	t.inside, t.outside = nil, nil
 	for _, ns := range t.made {

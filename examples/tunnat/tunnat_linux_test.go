@@ -41,7 +41,7 @@ var testTimeouts = nat.Timeouts{UDP: 30 * time.Second, UDPUnreplied: 30 * time.S
 // go away when the test ends.
 func startTestNAT(t *testing.T, ports hash4.PortRange, to nat.Timeouts) (*topology, *gateway) {
 	t.Helper()
-	topo, err := newTUNTopology()
+	topo, err := newTUNTopology(defaultQueues())
 	t.Cleanup(func() {
 		if err := topo.close(); err != nil {
 			t.Errorf("removing the topology: %v", err)
@@ -173,7 +173,7 @@ func isTimeout(err error) bool {
 func TestDemo(t *testing.T) {
 	needTopology(t, demoTools...)
 	var out, prog bytes.Buffer
-	o := options{duration: time.Second, nat: natConfig{ports: hash4.PortRange{Low: 1024, High: 65535}, maxFlows: 1000, timeouts: testTimeouts,
+	o := options{duration: time.Second, queues: defaultQueues(), nat: natConfig{ports: hash4.PortRange{Low: 1024, High: 65535}, maxFlows: 1000, timeouts: testTimeouts,
 		filtering: nat.AddressDependent}}
 	res, err := runDemo(context.Background(), o, &out, &prog)
 	if err != nil {
@@ -409,7 +409,7 @@ func TestBadPackets(t *testing.T) {
 		{tcpOff15, nat.DropBadTCP},
 		{gre, nat.DropUnsupported},
 	}
-	fd, ifindex := packetSocket(t, topo)
+	fd, ifindex := packetSocket(t, topo.client)
 	want := map[nat.Drop]uint64{}
 	for _, s := range sends {
 		sa := &unix.SockaddrLinklayer{Ifindex: ifindex, Protocol: htons(unix.ETH_P_IP)}
@@ -445,11 +445,11 @@ func TestBadPackets(t *testing.T) {
 	}
 }
 
-// packetSocket returns a packet socket in the client namespace and the
-// index of its TUN device, to send raw IP packets into the device.
-func packetSocket(t *testing.T, topo *topology) (fd, ifindex int) {
+// packetSocket returns a packet socket in namespace ns and the index of
+// its TUN device, to send raw IP packets into the device.
+func packetSocket(t *testing.T, ns string) (fd, ifindex int) {
 	t.Helper()
-	err := inNetns(topo.client, func() error {
+	err := inNetns(ns, func() error {
 		var err error
 		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
 			return err
@@ -504,20 +504,4 @@ func ipv4Packet(proto uint8, src, dst netip.AddrPort, l4, opts []byte) []byte {
 	}
 	copy(b[ihl:], l4)
 	return b
-}
-
-// inetChecksum returns the Internet checksum of b with initial sum
-// initial.
-func inetChecksum(b []byte, initial uint32) uint16 {
-	acc := initial
-	for ; len(b) >= 2; b = b[2:] {
-		acc += uint32(binary.BigEndian.Uint16(b))
-	}
-	if len(b) == 1 {
-		acc += uint32(b[0]) << 8
-	}
-	for acc>>16 != 0 {
-		acc = acc&0xffff + acc>>16
-	}
-	return ^uint16(acc)
 }
