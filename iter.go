@@ -3,6 +3,7 @@ package hash4
 import (
 	"iter"
 	"math/bits"
+	"unsafe"
 )
 
 // Len returns the number of entries. Under concurrent writes it is a
@@ -102,8 +103,18 @@ func (t *Table[T]) Clear() {
 // SCAN): growth sends bucket b's entries to the buckets sharing b's low
 // bits, adjacent in that order where b lay, so an entry present throughout
 // is visited exactly once.
+//
+// The order scatters consecutive visits over the array, so each would wait
+// for its line: the line sweepAhead visits ahead is asked for first, and
+// their misses overlap.
 func (t *Table[T]) eachBucket(locked func(b *bucket[T]), after func() bool) {
 	var c uint32 // the counter, bits reversed
+	var p uint32 // the counter of the last line asked for; 0 past the end
+	for i := 0; canPrefetch && i < sweepAhead; i++ {
+		if p = t.askAhead(p); p == 0 {
+			break
+		}
+	}
 	for {
 		a, b := t.lockBucket(c)
 		locked(b)
@@ -111,11 +122,35 @@ func (t *Table[T]) eachBucket(locked func(b *bucket[T]), after func() bool) {
 		if !after() {
 			return
 		}
-		c = bits.Reverse32(bits.Reverse32(c|^a.mask) + 1)
-		if c == 0 {
+		if c = nextReversed(c, a.mask); c == 0 {
 			return
 		}
+		if canPrefetch && p != 0 {
+			p = t.askAhead(p)
+		}
 	}
+}
+
+// askAhead asks for the line of the bucket after counter p (nextReversed)
+// and returns its counter, or 0 past the end. A hint only: growth may
+// change the array meanwhile.
+func (t *Table[T]) askAhead(p uint32) uint32 {
+	a := t.arr.Load()
+	if p = nextReversed(p, a.mask); p != 0 {
+		line := [1]unsafe.Pointer{unsafe.Pointer(&a.lines[p&a.mask])}
+		prefetch(line[:])
+	}
+	return p
+}
+
+// sweepAhead is how many buckets ahead eachBucket asks for lines: enough
+// misses in flight to cover a visit's work, few enough to stay in cache.
+const sweepAhead = 16
+
+// nextReversed returns the bucket counter after c, bits reversed, in an
+// array of mask+1 buckets; 0 once every bucket was visited.
+func nextReversed(c, mask uint32) uint32 {
+	return bits.Reverse32(bits.Reverse32(c|^mask) + 1)
 }
 
 // chainEntry is an entry copied out of its bucket: its key and value.
