@@ -99,6 +99,18 @@ func BenchmarkScale(b *testing.B) {
 			return scaleHash4{hash4.New[benchVal]()}
 		})
 	})
+	// For scale: hash4 made for n flows, and grown by itself with its
+	// arrays advised for huge pages.
+	run("hash4-sized", func(b *testing.B) {
+		scaleRun(b, n, func(t Tuple) Tuple { return t }, func() scaleMap[Tuple] {
+			return scaleHash4{hash4.New[benchVal](hash4.WithCapacity(n))}
+		})
+	})
+	run("hash4-hugepages", func(b *testing.B) {
+		scaleRun(b, n, func(t Tuple) Tuple { return t }, func() scaleMap[Tuple] {
+			return scaleHash4{hash4.New[benchVal](hash4.WithHugePages())}
+		})
+	})
 	run("xsync", func(b *testing.B) {
 		scaleRun(b, n, flowKeyOf, func() scaleMap[flowKey] {
 			return scaleXsync{xsync.NewMap[flowKey, *benchVal]()}

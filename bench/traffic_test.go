@@ -840,6 +840,16 @@ func BenchmarkTrafficHasher(b *testing.B) {
 	}
 }
 
+// BenchmarkTrafficLoad runs lookups and turnover on a table sized for its
+// flows (one per bucket when full) and on one sized for half (two per
+// bucket): the measure by which WithCapacity's load factor is chosen
+// (docs/performance.md, "Load factor").
+func BenchmarkTrafficLoad(b *testing.B) {
+	for _, bd := range []trafficBody{bodyZipf, bodyUniform, bodyTurnover} {
+		trafficEach(b, bd, fmt.Sprintf("body=%v/", bd), "hash4", "hash4-half")
+	}
+}
+
 // TestTrafficImpls runs every implementation of the traffic benchmarks on
 // 512 flows, and hash4 and the RWMutex map (a key of each form) in every
 // variant of the flags, and checks what each holds.
