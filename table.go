@@ -65,8 +65,8 @@ type node[T any] struct {
 
 // capLoad is the entries per bucket that WithCapacity and Grow size for,
 // maxLoad those past which a table doubles itself. At one per bucket 63% of
-// flows are in line (88 B/entry), at two 43% (68 B) and random lookups are a
-// third slower (docs/performance.md, "Load factor").
+// flows are in line (88 B/entry), at two 43% (76 B) and random lookups are a
+// quarter slower (docs/performance.md, "Load factor").
 const (
 	capLoad = 1
 	maxLoad = 2
