@@ -22,11 +22,11 @@ import (
 // virtio-net header, each packet the device receives: those tunnat writes
 // to it.
 type capture struct {
-	fd   int
-	mu   sync.Mutex
-	pkts []captured
-	done chan struct{}
-	stop atomic.Bool
+	fd, ifindex int
+	mu          sync.Mutex
+	pkts        []captured
+	done        chan struct{}
+	stop        atomic.Bool
 }
 
 // captured is a packet and what its virtio-net header said.
@@ -43,7 +43,9 @@ func startCapture(t *testing.T, ns string) *capture {
 	t.Helper()
 	c := &capture{done: make(chan struct{})}
 	err := inNetns(ns, func() error {
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		// Protocol 0: the socket receives nothing until bound to tun0 (one
+		// opened with ETH_P_ALL sees every device in the namespace first).
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err
 		}
@@ -52,6 +54,7 @@ func startCapture(t *testing.T, ns string) *capture {
 		if err != nil {
 			return err
 		}
+		c.ifindex = ifi.Index
 		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
 			return err
 		}
@@ -70,8 +73,8 @@ func startCapture(t *testing.T, ns string) *capture {
 			if err != nil || n < 10 {
 				continue
 			}
-			if ll, ok := from.(*unix.SockaddrLinklayer); !ok || ll.Pkttype == unix.PACKET_OUTGOING {
-				continue // what the namespace sends into the device
+			if ll, ok := from.(*unix.SockaddrLinklayer); !ok || ll.Ifindex != c.ifindex || ll.Pkttype == unix.PACKET_OUTGOING {
+				continue // another device's, or what the namespace sends into tun0
 			}
 			c.mu.Lock()
 			c.pkts = append(c.pkts, captured{flags: buf[0], gsoType: buf[1], gsoSize: binary.LittleEndian.Uint16(buf[4:]),
