@@ -2,6 +2,8 @@ package nat
 
 import (
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,5 +141,54 @@ func TestFloodOneHost(t *testing.T) {
 	}
 	if m := n.Metrics(); m.Expired[ExpiredEarlyDrop] < 4000 {
 		t.Errorf("metrics: %v", m)
+	}
+}
+
+// A host's count of flows, raised without a lock while it has flows and
+// from 0 only under its bucket lock, stays exact when goroutines make and
+// end flows of one host at once, its last flow ending again and again:
+// never past MaxFlowsPerHost, the host gone with its last flow, its block
+// freed once (the next host gets the first block again).
+func TestHostCountConcurrent(t *testing.T) {
+	const max, workers, rounds = 3, 4, 2000
+	n, _ := newTest(t, Config{MaxFlowsPerHost: max, Ports: hash4.PortRange{Low: 1024, High: 2047},
+		Blocks: Blocks{Size: 256}})
+	inside := netip.MustParseAddr("10.0.0.9")
+	var wg sync.WaitGroup
+	var over, held atomic.Int32
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				h, why := n.hosts.acquire(inside)
+				if why == DropHostLimit {
+					continue
+				}
+				if why != DropNone {
+					t.Errorf("acquire: %v", why)
+					return
+				}
+				if held.Add(1) > max {
+					over.Add(1)
+				}
+				if c := h.n.Load(); c < 1 || c > max {
+					t.Errorf("a held host counts %d flows", c)
+				}
+				held.Add(-1)
+				n.hosts.release(h)
+			}
+		}()
+	}
+	wg.Wait()
+	if over.Load() > 0 {
+		t.Errorf("%d times more than %d flows of one host", over.Load(), max)
+	}
+	if got := n.hosts.t.Len(); got != 0 {
+		t.Errorf("%d hosts left with no flows", got)
+	}
+	h, why := n.hosts.acquire(netip.MustParseAddr("10.0.0.10"))
+	if why != DropNone || h.block != 0 {
+		t.Errorf("a new host after them: block %d, %v; want block 0 (every block freed)", h.block, why)
 	}
 }

@@ -12,16 +12,18 @@ import (
 )
 
 // host is an inside address's share of the NAT: its count of flows (for
-// MaxFlowsPerHost) and its port block. A host exists while it has flows;
-// its fields change only under its stripe lock of hosts.t (Compute), and
-// block, addr, lo and hi are set before it is inserted.
+// MaxFlowsPerHost) and its port block. A host exists while it has flows.
+// n counts them: it goes up from above 0 without a lock (tryAdd), and down
+// without one; from 0 it goes up, and the host is deleted at 0, only under
+// the host's bucket lock in hosts.t (Compute), so a host that tryAdd
+// counts a flow on is in the table. block, addr, lo and hi are set before
+// it is inserted.
 type host struct {
 	inside netip.Addr
-	flows  int
-	n      atomic.Int32 // flows, for reading without the lock
-	block  int          // -1: none
-	addr   netip.Addr   // the block's external address
-	lo     uint16       // the block's ports
+	n      atomic.Int32
+	block  int        // -1: none
+	addr   netip.Addr // the block's external address
+	lo     uint16     // the block's ports
 	hi     uint16
 }
 
@@ -77,18 +79,26 @@ func hostKey(a netip.Addr) hash4.Tuple {
 // giving it a block) if it has none, and returns it; or the reason it may
 // not have another flow.
 func (hs *hosts) acquire(a netip.Addr) (*host, Drop) {
+	max := int32(hs.cfg.MaxFlowsPerHost)
+	// Most new flows are of a host that has others: a lookup and an
+	// increment, no lock.
+	if h, ok := hs.t.Lookup(hostKey(a)); ok {
+		if why, ok := h.tryAdd(max, 1); ok {
+			if why != DropNone {
+				return nil, why
+			}
+			return h, DropNone
+		}
+	}
 	why := DropNone
 	h, _, err := hs.t.Compute(hostKey(a), func(old *host, loaded bool) (*host, hash4.ComputeOp) {
 		if loaded {
-			if max := hs.cfg.MaxFlowsPerHost; max > 0 && old.flows >= max {
-				why = DropHostLimit
-				return old, hash4.CancelOp
-			}
-			old.flows++
-			old.n.Store(int32(old.flows))
-			return old, hash4.UpdateOp
+			// From 0 too: a host whose last flow is ending stays. The
+			// table keeps old either way.
+			why, _ = old.tryAdd(max, 0)
+			return old, hash4.CancelOp
 		}
-		h := &host{inside: a, flows: 1, block: -1}
+		h := &host{inside: a, block: -1}
 		h.n.Store(1)
 		if hs.cfg.Blocks.Size > 0 {
 			if why = hs.takeBlock(a, h); why != DropNone {
@@ -106,18 +116,33 @@ func (hs *hosts) acquire(a netip.Addr) (*host, Drop) {
 	return h, DropNone
 }
 
+// tryAdd counts a flow on h if it has at least min flows, and fewer than
+// max if max > 0; ok is false if it has fewer than min, why says if it
+// has max.
+func (h *host) tryAdd(max, min int32) (why Drop, ok bool) {
+	for {
+		r := h.n.Load()
+		switch {
+		case r < min:
+			return DropNone, false
+		case max > 0 && r >= max:
+			return DropHostLimit, true
+		case h.n.CompareAndSwap(r, r+1):
+			return DropNone, true
+		}
+	}
+}
+
 // release uncounts a flow of h; the last one ends the host and frees its
 // block.
 func (hs *hosts) release(h *host) {
+	if h.n.Add(-1) > 0 {
+		return
+	}
 	a := h.inside
 	hs.t.Compute(hostKey(a), func(old *host, loaded bool) (*host, hash4.ComputeOp) {
-		if !loaded || old != h {
-			return old, hash4.CancelOp
-		}
-		old.flows--
-		old.n.Store(int32(old.flows))
-		if old.flows > 0 {
-			return old, hash4.UpdateOp
+		if !loaded || old != h || old.n.Load() > 0 {
+			return old, hash4.CancelOp // gone, or it has a flow again
 		}
 		if old.block >= 0 && !hs.deterministic[family(a)].IsValid() {
 			hs.freeBlock(family(a), old.block)

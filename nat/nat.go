@@ -276,14 +276,12 @@ const parityTries = 64
 // is making or deleting the same flow or mapping (a few stores away).
 const maxRetries = 1000
 
-// outbound returns the flow of a packet of p from inside to remote, making
-// it (and its mapping) if there is none. A new TCP flow is made only if
-// syn: other segments of no flow are refused.
+// outbound returns the flow of a packet of p from k.Local, inside, to
+// k.Remote, whose lookup found no live flow: it makes the flow (and its
+// mapping). A new TCP flow is made only if canCreate: other segments of no
+// flow are refused.
 func (n *NAT) outbound(p Proto, k hash4.Tuple, canCreate bool) (*flow, Drop) {
 	ps := &n.proto[p]
-	if f := ps.lookupOut(k); f != nil {
-		return f, DropNone
-	}
 	inside, remote := k.Local, k.Remote
 	if !canCreate {
 		return nil, DropTCPState
@@ -294,17 +292,15 @@ func (n *NAT) outbound(p Proto, k hash4.Tuple, canCreate bool) (*flow, Drop) {
 	return n.newFlow(ps, p, inside, remote, nil)
 }
 
-// inbound returns the flow of a packet of p from remote to the external
-// endpoint ext: its flow, or, where the filtering lets remote reach ext's
-// mapping, a new flow of that mapping. A new TCP flow is made only if
-// canCreate. A hairpinned packet, from an inside host, is not filtered:
-// filtering keeps out the outside's unsolicited packets, and inside hosts
-// reach each other's mappings as they would reach any remote's.
+// inbound returns the flow of a packet of p from k.Remote to the external
+// endpoint k.Local, whose lookup found no live flow: where the filtering
+// lets the remote reach the external endpoint's mapping, a new flow of that
+// mapping. A new TCP flow is made only if canCreate. A hairpinned packet,
+// from an inside host, is not filtered: filtering keeps out the outside's
+// unsolicited packets, and inside hosts reach each other's mappings as
+// they would reach any remote's.
 func (n *NAT) inbound(p Proto, k hash4.Tuple, canCreate, hairpin bool) (*flow, Drop) {
 	ps := &n.proto[p]
-	if f := ps.lookupIn(k); f != nil {
-		return f, DropNone
-	}
 	ext, remote := k.Local, k.Remote
 	if ps.extm == nil {
 		return nil, n.noFlow(ext)
@@ -339,22 +335,24 @@ func (n *NAT) noFlow(ext netip.AddrPort) Drop {
 
 // newFlow makes the flow from inside to remote, of mapping via if it is
 // made by an inbound packet (nil otherwise), and returns it live; or the
-// flow another goroutine made meanwhile.
+// flow another goroutine made meanwhile. Its caller's lookup has just
+// missed: it looks again only when a key turns out taken.
 func (n *NAT) newFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, via *mapping) (*flow, Drop) {
 	for range maxRetries {
-		f, ok := ps.fwd.Lookup(hash4.Tuple{Local: inside, Remote: remote})
-		if ok {
-			if f.state.Load() == stateLive {
-				return f, DropNone
-			}
-			runtime.Gosched() // being made or deleted: a few stores away
-			continue
-		}
 		f, why, retry := n.tryNewFlow(ps, p, inside, remote, via)
 		if !retry {
 			return f, why
 		}
-		runtime.Gosched()
+		for range maxRetries {
+			f, ok := ps.fwd.Lookup(hash4.Tuple{Local: inside, Remote: remote})
+			if !ok {
+				break // deleted meanwhile: make it
+			}
+			if f.state.Load() == stateLive {
+				return f, DropNone
+			}
+			runtime.Gosched() // being made or deleted: a few stores away
+		}
 	}
 	n.ctr.drops[DropBusy].Add(1)
 	return nil, DropBusy
