@@ -97,6 +97,9 @@ func runCompare(ctx context.Context, o options, out, progressW io.Writer) error 
 	if err := checkEnv(compareTools...); err != nil {
 		return err
 	}
+	if err := setNice(o.nice); err != nil {
+		return err
+	}
 	say := func(who string) func(string) {
 		return func(step string) { fmt.Fprintf(progressW, "%s: %s\n", who, step) }
 	}

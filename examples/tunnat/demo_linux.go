@@ -64,6 +64,9 @@ func runDemo(ctx context.Context, o options, out, progressW io.Writer) (res demo
 	if err := checkEnv(demoTools...); err != nil {
 		return res, err
 	}
+	if err := setNice(o.nice); err != nil {
+		return res, err
+	}
 	t, err := newTUNTopology(o.queues)
 	defer func() { err = errors.Join(err, t.close()) }()
 	if err != nil {

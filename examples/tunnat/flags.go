@@ -35,6 +35,7 @@ type options struct {
 	duration   time.Duration // demo and compare: length of each iperf3 run
 	cpuprofile string
 	queues     int // queues per TUN device, a reading goroutine each way per queue
+	nice       int // the process's niceness; its endpoints' is 0
 }
 
 // parseFlags parses args (without the program name). Errors describe the
@@ -73,6 +74,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		duration     = fs.Duration("duration", 0, "demo, compare: length of each iperf3 run (default 2s with -demo, 3s with -compare)")
 		cpuprofile   = fs.String("cpuprofile", "", "write a CPU profile of the run to `file`")
 		queues       = fs.Int("queues", defaultQueues(), "queues per TUN device (1 to 16), each read by a goroutine of its own each way")
+		nice         = fs.Int("nice", 0, "the gateway's scheduling niceness (0 to 19); on processors shared with busy endpoints, 19 lets them go first, as the kernel's NAT does; -demo and -compare run their clients and servers at 0")
 	)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: tunnat [flags]           (a gateway between two namespaces, until Ctrl-C)\n       tunnat -demo [flags]\n       tunnat -compare [flags]\n\nLinux only; needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).\n\nflags:\n")
@@ -82,9 +84,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if err != nil {
 		return options{}, err
 	}
-	o := options{demo: *demo, compare: *compare, cpuprofile: *cpuprofile, queues: *queues}
+	o := options{demo: *demo, compare: *compare, cpuprofile: *cpuprofile, queues: *queues, nice: *nice}
 	if o.queues < 1 || o.queues > 16 {
 		return o, fmt.Errorf("-queues %d: want 1 to 16", *queues)
+	}
+	if o.nice < 0 || o.nice > 19 {
+		return o, fmt.Errorf("-nice %d: want 0 to 19", *nice)
 	}
 	if o.demo && o.compare {
 		return o, errors.New("-demo and -compare: choose one")

@@ -32,6 +32,8 @@ func TestFlags(t *testing.T) {
 		{[]string{"-block-size", "64", "-blocks", "x"}, 2, "-blocks"},
 		{[]string{"-mtu", "100"}, 2, "MTU"},
 		{[]string{"-queues", "0"}, 2, "-queues"},
+		{[]string{"-nice", "20"}, 2, "-nice 20: want 0 to 19"},
+		{[]string{"-nice", "-1"}, 2, "-nice -1"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var stdout, stderr bytes.Buffer

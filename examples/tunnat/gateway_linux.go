@@ -198,6 +198,9 @@ func runGateway(ctx context.Context, o options, stdout, stderr io.Writer) (err e
 	if err := checkEnv(); err != nil {
 		return err
 	}
+	if err := setNice(o.nice); err != nil {
+		return err
+	}
 	t, err := newTUNTopology(o.queues)
 	defer func() { err = errors.Join(err, t.close()) }()
 	if err != nil {

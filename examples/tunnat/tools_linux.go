@@ -47,7 +47,8 @@ type server struct {
 
 // startServer starts args in namespace ns.
 func startServer(ns string, args ...string) (*server, error) {
-	s := &server{cmd: exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...), done: make(chan struct{})}
+	cmd := endpointArgs(ns, args...)
+	s := &server{cmd: exec.Command(cmd[0], cmd[1:]...), done: make(chan struct{})}
 	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
 	if err := s.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", args[0], err)
@@ -105,7 +106,8 @@ func waitListening(ctx context.Context, ns string, udp bool, port int) error {
 func runClient(ctx context.Context, ns string, timeout time.Duration, stdin string, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
+	argv := endpointArgs(ns, args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
