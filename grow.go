@@ -23,10 +23,12 @@ import (
 //     its hash's old bucket before it locks the new one (lockBucket).
 //  3. An entry is live in the new array before the old one stops leading to
 //     it, so a lookup that misses in the old array after the entry left
-//     finds it in the new (lookupGrowing). Nodes move between chains as
-//     rhashtable moves them: a reader standing on one goes on into the new
-//     chain, ends on a marker not its own (arrays differ in bit 30 of their
-//     nulls values) and restarts.
+//     finds it in the new (lookupGrowing). Each entry that moves into a new
+//     line or its chain changes that line's seq, so a lookup in the new
+//     array that missed it walks again, though the growth be over by then.
+//     Nodes move between chains as rhashtable moves them: a reader standing
+//     on one goes on into the new chain, ends on a marker not its own
+//     (arrays differ in bit 30 of their nulls values) and restarts.
 
 // initGrowth arms the shards' growth triggers for array a, a new array of
 // the table (rearm).
@@ -200,6 +202,10 @@ func (t *Table[T]) migrate(a *bucketArray[T], ob *bucket[T]) {
 			continue
 		}
 		linkAt(&nb.next, l, &n.next)
+		// N.B. the new line's seq changes too: a lookup in the new array
+		// that loaded its chain's head before the link missed n, and may
+		// find the growth over when it ends (invariant 3).
+		nb.seq.Store(nb.seq.Load() + seqGen)
 		if h := t.hooks; h != nil && h.relinked != nil {
 			h.relinked(l.index())
 		}

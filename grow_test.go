@@ -675,6 +675,41 @@ func TestTableGrowReaderBeforeMove(t *testing.T) {
 	require.Greater(t, tab.restarts.Load(), before)
 }
 
+// TestTableGrowReaderBeforeRelink stops a lookup of C in the new array while
+// Grow moves C's old bucket into it: the line holds A, moved first, and the
+// lookup stands on B, relinked into the chain next, when Grow relinks C at
+// the chain's head, behind the lookup, and finishes. The lookup then ends on
+// its own marker, with no old array: only the line's seq, changed by C's
+// relink, tells it to walk again, and it finds C.
+func TestTableGrowReaderBeforeRelink(t *testing.T) {
+	tab := New[int](WithFixedBuckets(), WithCapacity(16), WithSecret(tblSecret), WithHasher(LinuxHasher))
+	var abc []Tuple // three keys of bucket 1 in 16 buckets and in 32
+	for i := 0; len(abc) < 3; i++ {
+		if k := tblKey(i, false); tblKeyOf(tab, k).hash()&31 == 1 {
+			abc = append(abc, k)
+		}
+	}
+	a, b, c := abc[0], abc[1], abc[2]
+	vc := valPtr(3)
+	// A in the line, then the chain B -> C: growth moves A, B, C in turn.
+	require.NoError(t, tab.Insert(a, valPtr(1)))
+	require.NoError(t, tab.Insert(c, vc))
+	require.NoError(t, tab.Insert(b, valPtr(2)))
+	bIdx := tab.cur().line(1).next.load().index()
+	var lookedUp func() *int
+	hooksOf(tab).relinked = func(i uint32) {
+		if i == bIdx {
+			lookedUp = lookupStopped(t, tab, c, bIdx, "the lookup never reached B")
+		}
+	}
+	require.NoError(t, tab.Grow(32))
+	require.NotNil(t, lookedUp, "Grow never relinked B")
+	require.Nil(t, tab.cur().old.Load())
+	before := tab.restarts.Load()
+	require.Same(t, vc, lookedUp(), "Lookup(C) missed C")
+	require.Greater(t, tab.restarts.Load(), before)
+}
+
 // TestTableGrowReaderOnOlderArray stops a lookup of Y in lookupGrowing
 // right after it loaded the table's array B, while a Grow moves entries
 // into B, and lets that Grow finish and another move every entry into a
