@@ -21,8 +21,8 @@ func (t *Table[T]) Compact() {
 // released.
 //
 // N.B. growMu keeps growths out. While every shard is locked, no node moves
-// between caches and the depot and no writer holds a node not yet linked
-// (percpu.go's rule 2): so beginCompaction takes the victims' free nodes
+// between caches and the depot and no writer holds a node not yet linked,
+// or freed and not yet cached (percpu.go's rule 2): so beginCompaction takes the victims' free nodes
 // out of circulation at once, and endCompaction releases chunks no writer
 // holds a node of. Between the two, put drops the victims' nodes, so a node
 // seen free stays free. Lookups that stood on a moved entry see their

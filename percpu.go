@@ -15,9 +15,11 @@ import (
 //     few stores and never across a call that may block but for the node
 //     store's mutex (refill, put).
 //  2. A node taken from a cache is filled and linked (or put back) before
-//     the shard's lock is released: no index is held outside a cache, the
-//     depot or a chain but under a shard lock. Compaction locks every shard
-//     to take a chunk's free nodes out of circulation (compact.go).
+//     the shard's lock is released, and a writer frees a node and puts it
+//     in a cache under one hold of it: no index is held outside a cache,
+//     the depot or a chain but under a shard lock (or growMu). Compaction
+//     locks every shard to take a chunk's free nodes out of circulation
+//     (compact.go).
 //  3. Counts are changed with atomic adds, and may go below zero in one
 //     shard (an entry inserted on one P and deleted on another): only
 //     their sum means something.

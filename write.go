@@ -213,7 +213,21 @@ func (t *Table[T]) takeNode() (uint32, *node[T], *shard) {
 	return i, t.nodes.at(i), sh
 }
 
-// freeNode returns node i, free and unlinked, for reuse.
+// freeEntry makes node i's entry e free, unlinks it from prev and returns
+// the node for reuse, under one hold of a shard lock (percpu.go's rule 2),
+// and returns e's value; the caller holds the bucket lock. N.B. a
+// compaction that saw e free between the two would release its chunk, and
+// the put would bring a released index back into use.
+func (t *Table[T]) freeEntry(e *entry[T], prev *linkField, i uint32) *T {
+	sh := t.shard()
+	v := e.empty(prev)
+	t.nodes.put(&sh.cache, i, shardCacheMax)
+	sh.release()
+	return v
+}
+
+// freeNode returns node i, free and unlinked, for reuse: under growMu
+// (growth, compaction), which keeps compaction out.
 func (t *Table[T]) freeNode(i uint32) {
 	sh := t.shard()
 	t.nodes.put(&sh.cache, i, shardCacheMax)
@@ -318,9 +332,7 @@ func (t *Table[T]) remove(b *bucket[T], e *entry[T], prev *linkField, i uint32, 
 // (bucket's rule 1).
 func (t *Table[T]) unlinkEntry(b *bucket[T], e *entry[T], prev *linkField, i uint32) *T {
 	if prev != nil {
-		v := e.empty(prev)
-		t.freeNode(i)
-		return v
+		return t.freeEntry(e, prev, i)
 	}
 	v := b.empty(nil)
 	if l := b.next.load(); !l.isNulls() {
@@ -331,8 +343,7 @@ func (t *Table[T]) unlinkEntry(b *bucket[T], e *entry[T], prev *linkField, i uin
 		// walks again (bucket's rule 2).
 		k := n.key.load()
 		b.fill(&k, n.val.Load(), 0, nil)
-		n.empty(&b.next)
-		t.freeNode(l.index())
+		t.freeEntry(n, &b.next, l.index())
 	}
 	return v
 }
