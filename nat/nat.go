@@ -409,13 +409,15 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 		}
 	}
 	f.out, f.in = epOf(f.ext), epOf(f.inside)
-	if _, loaded, err := ps.fwd.LookupOrInsert(f.insideKey(), f); err != nil || loaded {
+	// N.B. Insert, not LookupOrInsert: the caller's lookup has just
+	// missed, and a key taken since is rare (newFlow looks it up).
+	if err := ps.fwd.Insert(f.insideKey(), f); err != nil {
 		ps.rev.CompareAndDelete(f.extKey(), f)
 		if f.m != nil {
 			n.unref(ps, f.m)
 		}
 		undo()
-		return nil, DropBusy, loaded
+		return nil, DropBusy, errors.Is(err, hash4.ErrExists)
 	}
 	if ps.perm != nil {
 		n.permit(ps, f, 1)
@@ -524,9 +526,9 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 			return nil, why
 		}
 		extKey := hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}
-		if _, loaded, err := ps.maps.LookupOrInsert(key, m); err != nil || loaded {
+		if err := ps.maps.Insert(key, m); err != nil { // as the lookup above missed
 			ps.extm.CompareAndDelete(extKey, m)
-			if err != nil {
+			if !errors.Is(err, hash4.ErrExists) {
 				return nil, DropBusy
 			}
 			runtime.Gosched()
