@@ -22,9 +22,9 @@ func (t *Table[T]) Compact() {
 //
 // N.B. growMu keeps growths out. While every shard is locked, no node moves
 // between caches and the depot and no writer holds a node not yet linked,
-// or freed and not yet cached (percpu.go's rule 2): so beginCompaction takes the victims' free nodes
-// out of circulation at once, and endCompaction releases chunks no writer
-// holds a node of. Between the two, put drops the victims' nodes, so a node
+// or freed and not yet cached (percpu.go's rule 2): so beginCompaction
+// takes the victims' free nodes out of circulation at once, and
+// endCompaction releases chunks no writer holds a node of. Between the two, put drops the victims' nodes, so a node
 // seen free stays free. Lookups that stood on a moved entry see their
 // line's seq change (bucket's rule 2); those that read a released chunk end
 // on releasedNullsValue and restart.

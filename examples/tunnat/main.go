@@ -69,7 +69,7 @@
 //	-compare                  run the comparison with the kernel's NAT
 //	-duration d               demo, compare: length of each iperf3 run (default 2s, 3s)
 //	-queues n                 queues per TUN device, a goroutine each way per queue (default GOMAXPROCS)
-//	-nice n                   the gateway's niceness, 0 to 19 (default 0; see nice_linux.go)
+//	-nice n                   the gateway's niceness, 0 to 19, its endpoints' staying 0 (default 0)
 //	-cpuprofile file          write a CPU profile of the run
 //
 // Invalid flags print a message and exit with status 2.
