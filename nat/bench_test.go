@@ -253,60 +253,199 @@ func BenchmarkLookupPaired(b *testing.B) {
 				j = (j + block) % n
 			}
 			_ = sink
-			ops := float64(b.N * block)
-			b.ReportMetric(float64(tBare)/ops, "table-ns/lookup")
-			b.ReportMetric(float64(tOut)/ops, "out-ns/lookup")
-			b.ReportMetric(float64(tIn)/ops, "in-ns/lookup")
-			b.ReportMetric(float64(tOut)/float64(tBare), "out/table")
-			b.ReportMetric(float64(tIn)/float64(tBare), "in/table")
+			reportPaired(b, b.N*block, "lookup", []string{"table", "out", "in"}, tBare, tOut, tIn)
 		})
 	}
 }
 
-// BenchmarkCreatePaired makes flows as BenchmarkCreate does, Connect's and
-// the NAT's in alternating blocks of 256 within one loop (as
-// BenchmarkLookupPaired), and reports each one's ns per flow and the
-// NAT's ratios to Connect's.
+// BenchmarkCreatePaired makes flows as BenchmarkCreate does in alternating
+// blocks of 256 within one loop (as BenchmarkLookupPaired): Connect's, the
+// NAT's, and the floor's, the table operations alone that the NAT's flow
+// needs (floorTables). It reports each one's ns per flow and their ratios
+// to Connect's. All three's tables are sized for the flows they hold
+// (tables=sized: WithCapacity, Config.Capacity), or made as a NAT makes
+// its tables by default, growing by themselves from 1,024 (tables=grown).
+// Each sub-benchmark is to be run in its own process (-bench
+// 'CreatePaired/mapping=EndpointIndependent/tables=sized$'): one NAT's heap
+// and collections would otherwise fall on the other's timings.
 func BenchmarkCreatePaired(b *testing.B) {
 	const block = 256
 	ext := netip.MustParseAddr("192.0.2.1")
-	alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
-	t := hash4.New[benchValue](hash4.WithCapacity(createRound))
-	eim, _ := newTest(b, Config{External: []netip.Addr{ext}, MaxFlows: 2 * createRound})
-	apdm, _ := newTest(b, Config{External: []netip.Addr{ext}, MaxFlows: 2 * createRound,
-		UDP: Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}})
-	var tConn, tEIM, tAPDM time.Duration
-	made := 0
-	b.ResetTimer()
-	for range b.N {
-		if made+block > createRound {
-			t.Clear()
-			eim.Flush()
-			apdm.Flush()
-			made = 0
+	for _, c := range []struct {
+		name string
+		b    Behaviors
+	}{
+		{"EndpointIndependent", Behaviors{}},
+		{"AddressAndPortDependent", Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}},
+	} {
+		for _, size := range []struct {
+			name     string
+			capacity int
+		}{{"sized", createRound}, {"grown", 1024}} {
+			b.Run("mapping="+c.name+"/tables="+size.name, func(b *testing.B) {
+				alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
+				t := hash4.New[benchValue](hash4.WithCapacity(size.capacity))
+				// The NAT's flows expire as a gateway's do, through its wheel:
+				// its clock moves a second a block, and a flow unanswered for
+				// a round of blocks times out.
+				rounds := createRound / block
+				n, clk := newTest(b, Config{External: []netip.Addr{ext}, MaxFlows: 2 * createRound, UDP: c.b,
+					Capacity: size.capacity, Timeouts: Timeouts{UDPUnreplied: time.Duration(rounds) * time.Second}})
+				fl := newFloorTables(ext, c.b.Mapping == AddressAndPortDependent, size.capacity)
+				var tConn, tNAT, tFloor time.Duration
+				// The tables hold createRound flows: each block's new flows
+				// replace, untimed, the block's made createRound before, as a
+				// gateway's flows come and go (not a whole table at once).
+				conns := make([]hash4.Tuple, createRound)
+				b.ResetTimer()
+				for j := range b.N {
+					made := j * block % createRound
+					b.StopTimer()
+					if ended := clk.advance(time.Second); j > rounds && ended != block {
+						b.Fatalf("block %d: %d flows expired, want %d", j, ended, block)
+					}
+					if j*block >= createRound {
+						for k := range block {
+							t.Delete(conns[made+k])
+							fl.delete(createKey(j*block + k - createRound))
+						}
+					}
+					b.StartTimer()
+					t0 := time.Now()
+					for k := range block {
+						_, r := createKey(j*block + k)
+						tup, err := t.Connect(alloc, ext, r, &benchValue{})
+						if err != nil {
+							b.Fatal(err)
+						}
+						conns[made+k] = tup
+					}
+					t1 := time.Now()
+					for k := range block {
+						src, r := createKey(j*block + k)
+						if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
+							b.Fatal(why)
+						}
+					}
+					t2 := time.Now()
+					for k := range block {
+						if err := fl.create(createKey(j*block + k)); err != nil {
+							b.Fatal(err)
+						}
+					}
+					t3 := time.Now()
+					tConn, tNAT, tFloor = tConn+t1.Sub(t0), tNAT+t2.Sub(t1), tFloor+t3.Sub(t2)
+				}
+				reportPaired(b, b.N*block, "flow", []string{"connect", "nat", "floor"}, tConn, tNAT, tFloor)
+			})
 		}
-		t0 := time.Now()
-		for k := range block {
-			i := made + k
-			r := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
-			if _, err := t.Connect(alloc, ext, r, &benchValue{}); err != nil {
-				b.Fatal(err)
-			}
-		}
-		t1 := time.Now()
-		createBlock(b, eim, made, block)
-		t2 := time.Now()
-		createBlock(b, apdm, made, block)
-		t3 := time.Now()
-		tConn, tEIM, tAPDM = tConn+t1.Sub(t0), tEIM+t2.Sub(t1), tAPDM+t3.Sub(t2)
-		made += block
 	}
-	ops := float64(b.N * block)
-	b.ReportMetric(float64(tConn)/ops, "connect-ns/flow")
-	b.ReportMetric(float64(tEIM)/ops, "eim-ns/flow")
-	b.ReportMetric(float64(tAPDM)/ops, "apdm-ns/flow")
-	b.ReportMetric(float64(tEIM)/float64(tConn), "eim/connect")
-	b.ReportMetric(float64(tAPDM)/float64(tConn), "apdm/connect")
+}
+
+// floorTables makes a NAT's flow with the table operations alone, in
+// tables of its own: what no NAT on this table can do without, and so how
+// near Connect's cost one can come. Address-and-port-dependent: the
+// inside key's lookup (the packet's, which misses), Connect of the
+// external key, the inside key's insert. Endpoint-independent, a new
+// mapping and its first flow: the two lookups that miss (flow, mapping),
+// Connect of the mapping's external key toward the sentinel, its inside
+// key's insert, the flow's two keys' inserts, the permit's Compute. Each
+// with the NAT's allocations (a flow, a mapping, a permit); no host count,
+// flow limit, expiry timer, unassured list or counter.
+type floorTables struct {
+	ext        netip.Addr
+	apdm       bool
+	alloc      *hash4.PortAllocator
+	fwd, rev   *hash4.Table[flow]
+	maps, extm *hash4.Table[mapping]
+	perm       *hash4.Table[permit]
+}
+
+func newFloorTables(ext netip.Addr, apdm bool, capacity int) *floorTables {
+	alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
+	c := hash4.WithCapacity(capacity)
+	return &floorTables{ext: ext, apdm: apdm, alloc: alloc, fwd: hash4.New[flow](c), rev: hash4.New[flow](c),
+		maps: hash4.New[mapping](c), extm: hash4.New[mapping](c), perm: hash4.New[permit](c)}
+}
+
+func (ft *floorTables) create(src, r netip.AddrPort) error {
+	key := hash4.Tuple{Local: src, Remote: r}
+	if _, ok := ft.fwd.Lookup(key); ok {
+		return hash4.ErrExists
+	}
+	f := &flow{inside: src, remote: r}
+	if ft.apdm {
+		tup, err := ft.rev.Connect(ft.alloc, ft.ext, r, f)
+		if err != nil {
+			return err
+		}
+		f.ext = tup.Local
+		return ft.fwd.Insert(key, f)
+	}
+	mkey := hash4.Tuple{Local: src, Remote: sentinel4}
+	if _, ok := ft.maps.Lookup(mkey); ok {
+		return hash4.ErrExists
+	}
+	m := &mapping{key: mkey}
+	tup, err := ft.extm.Connect(ft.alloc, ft.ext, sentinel4, m)
+	if err != nil {
+		return err
+	}
+	m.ext, f.ext, f.m = tup.Local, tup.Local, m
+	if err := ft.maps.Insert(mkey, m); err != nil {
+		return err
+	}
+	if err := ft.rev.Insert(f.extKey(), f); err != nil {
+		return err
+	}
+	if err := ft.fwd.Insert(key, f); err != nil {
+		return err
+	}
+	pkey := hash4.Tuple{Local: f.ext, Remote: netip.AddrPortFrom(r.Addr(), 1)}
+	_, _, err = ft.perm.Compute(pkey, func(old *permit, loaded bool) (*permit, hash4.ComputeOp) {
+		if loaded {
+			old.n++
+			return old, hash4.UpdateOp
+		}
+		return &permit{n: 1}, hash4.UpdateOp
+	})
+	return err
+}
+
+// delete undoes create(src, r).
+func (ft *floorTables) delete(src, r netip.AddrPort) {
+	f, ok := ft.fwd.Lookup(hash4.Tuple{Local: src, Remote: r})
+	if !ok {
+		return
+	}
+	ft.fwd.Delete(f.insideKey())
+	ft.rev.Delete(f.extKey())
+	if f.m != nil {
+		ft.maps.Delete(f.m.key)
+		ft.extm.Delete(hash4.Tuple{Local: f.ext, Remote: sentinel4})
+		ft.perm.Delete(hash4.Tuple{Local: f.ext, Remote: netip.AddrPortFrom(r.Addr(), 1)})
+	}
+}
+
+// reportPaired reports the times of a paired benchmark's loops, named
+// names, of ops operations each: each one's ns per op ("name-ns/per"),
+// and each one's ratio to the first's ("name/first").
+func reportPaired(b *testing.B, ops int, per string, names []string, times ...time.Duration) {
+	for i, t := range times {
+		b.ReportMetric(float64(t)/float64(ops), names[i]+"-ns/"+per)
+	}
+	for i := 1; i < len(times); i++ {
+		b.ReportMetric(float64(times[i])/float64(times[0]), names[i]+"/"+names[0])
+	}
+}
+
+// createKey returns the inside and remote endpoints of flow i of the
+// creation benchmarks: 256 inside hosts, each with many flows, as a
+// gateway's hosts are; a key comes again after 65,536 flows.
+func createKey(i int) (src, r netip.AddrPort) {
+	src = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), uint16(1024+i>>8&0xff))
+	r = netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
+	return src, r
 }
 
 // createBlock makes flows from-from+count of the creation benchmarks in n.

@@ -60,7 +60,8 @@
 //     a TCP data offset under 5 or past the segment.
 //   - Limits: Config.MaxFlows, past which a new flow evicts an unanswered
 //     one (early drop: of the oldest few, the one whose inside host has the
-//     most flows) or is refused; Config.MaxFlowsPerHost.
+//     most flows) or is refused; Config.MaxFlowsPerHost. The tables grow by
+//     themselves while lookups go on; Config.Capacity sizes them at start.
 //   - Expiry: idle timeouts per protocol and TCP state (Timeouts), on a
 //     timing wheel that Expire (or Run) advances: it looks only at the flows
 //     due, at most Config.ExpireBudget per call.

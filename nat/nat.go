@@ -180,8 +180,8 @@ func New(c Config) (*NAT, error) {
 		f := family(a)
 		n.pool[f] = append(n.pool[f], a)
 	}
-	// The tables grow by themselves, while lookups go on.
-	capacity := min(c.MaxFlows, 1024)
+	// The tables grow by themselves past capacity, while lookups go on.
+	capacity := c.Capacity
 	for i, b := range []Behaviors{c.TCP, c.UDP, c.ICMP} {
 		alloc, err := hash4.NewPortAllocator(hash4.WithPortRange(c.Ports))
 		if err != nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -390,5 +392,56 @@ func TestFlowLayout(t *testing.T) {
 	}
 	if end := unsafe.Offsetof(f.in) + unsafe.Sizeof(f.in); end > 64 {
 		t.Errorf("the hot fields end at byte %d", end)
+	}
+}
+
+// Capacity sizes the tables: its default, its bounds (refused with
+// ErrConfig, nothing made, never hash4.New's panic), and a NAT past it,
+// whose tables grow.
+func TestConfigCapacity(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want int
+	}{
+		{Config{}, 1024},
+		{Config{MaxFlows: 100}, 100},
+		{Config{Capacity: 5000}, 5000},
+	} {
+		c.cfg.External = []netip.Addr{ext1}
+		n, err := New(c.cfg)
+		if err != nil || n.Config().Capacity != c.want {
+			t.Errorf("%+v: capacity %v, %v; want %d", c.cfg, n.Config().Capacity, err, c.want)
+		}
+	}
+	old := debug.SetMemoryLimit(64 << 20)
+	defer debug.SetMemoryLimit(old)
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Capacity: -1}, "capacity -1: want 0 to MaxFlows, 1048576"},
+		{Config{MaxFlows: 10, Capacity: 11}, "capacity 11: want 0 to MaxFlows, 10"},
+		{Config{MaxFlows: 1 << 31, Capacity: 1<<29 + 1}, "beyond the 536870912 buckets a table can have"},
+		// 15 tables (TCP, UDP, ICMP: five each by default) of 2^20
+		// lines: 960 MiB.
+		{Config{Capacity: 1 << 20}, "15 tables of 1048576 buckets take 1006632960 bytes, beyond the memory limit of 67108864"},
+	} {
+		c.cfg.External = []netip.Addr{ext1}
+		if _, err := New(c.cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want ErrConfig saying %q", c.cfg, err, c.want)
+		}
+	}
+	debug.SetMemoryLimit(old)
+
+	n, _ := newTest(t, Config{Capacity: 16})
+	const flows = 2000
+	ext := make([]netip.AddrPort, flows)
+	for i := range flows {
+		ext[i] = mustOut(t, n, UDP, ap("10.0.0.2", uint16(1000+i)), ap("198.51.100.1", 80))
+	}
+	for i := range flows {
+		if in, why := n.MapInbound(UDP, ap("198.51.100.1", 80), ext[i]); in != ap("10.0.0.2", uint16(1000+i)) {
+			t.Fatalf("flow %d of %d past a capacity of 16: reply went to %v (%v)", i, flows, in, why)
+		}
 	}
 }

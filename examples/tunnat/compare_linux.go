@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -91,8 +92,10 @@ func measure(ctx context.Context, t *topology, d time.Duration, progress func(st
 	return m, ctx.Err()
 }
 
-// runCompare measures the kernel's NAT, then tunnat, on the same
-// topology and clients, and prints a table of both.
+// runCompare measures the kernel's NAT and tunnat on the same topology
+// and clients, o.rounds times, the first of each round alternating (so
+// that a drift of the machine's load falls on both), and prints a table
+// of both.
 func runCompare(ctx context.Context, o options, out, progressW io.Writer) error {
 	if err := checkEnv(compareTools...); err != nil {
 		return err
@@ -100,65 +103,131 @@ func runCompare(ctx context.Context, o options, out, progressW io.Writer) error 
 	if err := setNice(o.nice); err != nil {
 		return err
 	}
-	say := func(who string) func(string) {
-		return func(step string) { fmt.Fprintf(progressW, "%s: %s\n", who, step) }
-	}
-
-	kt, err := newKernelTopology()
-	if err != nil {
-		return errors.Join(err, kt.close())
-	}
-	kernel, err := measure(ctx, kt, o.duration, say("kernel"))
-	if err = errors.Join(err, kt.close()); err != nil {
-		return fmt.Errorf("kernel NAT: %w", err)
-	}
-
-	t, err := newTUNTopology(o.queues)
-	defer func() { t.close() }()
-	if err != nil {
-		return err
-	}
-	cfg := o.nat
-	g, err := startGateway(cfg, t)
-	if err != nil {
-		return err
-	}
-	stopProgress := progress(progressW, g, nil)
-	user, err := measure(ctx, t, o.duration, say("tunnat"))
-	stopProgress()
-	g.close()
-	if err != nil {
-		return fmt.Errorf("tunnat: %w", err)
-	}
-	fmt.Fprintf(out, "tunnat: %v\n\n", g.stats())
-	if err := t.close(); err != nil {
-		return err
+	var kernel, user []measurement
+	for r := range o.rounds {
+		label := func(who string) func(string) {
+			if o.rounds > 1 {
+				who = fmt.Sprintf("round %d/%d, %s", r+1, o.rounds, who)
+			}
+			return func(step string) { fmt.Fprintf(progressW, "%s: %s\n", who, step) }
+		}
+		for i := range 2 {
+			if (r+i)%2 == 0 {
+				m, err := measureKernel(ctx, o, label("kernel"))
+				if err != nil {
+					return err
+				}
+				kernel = append(kernel, m)
+				continue
+			}
+			m, err := measureTunnat(ctx, o, out, progressW, label("tunnat"))
+			if err != nil {
+				return err
+			}
+			user = append(user, m)
+		}
 	}
 	printComparison(out, o.duration, kernel, user)
 	return nil
 }
 
-// printComparison writes the table, as Markdown, with tunnat's share of the
-// kernel's figure (for times, the kernel's share of tunnat's: above 1 is
-// always better for tunnat).
-func printComparison(w io.Writer, d time.Duration, k, u measurement) {
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	fmt.Fprintf(w, "| %s | kernel (veth, nftables masquerade) | tunnat (TUN) | tunnat / kernel |\n| --- | ---: | ---: | ---: |\n",
-		fmt.Sprintf("%v per run", d))
-	row := func(name string, kv, uv float64, format string, inverse bool) {
-		ratio := uv / kv
-		if inverse {
-			ratio = kv / uv
-		}
-		fmt.Fprintf(w, "| %s | "+format+" | "+format+" | %.2f |\n", name, kv, uv, ratio)
+// measureKernel measures the kernel's NAT on a topology of its own.
+func measureKernel(ctx context.Context, o options, progress func(string)) (measurement, error) {
+	kt, err := newKernelTopology()
+	if err != nil {
+		return measurement{}, errors.Join(err, kt.close())
 	}
-	row("TCP throughput, 1 stream (iperf3, Mbit/s)", k.tcpMbps, u.tcpMbps, "%.0f", false)
-	row("TCP throughput, 4 streams (iperf3 -P 4, Mbit/s)", k.tcp4Mbps, u.tcp4Mbps, "%.0f", false)
-	row("UDP 64-byte datagrams received per second (iperf3 -b 0)", k.udpPPS, u.udpPPS, "%.0f", false)
-	fmt.Fprintf(w, "| UDP datagrams lost (%%) | %.1f | %.1f | |\n", k.udpLoss, u.udpLoss)
-	row(fmt.Sprintf("UDP 64-byte datagrams received per second, %d offered", fixedRate), k.fixedPPS, u.fixedPPS, "%.0f", false)
-	fmt.Fprintf(w, "| UDP datagrams lost at %d offered (%%) | %.2f | %.2f | |\n", fixedRate, k.fixedLoss, u.fixedLoss)
-	row(fmt.Sprintf("TCP connections per second (%d clients, connect, 1 byte, close)", k.connWorkers), k.connPerSec, u.connPerSec, "%.0f", false)
-	row(fmt.Sprintf("UDP round trip, median of %d (µs)", k.roundTrips), us(k.rttP50), us(u.rttP50), "%.0f", true)
-	row("UDP round trip, 99th percentile (µs)", us(k.p99), us(u.p99), "%.0f", true)
+	m, err := measure(ctx, kt, o.duration, progress)
+	if err = errors.Join(err, kt.close()); err != nil {
+		return m, fmt.Errorf("kernel NAT: %w", err)
+	}
+	return m, nil
+}
+
+// measureTunnat measures tunnat, configured by o, on a topology of its
+// own, and writes its counters to out.
+func measureTunnat(ctx context.Context, o options, out, progressW io.Writer, progressStep func(string)) (m measurement, err error) {
+	t, err := newTUNTopology(o.queues)
+	defer func() { t.close() }()
+	if err != nil {
+		return m, err
+	}
+	g, err := startGateway(o.nat, t)
+	if err != nil {
+		return m, err
+	}
+	stopProgress := progress(progressW, g, nil)
+	m, err = measure(ctx, t, o.duration, progressStep)
+	stopProgress()
+	g.close()
+	if err != nil {
+		return m, fmt.Errorf("tunnat: %w", err)
+	}
+	fmt.Fprintf(out, "tunnat: %v\n\n", g.stats())
+	return m, t.close()
+}
+
+// printComparison writes the table of rounds k (the kernel's NAT) and u
+// (tunnat), as Markdown: each one's median and tunnat's share of the
+// kernel's figure (for times, the kernel's share of tunnat's: above 1 is
+// always better for tunnat), the median of the rounds' shares and, past
+// one round, their range.
+func printComparison(w io.Writer, d time.Duration, k, u []measurement) {
+	title := fmt.Sprintf("%v per run", d)
+	if len(k) > 1 {
+		title = fmt.Sprintf("%v per run, medians of %d rounds", d, len(k))
+	}
+	fmt.Fprintf(w, "| %s | kernel (veth, nftables masquerade) | tunnat (TUN) | tunnat / kernel |\n| --- | ---: | ---: | ---: |\n", title)
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	row := func(name, format string, inverse bool, f func(m measurement) float64) {
+		kv, uv, ratios := make([]float64, len(k)), make([]float64, len(u)), make([]float64, min(len(k), len(u)))
+		for i := range k {
+			kv[i] = f(k[i])
+		}
+		for i := range u {
+			uv[i] = f(u[i])
+		}
+		for i := range ratios {
+			if ratios[i] = uv[i] / kv[i]; inverse {
+				ratios[i] = kv[i] / uv[i]
+			}
+		}
+		share := fmt.Sprintf("%.2f", median(ratios))
+		if len(ratios) > 1 {
+			share += fmt.Sprintf(" (%.2f–%.2f)", slices.Min(ratios), slices.Max(ratios))
+		}
+		fmt.Fprintf(w, "| %s | "+format+" | "+format+" | %s |\n", name, median(kv), median(uv), share)
+	}
+	row("TCP throughput, 1 stream (iperf3, Mbit/s)", "%.0f", false, func(m measurement) float64 { return m.tcpMbps })
+	row("TCP throughput, 4 streams (iperf3 -P 4, Mbit/s)", "%.0f", false, func(m measurement) float64 { return m.tcp4Mbps })
+	row("UDP 64-byte datagrams received per second (iperf3 -b 0)", "%.0f", false, func(m measurement) float64 { return m.udpPPS })
+	lost := func(name, format string, f func(m measurement) float64) {
+		kv, uv := make([]float64, len(k)), make([]float64, len(u))
+		for i := range k {
+			kv[i] = f(k[i])
+		}
+		for i := range u {
+			uv[i] = f(u[i])
+		}
+		fmt.Fprintf(w, "| %s | "+format+" | "+format+" | |\n", name, median(kv), median(uv))
+	}
+	lost("UDP datagrams lost (%)", "%.1f", func(m measurement) float64 { return m.udpLoss })
+	row(fmt.Sprintf("UDP 64-byte datagrams received per second, %d offered", fixedRate), "%.0f", false, func(m measurement) float64 { return m.fixedPPS })
+	lost(fmt.Sprintf("UDP datagrams lost at %d offered (%%)", fixedRate), "%.2f", func(m measurement) float64 { return m.fixedLoss })
+	row(fmt.Sprintf("TCP connections per second (%d clients, connect, 1 byte, close)", k[0].connWorkers), "%.0f", false, func(m measurement) float64 { return m.connPerSec })
+	row(fmt.Sprintf("UDP round trip, median of %d (µs)", k[0].roundTrips), "%.0f", true, func(m measurement) float64 { return us(m.rttP50) })
+	row("UDP round trip, 99th percentile (µs)", "%.0f", true, func(m measurement) float64 { return us(m.p99) })
+}
+
+// median returns the median of v (the mean of the middle two for an even
+// count), without changing v; 0 for none.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(v))
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }

@@ -33,6 +33,7 @@ type options struct {
 	demo       bool
 	compare    bool
 	duration   time.Duration // demo and compare: length of each iperf3 run
+	rounds     int           // compare: rounds of both NATs
 	cpuprofile string
 	queues     int // queues per TUN device, a reading goroutine each way per queue
 	nice       int // the process's niceness; its endpoints' is 0
@@ -57,6 +58,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		blockPrefix  = fs.String("block-prefix", "", "deterministic blocks (RFC 7422): the n-th address of this IPv4 `prefix` gets block first+n")
 		maxFlows     = fs.Int("max-flows", defaultMaxFlows, "flows at once; past it a new flow evicts the oldest unanswered one, or is dropped")
 		maxPerHost   = fs.Int("max-flows-per-host", 0, "flows at once of one inside address; 0: no limit")
+		capacity     = fs.Int("capacity", 0, "flows the tables are sized for at start, at most -max-flows; past it they grow by themselves (0: 1024)")
 		mtu          = fs.Int("mtu", 0, "largest packet forwarded (1280 to 65535); 0: no limit")
 		udpIdle      = fs.Duration("udp-idle", d.UDP, "an answered UDP flow idle this `long` expires")
 		udpUnreplied = fs.Duration("udp-unreplied", d.UDPUnreplied, "an unanswered UDP flow idle this `long` expires")
@@ -72,6 +74,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		demo         = fs.Bool("demo", false, "build the topology, run real servers and clients through the NAT, exit 0 only if all succeed")
 		compare      = fs.Bool("compare", false, "measure the NAT against the kernel's (nftables masquerade) on the same topology")
 		duration     = fs.Duration("duration", 0, "demo, compare: length of each iperf3 run (default 2s with -demo, 3s with -compare)")
+		rounds       = fs.Int("rounds", 1, "compare: `n` rounds (1 to 20), the kernel's NAT and tunnat alternating which goes first; the table gives medians, and the range of the rounds' ratios")
 		cpuprofile   = fs.String("cpuprofile", "", "write a CPU profile of the run to `file`")
 		queues       = fs.Int("queues", defaultQueues(), "queues per TUN device (1 to 16), each read by a goroutine of its own each way")
 		nice         = fs.Int("nice", 0, "the gateway's scheduling niceness (0 to 19); on processors shared with busy endpoints, 19 lets them go first, as the kernel's NAT does; -demo and -compare run their clients and servers at 0")
@@ -134,6 +137,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if c.maxFlowsPerHost = *maxPerHost; c.maxFlowsPerHost < 0 {
 		return o, fmt.Errorf("-max-flows-per-host %d: must not be negative", *maxPerHost)
 	}
+	if c.capacity = *capacity; c.capacity < 0 || c.capacity > c.maxFlows {
+		return o, fmt.Errorf("-capacity %d: want 0 to -max-flows (%d)", *capacity, c.maxFlows)
+	}
 	c.mtu = *mtu
 	c.timeouts = nat.Timeouts{UDP: *udpIdle, UDPUnreplied: *udpUnreplied, ICMP: *icmpIdle,
 		TCPSynSent: *tcpSyn, TCPSynRecv: *tcpSynRecv, TCPEstablished: *tcpEst, TCPFinWait: *tcpFin,
@@ -150,8 +156,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if _, err := nat.New(natOf(*c)); err != nil {
 		return o, fmt.Errorf("flags: %v", err)
 	}
-	o.duration = *duration
+	o.duration, o.rounds = *duration, *rounds
 	switch {
+	case set["rounds"] && !o.compare:
+		return o, errors.New("-rounds works only with -compare")
+	case o.rounds < 1 || o.rounds > 20:
+		return o, fmt.Errorf("-rounds %d: want 1 to 20", *rounds)
 	case set["duration"] && !o.demo && !o.compare:
 		return o, errors.New("-duration works only with -demo or -compare")
 	case set["duration"] && (o.duration < time.Second || o.duration > time.Minute):

@@ -34,6 +34,11 @@ func TestFlags(t *testing.T) {
 		{[]string{"-queues", "0"}, 2, "-queues"},
 		{[]string{"-nice", "20"}, 2, "-nice 20: want 0 to 19"},
 		{[]string{"-nice", "-1"}, 2, "-nice -1"},
+		{[]string{"-capacity", "-1"}, 2, "-capacity -1"},
+		{[]string{"-max-flows", "100", "-capacity", "101"}, 2, "-capacity 101: want 0 to -max-flows (100)"},
+		{[]string{"-rounds", "3"}, 2, "-rounds works only with -compare"},
+		{[]string{"-compare", "-rounds", "0"}, 2, "-rounds 0: want 1 to 20"},
+		{[]string{"-compare", "-rounds", "21"}, 2, "-rounds 21"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var stdout, stderr bytes.Buffer
@@ -49,7 +54,7 @@ func TestFlagDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.nat.ports.Low != 1024 || o.nat.ports.High != 65535 || o.nat.timeouts.TCPEstablished != nat.DefaultTimeouts.TCPEstablished || o.duration != 0 {
+	if o.nat.ports.Low != 1024 || o.nat.ports.High != 65535 || o.nat.timeouts.TCPEstablished != nat.DefaultTimeouts.TCPEstablished || o.duration != 0 || o.rounds != 1 {
 		t.Errorf("defaults: %+v", o)
 	}
 	if o, _ := parseFlags([]string{"-demo"}, &bytes.Buffer{}); o.duration != defaultDemoDuration {

@@ -60,6 +60,7 @@
 //	-block-prefix prefix      deterministic blocks (RFC 7422)
 //	-max-flows n              flows at once, with early drop past it (default 65536)
 //	-max-flows-per-host n     flows at once per inside address (default 0, none)
+//	-capacity n               flows the tables are sized for at start (default 0: 1024)
 //	-mtu n                    largest packet forwarded (default 0, none)
 //	-udp-idle d, -udp-unreplied d, -icmp-idle d, -tcp-syn d, -tcp-syn-recv d,
 //	-tcp-established d, -tcp-fin d, -tcp-close-wait d, -tcp-last-ack d,
@@ -68,6 +69,7 @@
 //	-demo                     run the demo
 //	-compare                  run the comparison with the kernel's NAT
 //	-duration d               demo, compare: length of each iperf3 run (default 2s, 3s)
+//	-rounds n                 compare: rounds, the kernel's NAT and tunnat alternating; medians and ranges (default 1)
 //	-queues n                 queues per TUN device, a goroutine each way per queue (default GOMAXPROCS)
 //	-nice n                   the gateway's niceness, 0 to 19, its endpoints' staying 0 (default 0)
 //	-cpuprofile file          write a CPU profile of the run

@@ -26,6 +26,7 @@ type natConfig struct {
 	blocks             nat.Blocks
 	maxFlows           int
 	maxFlowsPerHost    int
+	capacity           int
 	timeouts           nat.Timeouts
 	mtu                int
 }
@@ -44,7 +45,7 @@ func natOf(c natConfig) nat.Config {
 	return nat.Config{
 		External: pool, Ports: c.ports, TCP: b, UDP: b, ICMP: b,
 		PortPreservation: c.portPreservation, ParityPreservation: c.parityPreservation,
-		Pooling: c.pooling, Blocks: c.blocks, MaxFlows: c.maxFlows, MaxFlowsPerHost: c.maxFlowsPerHost,
+		Pooling: c.pooling, Blocks: c.blocks, MaxFlows: c.maxFlows, MaxFlowsPerHost: c.maxFlowsPerHost, Capacity: c.capacity,
 		Timeouts: c.timeouts, Tick: tickFor(c.timeouts), MTU: c.mtu,
 		Router: []netip.Addr{gwInside4, gwInside6},
 	}
