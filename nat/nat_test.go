@@ -3,6 +3,7 @@ package nat
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"runtime/debug"
 	"strings"
@@ -421,7 +422,7 @@ func TestConfigCapacity(t *testing.T) {
 	}{
 		{Config{Capacity: -1}, "capacity -1: want 0 to MaxFlows, 1048576"},
 		{Config{MaxFlows: 10, Capacity: 11}, "capacity 11: want 0 to MaxFlows, 10"},
-		{Config{MaxFlows: 1 << 31, Capacity: 1<<29 + 1}, "beyond the 536870912 buckets a table can have"},
+		{Config{MaxFlows: math.MaxInt32, Capacity: 1<<29 + 1}, "beyond the 536870912 buckets a table can have"},
 		// 15 tables (TCP, UDP, ICMP: five each by default) of 2^20
 		// lines: 960 MiB.
 		{Config{Capacity: 1 << 20}, "15 tables of 1048576 buckets take 1006632960 bytes, beyond the memory limit of 67108864"},
