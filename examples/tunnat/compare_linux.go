@@ -103,6 +103,8 @@ func runCompare(ctx context.Context, o options, out, progressW io.Writer) error 
 	if err := setNice(o.nice); err != nil {
 		return err
 	}
+	// The steps and tunnat's progress lines come from two goroutines.
+	progressW = &lockedWriter{w: progressW}
 	var kernel, user []measurement
 	for r := range o.rounds {
 		label := func(who string) func(string) {

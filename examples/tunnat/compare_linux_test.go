@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,4 +61,50 @@ func TestPrintComparisonRounds(t *testing.T) {
 	if out := b.String(); !strings.Contains(out, "| 1s per run |") || !strings.Contains(out, "| 100000 | 90000 | 0.90 |") {
 		t.Errorf("one round:\n%s", out)
 	}
+}
+
+// -compare -rounds 2 runs through on this machine: both NATs twice, a
+// table of every row with figures from both, and the rounds in its
+// progress.
+func TestCompare(t *testing.T) {
+	needTopology(t, compareTools...)
+	if testing.Short() {
+		t.Skip("the comparison takes about 30 seconds")
+	}
+	o, err := parseFlags([]string{"-compare", "-duration", "1s", "-rounds", "2"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, prog bytes.Buffer
+	if err := runCompare(context.Background(), o, &out, &prog); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Logf("%s", out.String())
+	table := out.String()[strings.Index(out.String(), "| 1s per run"):]
+	rows := strings.Split(strings.TrimSpace(table), "\n")
+	if len(rows) != 11 || !strings.HasPrefix(rows[0], "| 1s per run, medians of 2 rounds |") {
+		t.Fatalf("want a header, a rule and 9 rows:\n%s", table)
+	}
+	for _, r := range rows[2:] {
+		cells := strings.Split(strings.Trim(r, "| "), " | ")
+		if len(cells) < 3 {
+			t.Errorf("row %q: want a name and two figures", r)
+			continue
+		}
+		lost := strings.Contains(cells[0], "lost")
+		for _, c := range cells[1:3] {
+			if v, err := strconv.ParseFloat(c, 64); err != nil || v < 0 || v == 0 && !lost {
+				t.Errorf("row %q: figure %q", r, c)
+			}
+		}
+		if !lost && !strings.Contains(cells[len(cells)-1], "–") {
+			t.Errorf("row %q: no range of the rounds' ratios", r)
+		}
+	}
+	for _, want := range []string{"round 1/2, kernel: iperf3 TCP", "round 2/2, tunnat: round trips"} {
+		if !strings.Contains(prog.String(), want) {
+			t.Errorf("progress lacks %q", want)
+		}
+	}
+	assertNoNamespaces(t)
 }
