@@ -135,6 +135,16 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
+// createMappings are the UDP behaviours the creation benchmarks make flows
+// with: the default, and Linux's.
+var createMappings = []struct {
+	name string
+	b    Behaviors
+}{
+	{"EndpointIndependent", Behaviors{}},
+	{"AddressAndPortDependent", Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}},
+}
+
 // createRound is how many flows a creation benchmark makes before it
 // clears them, untimed: the tables stay near one size, the ports free.
 const createRound = 1 << 14
@@ -156,13 +166,7 @@ func BenchmarkCreate(b *testing.B) {
 			}
 		}
 	})
-	for _, c := range []struct {
-		name string
-		b    Behaviors
-	}{
-		{"EndpointIndependent", Behaviors{}},
-		{"AddressAndPortDependent", Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}},
-	} {
+	for _, c := range createMappings {
 		b.Run(c.name, func(b *testing.B) {
 			n, _ := newTest(b, Config{External: []netip.Addr{ext}, UDP: c.b, MaxFlows: 2 * createRound})
 			for i := range b.N {
@@ -184,13 +188,7 @@ func BenchmarkCreate(b *testing.B) {
 // of 256 hosts: bytes/flow.
 func BenchmarkMemoryPerFlow(b *testing.B) {
 	const flows = 100000
-	for _, c := range []struct {
-		name string
-		b    Behaviors
-	}{
-		{"EndpointIndependent", Behaviors{}},
-		{"AddressAndPortDependent", Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}},
-	} {
+	for _, c := range createMappings {
 		b.Run(c.name, func(b *testing.B) {
 			for range b.N {
 				var before, after runtime.MemStats
@@ -271,13 +269,7 @@ func BenchmarkLookupPaired(b *testing.B) {
 func BenchmarkCreatePaired(b *testing.B) {
 	const block = 256
 	ext := netip.MustParseAddr("192.0.2.1")
-	for _, c := range []struct {
-		name string
-		b    Behaviors
-	}{
-		{"EndpointIndependent", Behaviors{}},
-		{"AddressAndPortDependent", Behaviors{Mapping: AddressAndPortDependent, Filtering: AddressAndPortDependent}},
-	} {
+	for _, c := range createMappings {
 		for _, size := range []struct {
 			name     string
 			capacity int

@@ -206,7 +206,7 @@ type Config struct {
 	// they grow by themselves, doubling at two flows per bucket, while
 	// lookups go on. A NAT sized for its flows skips those growths and
 	// keeps one flow per bucket up to Capacity, where making a flow costs
-	// 14 to 28% less (docs/performance.md), for 64 bytes per flow of
+	// less (docs/performance.md, "Flow creation"), for 64 bytes per flow of
 	// Capacity, from the start, in each of a protocol's tables (two, two
 	// more for mappings unless address-and-port-dependent, one more for
 	// address-dependent filtering).

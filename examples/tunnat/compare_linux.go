@@ -181,14 +181,19 @@ func printComparison(w io.Writer, d time.Duration, k, u []measurement) {
 	}
 	fmt.Fprintf(w, "| %s | kernel (veth, nftables masquerade) | tunnat (TUN) | tunnat / kernel |\n| --- | ---: | ---: | ---: |\n", title)
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	// figures returns f of each round of k and of u.
+	figures := func(f func(m measurement) float64) (kv, uv []float64) {
+		for _, m := range k {
+			kv = append(kv, f(m))
+		}
+		for _, m := range u {
+			uv = append(uv, f(m))
+		}
+		return kv, uv
+	}
 	row := func(name, format string, inverse bool, f func(m measurement) float64) {
-		kv, uv, ratios := make([]float64, len(k)), make([]float64, len(u)), make([]float64, min(len(k), len(u)))
-		for i := range k {
-			kv[i] = f(k[i])
-		}
-		for i := range u {
-			uv[i] = f(u[i])
-		}
+		kv, uv := figures(f)
+		ratios := make([]float64, min(len(kv), len(uv)))
 		for i := range ratios {
 			if ratios[i] = uv[i] / kv[i]; inverse {
 				ratios[i] = kv[i] / uv[i]
@@ -204,13 +209,7 @@ func printComparison(w io.Writer, d time.Duration, k, u []measurement) {
 	row("TCP throughput, 4 streams (iperf3 -P 4, Mbit/s)", "%.0f", false, func(m measurement) float64 { return m.tcp4Mbps })
 	row("UDP 64-byte datagrams received per second (iperf3 -b 0)", "%.0f", false, func(m measurement) float64 { return m.udpPPS })
 	lost := func(name, format string, f func(m measurement) float64) {
-		kv, uv := make([]float64, len(k)), make([]float64, len(u))
-		for i := range k {
-			kv[i] = f(k[i])
-		}
-		for i := range u {
-			uv[i] = f(u[i])
-		}
+		kv, uv := figures(f)
 		fmt.Fprintf(w, "| %s | "+format+" | "+format+" | |\n", name, median(kv), median(uv))
 	}
 	lost("UDP datagrams lost (%)", "%.1f", func(m measurement) float64 { return m.udpLoss })

@@ -152,8 +152,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		}
 	}
 	// The package checks the rest (the behaviours together, the blocks
-	// against the range, the MTU).
-	if _, err := nat.New(natOf(*c)); err != nil {
+	// against the range, the MTU), on tables of the default size: New
+	// checks the capacity against the memory limit when the gateway
+	// starts.
+	check := natOf(*c)
+	check.Capacity = 0
+	if _, err := nat.New(check); err != nil {
 		return o, fmt.Errorf("flags: %v", err)
 	}
 	o.duration, o.rounds = *duration, *rounds
