@@ -211,6 +211,39 @@ func BenchmarkMemoryPerFlow(b *testing.B) {
 	}
 }
 
+// BenchmarkMemoryFlood reports the heap a NAT holds after a flood: a
+// million unanswered TCP flows (MapOutbound's, each from a new endpoint)
+// at MaxFlows 10,000, early drop making room for each: bytes/dropped is
+// the heap past the live flows' per flow the flood ended, which should be
+// none (an ended flow leaves every table, list and wheel slot).
+func BenchmarkMemoryFlood(b *testing.B) {
+	const flows, max = 1000000, 10000
+	for range b.N {
+		var before, live, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		n, _ := newTest(b, Config{MaxFlows: max, Capacity: max})
+		flood := func(from, to int) {
+			for i := from; i < to; i++ {
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), 2}), uint16(1024+i%200))
+				n.MapOutbound(TCP, src, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 80))
+			}
+		}
+		flood(0, max)
+		runtime.GC()
+		runtime.ReadMemStats(&live)
+		flood(max, flows)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if m := n.Metrics(); m.Flows != max || m.Expired[ExpiredEarlyDrop] != flows-max {
+			b.Fatalf("flows %d, early dropped %d", m.Flows, m.Expired[ExpiredEarlyDrop])
+		}
+		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(live.HeapAlloc))/(flows-max), "bytes/dropped")
+		b.ReportMetric(float64(live.HeapAlloc-before.HeapAlloc)/max, "bytes/live")
+		runtime.KeepAlive(n)
+	}
+}
+
 // BenchmarkLookupPaired measures the three lookups of BenchmarkLookup in
 // alternating blocks of 1024 within one loop, so that a machine whose load
 // changes (this one is shared) weighs on all three alike: it reports each

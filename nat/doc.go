@@ -64,7 +64,9 @@
 //     themselves while lookups go on; Config.Capacity sizes them at start.
 //   - Expiry: idle timeouts per protocol and TCP state (Timeouts), on a
 //     timing wheel that Expire (or Run) advances: it looks only at the flows
-//     due, at most Config.ExpireBudget per call.
+//     due, at most Config.ExpireBudget per call. A flow that ends early
+//     (early drop, Flush) leaves the wheel as it ends, so a flood's churn
+//     holds no memory past MaxFlows' flows.
 //   - Metrics counts flows and mappings made, flows ended by reason, and
 //     drops and refusals by reason.
 //

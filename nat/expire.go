@@ -21,22 +21,43 @@ import (
 // wheelSlots is the number of slots: the wheel spans wheelSlots ticks.
 const wheelSlots = 4096
 
-// timer files a flow in the wheel; a flow has one, and gets another when
-// its deadline moves earlier than where it is filed, as a RST's does.
+// timer files its flow in the wheel: a link in the list of the slot of one
+// tick. It is part of the flow, so that filing allocates nothing and a flow
+// that ends early (early drop, Flush, a RST) leaves the wheel at once: the
+// wheel holds the live flows and no more, whatever the churn.
+//
+//  1. slot, due, prev and next change only under the lock of the slot the
+//     timer is filed in (slot > 0), or is being filed in.
+//  2. Whoever files or unfiles it holds mu, and files only a live flow;
+//     deleteFlow makes the flow dead before it takes mu to unfile it, so
+//     a flow is never left filed once it has ended.
+//  3. Expire alone takes a timer off without mu (under its slot's lock,
+//     to look at it), and takes mu before it files it again: with mu
+//     held, slot changes only from a slot to 0.
+//
+// Lock order: mu, then a slot's lock.
 type timer struct {
-	f    atomic.Pointer[flow] // nil once the flow ended
-	next *timer
-	due  atomic.Int64 // the tick it is filed under
+	mu         sync.Mutex
+	slot       atomic.Int32 // 1 + the index of the slot it is filed in; 0: none
+	due        int64        // the tick it is filed under
+	prev, next *flow
 }
 
-// wheel is the timing wheel. Goroutines making flows push timers onto a
-// slot's list with a CompareAndSwap; Expire, one call at a time (mu), takes
-// a slot's list whole with a Swap.
+// slot is one tick's list of flows, a doubly linked list so that a flow
+// leaves it in O(1).
+type slot struct {
+	mu   sync.Mutex
+	head *flow
+}
+
+// wheel is the timing wheel.
 type wheel struct {
 	tick  int64 // nanoseconds per tick
-	slots [wheelSlots]atomic.Pointer[timer]
-	mu    sync.Mutex
+	slots [wheelSlots]slot
+	mu    sync.Mutex   // one Expire at a time
 	next  atomic.Int64 // the next tick to look at; every timer is filed at or after it
+	// picked is the flows Expire takes off a slot at a time.
+	picked [64]*flow
 }
 
 func (w *wheel) init(tick time.Duration, now int64) {
@@ -44,30 +65,62 @@ func (w *wheel) init(tick time.Duration, now int64) {
 	w.next.Store(now / w.tick)
 }
 
-// schedule files t, for flow f, under the tick of deadline (unix
+// schedule files f, just made live, under the tick of deadline (unix
 // nanoseconds), rounded up, or the wheel's nearest or farthest tick. The
 // nearest is a tick past next, which Expire may be looking at meanwhile
 // (a timer filed under a tick already looked at would wait a revolution).
-func (w *wheel) schedule(t *timer, f *flow, deadline int64) {
-	w.scheduleFrom(t, f, deadline, w.next.Load()+1)
+func (w *wheel) schedule(f *flow, deadline int64) {
+	f.t.mu.Lock()
+	if f.state.Load() == stateLive {
+		w.file(f, deadline, w.next.Load()+1)
+	}
+	f.t.mu.Unlock()
 }
 
-// scheduleFrom is schedule with the nearest tick given: Expire, which
-// knows which tick it is at, files flows again from the next one.
-func (w *wheel) scheduleFrom(t *timer, f *flow, deadline, nearest int64) {
+// file links f, not filed, into the slot of deadline's tick, nearest at
+// the earliest; f.t.mu is held.
+func (w *wheel) file(f *flow, deadline, nearest int64) {
 	due := (deadline + w.tick - 1) / w.tick
 	due = max(due, nearest)
 	due = min(due, nearest+wheelSlots-2)
-	t.f.Store(f)
-	t.due.Store(due)
-	s := &w.slots[due%wheelSlots]
-	for {
-		head := s.Load()
-		t.next = head
-		if s.CompareAndSwap(head, t) {
+	i := int32(due % wheelSlots)
+	s := &w.slots[i]
+	s.mu.Lock()
+	f.t.due, f.t.prev, f.t.next = due, nil, s.head
+	if s.head != nil {
+		s.head.t.prev = f
+	}
+	s.head = f
+	f.t.slot.Store(i + 1)
+	s.mu.Unlock()
+}
+
+// unfile takes f out of the wheel if it is filed; f.t.mu is held.
+func (w *wheel) unfile(f *flow) {
+	for i := f.t.slot.Load(); i > 0; i = f.t.slot.Load() {
+		s := &w.slots[i-1]
+		s.mu.Lock()
+		if f.t.slot.Load() == i { // else Expire took it off meanwhile (3)
+			unlink(s, f)
+			s.mu.Unlock()
 			return
 		}
+		s.mu.Unlock()
 	}
+}
+
+// unlink takes f off slot s, whose lock is held.
+func unlink(s *slot, f *flow) {
+	if f.t.prev != nil {
+		f.t.prev.t.next = f.t.next
+	} else {
+		s.head = f.t.next
+	}
+	if f.t.next != nil {
+		f.t.next.t.prev = f.t.prev
+	}
+	f.t.prev, f.t.next = nil, nil
+	f.t.slot.Store(0)
 }
 
 // Expire ends the flows whose timeout has passed at now, and sets the
@@ -91,63 +144,71 @@ func (n *NAT) Expire(now time.Time) int {
 	ended := 0
 	for t := w.next.Load(); t <= nowTick; t++ {
 		s := &w.slots[t%wheelSlots]
-		list := s.Swap(nil)
-		for list != nil {
-			if budget == 0 {
-				// Put the rest back and come back to this tick.
-				for list != nil {
-					tm := list
-					list = list.next
-					w.refile(s, tm)
+		for {
+			// Take up to a handful of the slot's due flows off it, then
+			// look at each without the slot's lock.
+			k := 0
+			s.mu.Lock()
+			for f := s.head; f != nil && k < len(w.picked) && k < budget; {
+				next := f.t.next
+				if f.t.due <= t { // else filed a revolution ahead
+					unlink(s, f)
+					w.picked[k], k = f, k+1
 				}
-				return ended
+				f = next
 			}
-			budget--
-			tm := list
-			list = list.next
-			if tm.due.Load() > t {
-				w.refile(s, tm) // filed a revolution ahead
-				continue
+			s.mu.Unlock()
+			if k == 0 {
+				break
 			}
-			f := tm.f.Load()
-			if f == nil || f.state.Load() != stateLive {
-				continue // ended otherwise, or a spare timer of an ended flow
+			budget -= k
+			for i, f := range w.picked[:k] {
+				w.picked[i] = nil
+				ended += n.expireOne(f, ns, t+1)
 			}
-			deadline := f.last.Load() + int64(n.timeout(f))
-			if deadline <= ns {
-				if n.deleteFlow(f, ExpiredTimeout) {
-					ended++
-				}
-				continue
-			}
-			// Still in use: file it again under its deadline.
-			w.scheduleFrom(tm, f, deadline, t+1)
+		}
+		if budget == 0 {
+			return ended // this tick again at the next call
 		}
 		w.next.Store(t + 1)
 	}
 	return ended
 }
 
-// refile pushes tm back onto slot s.
-func (w *wheel) refile(s *atomic.Pointer[timer], tm *timer) {
-	for {
-		head := s.Load()
-		tm.next = head
-		if s.CompareAndSwap(head, tm) {
-			return
-		}
+// expireOne ends f, taken off its slot by Expire, if its deadline has
+// passed at ns, or files it again under its deadline, from tick nearest on.
+func (n *NAT) expireOne(f *flow, ns, nearest int64) int {
+	f.t.mu.Lock()
+	if f.state.Load() != stateLive {
+		f.t.mu.Unlock()
+		return 0 // ended meanwhile
 	}
+	deadline := f.last.Load() + int64(n.timeout(f))
+	if deadline > ns {
+		n.wheel.file(f, deadline, nearest) // still in use
+		f.t.mu.Unlock()
+		return 0
+	}
+	f.t.mu.Unlock()
+	if n.deleteFlow(f, ExpiredTimeout) {
+		return 1
+	}
+	return 0
 }
 
-// reschedule files f again if its deadline moved earlier than where its
-// timer is, as a TCP flow's does when it is reset or closed.
+// reschedule files f again if its deadline moved earlier than where it is
+// filed, as a TCP flow's does when it is reset or closed. A flow Expire
+// has taken off its slot is left to Expire, which reads its deadline
+// after this one's change.
 func (n *NAT) reschedule(f *flow) {
+	w := &n.wheel
 	deadline := f.last.Load() + int64(n.timeout(f))
-	if (deadline+n.wheel.tick-1)/n.wheel.tick < f.timer.due.Load() {
-		x := &timer{}
-		f.extra.Store(x)
-		n.wheel.schedule(x, f, deadline)
+	f.t.mu.Lock()
+	if f.t.slot.Load() > 0 && (deadline+w.tick-1)/w.tick < f.t.due && f.state.Load() == stateLive {
+		w.unfile(f)
+		w.file(f, deadline, w.next.Load()+1)
 	}
+	f.t.mu.Unlock()
 }
 
 // Run calls Expire every Config.Tick until ctx is done.

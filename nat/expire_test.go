@@ -192,3 +192,108 @@ func TestHostCountConcurrent(t *testing.T) {
 		t.Errorf("a new host after them: block %d, %v; want block 0 (every block freed)", h.block, why)
 	}
 }
+
+// wheelLen counts the timers filed in n's wheel.
+func wheelLen(n *NAT) int {
+	c := 0
+	for i := range n.wheel.slots {
+		for f := n.wheel.slots[i].head; f != nil; f = f.t.next {
+			c++
+		}
+	}
+	return c
+}
+
+// Flows that end before their deadline leave the wheel with them: after a
+// flood that early drop answers and a Flush, the wheel holds the live
+// flows and nothing else, so its memory is bounded by MaxFlows, whatever
+// the churn.
+func TestWheelHoldsLiveFlows(t *testing.T) {
+	n, clk := newTest(t, Config{MaxFlows: 100})
+	for i := range 5000 {
+		n.MapOutbound(UDP, ap("10.0.0.2", uint16(1024+i)), ap("198.51.100.2", 53))
+	}
+	flows, _ := n.Len()
+	if got := wheelLen(n); got != flows {
+		t.Errorf("after a flood early drop answered: %d in the wheel, %d flows", got, flows)
+	}
+	clk.advance(time.Second)
+	n.Flush()
+	if got := wheelLen(n); got != 0 {
+		t.Errorf("after Flush: %d in the wheel", got)
+	}
+}
+
+// checkWheel fails t unless n's wheel holds each live flow once, in the
+// slot it records, its list's links consistent, and nothing else.
+func checkWheel(t *testing.T, n *NAT) {
+	t.Helper()
+	filed := 0
+	for i := range n.wheel.slots {
+		var prev *flow
+		for f := n.wheel.slots[i].head; f != nil; prev, f = f, f.t.next {
+			if f.state.Load() != stateLive || f.t.slot.Load() != int32(i+1) || f.t.prev != prev || f.t.due%wheelSlots != int64(i) {
+				t.Fatalf("slot %d holds a flow in state %d, filed in %d under tick %d, linked from %p not %p",
+					i, f.state.Load(), f.t.slot.Load()-1, f.t.due, f.t.prev, prev)
+			}
+			filed++
+		}
+	}
+	if flows, _ := n.Len(); filed != flows {
+		t.Fatalf("%d flows filed in the wheel, %d live", filed, flows)
+	}
+}
+
+// Goroutines make flows, move their deadlines earlier (a SYN makes a TCP
+// flow of MapOutbound's, answered, tracked, with a shorter timeout), and end them by
+// early drop and Flush, while Expire runs: the wheel is then exactly the
+// live flows, and once their deadlines pass, empty.
+func TestWheelConcurrent(t *testing.T) {
+	n, clk := newTest(t, Config{MaxFlows: 300, Timeouts: Timeouts{TCPSynSent: 2 * time.Second}})
+	dst := ap("198.51.100.1", 80)
+	var wg sync.WaitGroup
+	var done atomic.Bool
+	var resched atomic.Int64
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 4000 {
+				if i%1000 == 999 {
+					n.Flush()
+				}
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(w), 2}), uint16(1024+i%400))
+				ext, why := n.MapOutbound(TCP, src, dst)
+				if why != DropNone || i%3 == 0 {
+					continue // left unanswered, for early drop
+				}
+				// Answered, it takes the established timeout; then
+				// tracked, the SYN's.
+				n.MapInbound(TCP, dst, ext)
+				if f := n.proto[TCP].lookupOut(hash4.Tuple{Local: src, Remote: dst}); f != nil {
+					n.trackTCP(f, &tcpSeg{flags: tcpSYN, seq: uint32(i), win: 65535, wscale: -1})
+					resched.Add(1)
+				}
+			}
+		}()
+	}
+	expiry := make(chan struct{})
+	go func() {
+		defer close(expiry)
+		for !done.Load() {
+			clk.advance(time.Second)
+		}
+	}()
+	wg.Wait()
+	done.Store(true)
+	<-expiry
+	checkWheel(t, n)
+	if m := n.Metrics(); resched.Load() == 0 || m.Expired[ExpiredEarlyDrop] == 0 || m.Expired[ExpiredTimeout] == 0 || m.Expired[ExpiredFlush] == 0 {
+		t.Errorf("the run did not move deadlines (%d) or end flows every way: %v", resched.Load(), m.Expired)
+	}
+	clk.advance(1000 * time.Hour)
+	checkWheel(t, n)
+	if flows, _ := n.Len(); flows != 0 {
+		t.Errorf("%d flows left after their deadlines", flows)
+	}
+}

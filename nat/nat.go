@@ -84,17 +84,13 @@ type flow struct {
 	m                   *mapping // nil for address-and-port-dependent mapping
 	h                   *host
 	tcp                 *tcpTrack // TCP flows only
-	// timer files the flow in the wheel; extra, if set, is a second one
-	// at an earlier tick (see reschedule). They are allocated apart from
-	// the flow, and let go of it when it ends, so that a flow ended
-	// early (early drop, Flush) is not kept until its tick.
-	timer *timer
-	extra atomic.Pointer[timer]
+	// t files the flow in the timing wheel.
+	t timer
 	// up and down link the unassured list, under n.unassured.mu.
 	up, down *flow
 	// Padding to 256 bytes (64-bit), a size class whose objects start on
 	// a cache line, so that the first line is the flow's own.
-	_ [40]byte
+	_ [16]byte
 }
 
 // ep is an endpoint in 20 bytes, for a flow's first cache line.
@@ -424,8 +420,7 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 	}
 	n.unassuredPush(f)
 	f.state.Store(stateLive)
-	f.timer = &timer{}
-	n.wheel.schedule(f.timer, f, now+int64(n.timeout(f)))
+	n.wheel.schedule(f, now+int64(n.timeout(f)))
 	n.ctr.flowsCreated.Add(1)
 	return f, DropNone, false
 }
@@ -756,10 +751,9 @@ func (n *NAT) deleteFlow(f *flow, reason Expiry) bool {
 	}
 	n.hosts.release(f.h)
 	n.unlist(f)
-	f.timer.f.Store(nil)
-	if x := f.extra.Load(); x != nil {
-		x.f.Store(nil)
-	}
+	f.t.mu.Lock()
+	n.wheel.unfile(f)
+	f.t.mu.Unlock()
 	n.flows.Add(-1)
 	n.ctr.expired[reason].Add(1)
 	return true
