@@ -374,23 +374,23 @@ func BenchmarkCreatePaired(b *testing.B) {
 // external key, the inside key's insert. Endpoint-independent, a new
 // mapping and its first flow: the two lookups that miss (flow, mapping),
 // Connect of the mapping's external key toward the sentinel, its inside
-// key's insert, the flow's two keys' inserts, the permit's Compute. Each
-// with the NAT's allocations (a flow, a mapping, a permit); no host count,
-// flow limit, expiry timer, unassured list or counter.
+// key's insert, the flow's two keys' inserts (the permit of
+// address-dependent filtering is in the mapping: no table write). Each
+// with the NAT's allocations (a flow, a mapping); no host count, flow
+// limit, expiry timer, unassured list, permit or counter.
 type floorTables struct {
 	ext        netip.Addr
 	apdm       bool
 	alloc      *hash4.PortAllocator
 	fwd, rev   *hash4.Table[flow]
 	maps, extm *hash4.Table[mapping]
-	perm       *hash4.Table[permit]
 }
 
 func newFloorTables(ext netip.Addr, apdm bool, capacity int) *floorTables {
 	alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
 	c := hash4.WithCapacity(capacity)
 	return &floorTables{ext: ext, apdm: apdm, alloc: alloc, fwd: hash4.New[flow](c), rev: hash4.New[flow](c),
-		maps: hash4.New[mapping](c), extm: hash4.New[mapping](c), perm: hash4.New[permit](c)}
+		maps: hash4.New[mapping](c), extm: hash4.New[mapping](c)}
 }
 
 func (ft *floorTables) create(src, r netip.AddrPort) error {
@@ -423,18 +423,7 @@ func (ft *floorTables) create(src, r netip.AddrPort) error {
 	if err := ft.rev.Insert(f.extKey(), f); err != nil {
 		return err
 	}
-	if err := ft.fwd.Insert(key, f); err != nil {
-		return err
-	}
-	pkey := hash4.Tuple{Local: f.ext, Remote: netip.AddrPortFrom(r.Addr(), 1)}
-	_, _, err = ft.perm.Compute(pkey, func(old *permit, loaded bool) (*permit, hash4.ComputeOp) {
-		if loaded {
-			old.n++
-			return old, hash4.UpdateOp
-		}
-		return &permit{n: 1}, hash4.UpdateOp
-	})
-	return err
+	return ft.fwd.Insert(key, f)
 }
 
 // delete undoes create(src, r).
@@ -448,7 +437,6 @@ func (ft *floorTables) delete(src, r netip.AddrPort) {
 	if f.m != nil {
 		ft.maps.Delete(f.m.key)
 		ft.extm.Delete(hash4.Tuple{Local: f.ext, Remote: sentinel4})
-		ft.perm.Delete(hash4.Tuple{Local: f.ext, Remote: netip.AddrPortFrom(r.Addr(), 1)})
 	}
 }
 

@@ -253,12 +253,14 @@ func TestWheelConcurrent(t *testing.T) {
 	dst := ap("198.51.100.1", 80)
 	var wg sync.WaitGroup
 	var done atomic.Bool
-	var resched atomic.Int64
+	var resched, advances atomic.Int64
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range 4000 {
+			// At least 4000 flows each, and on until Expire has run a
+			// few times meanwhile (past the SYN's timeout).
+			for i := 0; i < 4000 || advances.Load() < 20; i++ {
 				if i%1000 == 999 {
 					n.Flush()
 				}
@@ -282,6 +284,7 @@ func TestWheelConcurrent(t *testing.T) {
 		defer close(expiry)
 		for !done.Load() {
 			clk.advance(time.Second)
+			advances.Add(1)
 		}
 	}()
 	wg.Wait()

@@ -54,9 +54,10 @@ func sentinel(a netip.Addr) netip.AddrPort {
 }
 
 // mapping joins an inside endpoint and its external endpoint, for
-// endpoint-independent and address-dependent mapping. Its fields are set
-// before it is inserted and never change; refs counts the flows that use
-// it (and, briefly, a flow being made), and the last to go deletes it.
+// endpoint-independent and address-dependent mapping. Its fields down to
+// h are set before it is inserted and never change; refs counts the flows
+// that use it (and, briefly, a flow being made), and the last to go
+// deletes it.
 type mapping struct {
 	state atomic.Uint32
 	refs  atomic.Int32
@@ -64,6 +65,26 @@ type mapping struct {
 	ext   netip.AddrPort
 	p     Proto
 	h     *host
+	// Address-dependent filtering's permits: the remote addresses its
+	// flows go to, each with its count of flows. The first few are here,
+	// so that a mapping's first flow writes no table; the rest, spill of
+	// them, are in the permit table. An address is in one place or the
+	// other, never both. All under pmu.
+	pmu   sync.Mutex
+	near  [nearPermits]nearPermit
+	spill int32
+}
+
+// nearPermits is how many remote addresses a mapping's permits hold in the
+// mapping itself: two cover the mappings that talk to one server, or to a
+// STUN server and one peer.
+const nearPermits = 2
+
+// nearPermit is a remote address (As16) and its count of flows; n == 0: a
+// free place.
+type nearPermit struct {
+	a [16]byte
+	n int32
 }
 
 // flow joins a mapping and a remote endpoint: what a packet each way is
@@ -133,12 +154,13 @@ type protoState struct {
 	// address-and-port-dependent mapping, whose flows are its mappings.
 	maps, extm *hash4.Table[mapping]
 	// perm: external endpoint, remote address:1 -> the count of flows
-	// from the mapping to that address, for address-dependent filtering.
+	// from the mapping to that address, for address-dependent filtering,
+	// for the addresses past a mapping's near permits.
 	perm *hash4.Table[permit]
 }
 
 // permit counts a mapping's flows to one remote address. Its count changes
-// under the permit table's stripe lock only (Compute).
+// under the mapping's pmu, and the permit table's bucket lock (Compute).
 type permit struct{ n int }
 
 // NAT is a network address translator's state: mappings, flows, their
@@ -310,7 +332,7 @@ func (n *NAT) inbound(p Proto, k hash4.Tuple, canCreate, hairpin bool) (*flow, D
 	case ps.b.Filtering == AddressAndPortDependent:
 		return nil, DropFiltered
 	case ps.b.Filtering == AddressDependent:
-		if _, ok := ps.perm.Lookup(hash4.Tuple{Local: ext, Remote: netip.AddrPortFrom(remote.Addr(), 1)}); !ok {
+		if !n.permitted(ps, m, remote.Addr()) {
 			return nil, DropFiltered
 		}
 	}
@@ -613,22 +635,61 @@ func (n *NAT) unref(ps *protoState, m *mapping) {
 	n.mappings.Add(-1)
 }
 
-// permit adds d to the count of f's mapping's flows to f's remote address.
+// permit adds d (1 or -1) to the count of f's mapping's flows to f's
+// remote address: in the mapping's near permits if the address is there or
+// one is free, else in the permit table.
 func (n *NAT) permit(ps *protoState, f *flow, d int) {
-	key := hash4.Tuple{Local: f.ext, Remote: netip.AddrPortFrom(f.remote.Addr(), 1)}
+	m, a := f.m, f.remote.Addr().As16()
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	free := -1
+	for i := range m.near {
+		switch p := &m.near[i]; {
+		case p.n > 0 && p.a == a:
+			p.n += int32(d)
+			return
+		case p.n == 0 && free < 0:
+			free = i
+		}
+	}
+	if d > 0 && free >= 0 {
+		m.near[free] = nearPermit{a: a, n: int32(d)}
+		return
+	}
+	key := hash4.Tuple{Local: m.ext, Remote: netip.AddrPortFrom(f.remote.Addr(), 1)}
 	ps.perm.Compute(key, func(old *permit, loaded bool) (*permit, hash4.ComputeOp) {
 		if !loaded {
 			if d < 0 {
 				return nil, hash4.CancelOp
 			}
+			m.spill++
 			return &permit{n: d}, hash4.UpdateOp
 		}
 		old.n += d
 		if old.n <= 0 {
+			m.spill--
 			return nil, hash4.DeleteOp
 		}
 		return old, hash4.UpdateOp
 	})
+}
+
+// permitted reports whether mapping m has a flow to remote address a:
+// whether address-dependent filtering lets a in.
+func (n *NAT) permitted(ps *protoState, m *mapping, a netip.Addr) bool {
+	a16 := a.As16()
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	for _, p := range m.near {
+		if p.n > 0 && p.a == a16 {
+			return true
+		}
+	}
+	if m.spill == 0 {
+		return false
+	}
+	_, ok := ps.perm.Lookup(hash4.Tuple{Local: m.ext, Remote: netip.AddrPortFrom(a, 1)})
+	return ok
 }
 
 // reserveFlow counts a new flow against MaxFlows, evicting the oldest

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -161,6 +162,50 @@ func TestFiltering(t *testing.T) {
 				t.Errorf("%v filtering, from %v: %v, want filtered", c.f, from, why)
 			}
 		}
+	}
+}
+
+// Address-dependent filtering's permits: a mapping's first remote
+// addresses in the mapping, the rest in the permit table; each address
+// let in while a flow goes to it, and not once its last flow has ended;
+// a freed near place taken by the next address; nothing left in the table
+// when the mapping ends.
+func TestPermits(t *testing.T) {
+	n, _ := newTest(t, Config{})
+	ps := &n.proto[UDP]
+	a := ap("10.0.0.2", 5000)
+	remote := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 80)
+	}
+	flowTo := func(r netip.AddrPort) *flow { return ps.lookupOut(hash4.Tuple{Local: a, Remote: r}) }
+	for i := 1; i <= 5; i++ {
+		mustOut(t, n, UDP, a, remote(i))
+	}
+	second := netip.AddrPortFrom(remote(1).Addr(), 81)
+	mustOut(t, n, UDP, a, second)
+	m := flowTo(remote(1)).m
+	check := func(step string, in []int, spill int32) {
+		t.Helper()
+		for i := 1; i <= 7; i++ {
+			if got, want := n.permitted(ps, m, remote(i).Addr()), slices.Contains(in, i); got != want {
+				t.Errorf("%s: address %d let in %v, want %v", step, i, got, want)
+			}
+		}
+		if m.spill != spill || ps.perm.Len() != int(spill) {
+			t.Errorf("%s: %d addresses spilled, %d in the table; want %d", step, m.spill, ps.perm.Len(), spill)
+		}
+	}
+	check("five addresses", []int{1, 2, 3, 4, 5}, 3)
+	n.deleteFlow(flowTo(remote(1)), ExpiredFlush)
+	check("one of two flows to the first gone", []int{1, 2, 3, 4, 5}, 3)
+	n.deleteFlow(flowTo(second), ExpiredFlush)
+	n.deleteFlow(flowTo(remote(3)), ExpiredFlush)
+	check("the first and third gone", []int{2, 4, 5}, 2)
+	mustOut(t, n, UDP, a, remote(6))
+	check("a sixth in the freed place", []int{2, 4, 5, 6}, 2)
+	n.Flush()
+	if _, maps := n.Len(); maps != 0 || ps.perm.Len() != 0 {
+		t.Errorf("after Flush: %d mappings, %d permits in the table", maps, ps.perm.Len())
 	}
 }
 
