@@ -13,7 +13,7 @@ import (
 // comes up the flow is expired if its deadline (last packet plus the
 // timeout of its state) has passed, or filed again under it. So a busy
 // flow costs one look per timeout, an idle one a look at its deadline, and
-// a tick with nothing due costs the load of an empty slot, however many
+// a tick with nothing due costs the lock of an empty slot, however many
 // flows there are; Linux's timer wheel and conntrack's lazy timeouts work
 // alike. Deadlines past the wheel's span are filed at its far end and
 // looked at again then.
@@ -33,7 +33,12 @@ const wheelSlots = 4096
 //     a flow is never left filed once it has ended.
 //  3. Expire alone takes a timer off without mu (under its slot's lock,
 //     to look at it), and takes mu before it files it again: with mu
-//     held, slot changes only from a slot to 0.
+//     held, slot changes only from a slot to 0. Only the one who took a
+//     timer off files it again (unfile reports whether it did).
+//  4. Expire stores next past a tick under that tick's slot lock, when it
+//     finds nothing left due there: a flow filed under a tick is either
+//     seen by Expire's last look at it or, seeing next past it, filed
+//     later (file).
 //
 // Lock order: mu, then a slot's lock.
 type timer struct {
@@ -55,7 +60,7 @@ type wheel struct {
 	tick  int64 // nanoseconds per tick
 	slots [wheelSlots]slot
 	mu    sync.Mutex   // one Expire at a time
-	next  atomic.Int64 // the next tick to look at; every timer is filed at or after it
+	next  atomic.Int64 // the next tick to look at; no timer is filed before it (4)
 	// picked is the flows Expire takes off a slot at a time.
 	picked [64]*flow
 }
@@ -80,33 +85,44 @@ func (w *wheel) schedule(f *flow, deadline int64) {
 // file links f, not filed, into the slot of deadline's tick, nearest at
 // the earliest; f.t.mu is held.
 func (w *wheel) file(f *flow, deadline, nearest int64) {
-	due := (deadline + w.tick - 1) / w.tick
-	due = max(due, nearest)
-	due = min(due, nearest+wheelSlots-2)
-	i := int32(due % wheelSlots)
-	s := &w.slots[i]
-	s.mu.Lock()
-	f.t.due, f.t.prev, f.t.next = due, nil, s.head
-	if s.head != nil {
-		s.head.t.prev = f
+	for {
+		due := (deadline + w.tick - 1) / w.tick
+		due = min(max(due, nearest), nearest+wheelSlots-2)
+		i := int32(due % wheelSlots)
+		s := &w.slots[i]
+		s.mu.Lock()
+		if next := w.next.Load(); due < next {
+			// Expire is past this tick for good (4), as it can be
+			// when it catches up on many: the next one it looks at.
+			s.mu.Unlock()
+			nearest = next
+			continue
+		}
+		f.t.due, f.t.prev, f.t.next = due, nil, s.head
+		if s.head != nil {
+			s.head.t.prev = f
+		}
+		s.head = f
+		f.t.slot.Store(i + 1)
+		s.mu.Unlock()
+		return
 	}
-	s.head = f
-	f.t.slot.Store(i + 1)
-	s.mu.Unlock()
 }
 
-// unfile takes f out of the wheel if it is filed; f.t.mu is held.
-func (w *wheel) unfile(f *flow) {
+// unfile takes f out of the wheel if it is filed, and reports whether it
+// did; f.t.mu is held.
+func (w *wheel) unfile(f *flow) bool {
 	for i := f.t.slot.Load(); i > 0; i = f.t.slot.Load() {
 		s := &w.slots[i-1]
 		s.mu.Lock()
 		if f.t.slot.Load() == i { // else Expire took it off meanwhile (3)
 			unlink(s, f)
 			s.mu.Unlock()
-			return
+			return true
 		}
 		s.mu.Unlock()
 	}
+	return false
 }
 
 // unlink takes f off slot s, whose lock is held.
@@ -145,32 +161,31 @@ func (n *NAT) Expire(now time.Time) int {
 	for t := w.next.Load(); t <= nowTick; t++ {
 		s := &w.slots[t%wheelSlots]
 		for {
-			// Take up to a handful of the slot's due flows off it, then
-			// look at each without the slot's lock.
-			k := 0
+			// Take up to a handful of the slot's flows off it (every
+			// flow in slot t is due at t: none is filed more than a
+			// span past next), then look at each without its lock.
 			s.mu.Lock()
-			for f := s.head; f != nil && k < len(w.picked) && k < budget; {
-				next := f.t.next
-				if f.t.due <= t { // else filed a revolution ahead
-					unlink(s, f)
-					w.picked[k], k = f, k+1
-				}
-				f = next
+			if budget == 0 {
+				s.mu.Unlock()
+				return ended // this tick again at the next call
 			}
-			s.mu.Unlock()
+			k := 0
+			for ; k < len(w.picked) && k < budget && s.head != nil; k++ {
+				w.picked[k] = s.head
+				unlink(s, s.head)
+			}
 			if k == 0 {
+				w.next.Store(t + 1) // under the slot's lock (4)
+				s.mu.Unlock()
 				break
 			}
+			s.mu.Unlock()
 			budget -= k
 			for i, f := range w.picked[:k] {
 				w.picked[i] = nil
 				ended += n.expireOne(f, ns, t+1)
 			}
 		}
-		if budget == 0 {
-			return ended // this tick again at the next call
-		}
-		w.next.Store(t + 1)
 	}
 	return ended
 }
@@ -198,14 +213,13 @@ func (n *NAT) expireOne(f *flow, ns, nearest int64) int {
 
 // reschedule files f again if its deadline moved earlier than where it is
 // filed, as a TCP flow's does when it is reset or closed. A flow Expire
-// has taken off its slot is left to Expire, which reads its deadline
-// after this one's change.
+// has taken off its slot, even while this looks, is left to Expire, which
+// reads its deadline after this one's change (3).
 func (n *NAT) reschedule(f *flow) {
 	w := &n.wheel
 	deadline := f.last.Load() + int64(n.timeout(f))
 	f.t.mu.Lock()
-	if f.t.slot.Load() > 0 && (deadline+w.tick-1)/w.tick < f.t.due && f.state.Load() == stateLive {
-		w.unfile(f)
+	if f.t.slot.Load() > 0 && (deadline+w.tick-1)/w.tick < f.t.due && w.unfile(f) {
 		w.file(f, deadline, w.next.Load()+1)
 	}
 	f.t.mu.Unlock()

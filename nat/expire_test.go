@@ -244,37 +244,96 @@ func checkWheel(t *testing.T, n *NAT) {
 	}
 }
 
-// Goroutines make flows, move their deadlines earlier (a SYN makes a TCP
-// flow of MapOutbound's, answered, tracked, with a shorter timeout), and end them by
-// early drop and Flush, while Expire runs: the wheel is then exactly the
-// live flows, and once their deadlines pass, empty.
+// handshake takes the TCP flow of MapOutbound from src to dst through a
+// tracked handshake (isn: the inside's first sequence number) to
+// established, and returns it.
+func handshake(n *NAT, src, dst netip.AddrPort, isn uint32) *flow {
+	f := n.proto[TCP].lookupOut(hash4.Tuple{Local: src, Remote: dst})
+	if f == nil {
+		return nil
+	}
+	const peer = 5000000
+	for _, s := range []tcpSeg{
+		{dir: 0, flags: tcpSYN, seq: isn},
+		{dir: 1, flags: tcpSYN | tcpACK, seq: peer, ack: isn + 1},
+		{dir: 0, flags: tcpACK, seq: isn + 1, ack: peer + 1},
+	} {
+		s.win, s.wscale = 65535, -1
+		f.touch(n.now())
+		if n.trackTCP(f, &s) != DropNone {
+			return nil
+		}
+	}
+	return f
+}
+
+// rst resets f, made by handshake with isn, from inside, as a packet
+// does: it refreshes the flow's clock first.
+func rst(n *NAT, f *flow, isn uint32) Drop {
+	f.touch(n.now())
+	return n.trackTCP(f, &tcpSeg{dir: 0, flags: tcpRST, seq: isn + 1, win: 65535, wscale: -1})
+}
+
+// A TCP flow whose timeout shrinks moves to its earlier tick: filed at
+// first under the unanswered timeout, it moves earlier with its handshake
+// (SYN_RECV), is filed again by Expire under the established timeout, and
+// after a RST ends with the close timeout, not the established one.
+func TestRescheduleEarlier(t *testing.T) {
+	n, clk := newTest(t, Config{})
+	src, dst := ap("10.0.0.2", 4000), ap("198.51.100.1", 80)
+	mustOut(t, n, TCP, src, dst)
+	f := handshake(n, src, dst, 1000)
+	if f == nil {
+		t.Fatal("handshake refused")
+	}
+	to := n.Config().Timeouts
+	clk.advance(to.TCPSynRecv + time.Second)
+	if flows, _ := n.Len(); flows != 1 {
+		t.Fatalf("the established flow expired")
+	}
+	if why := rst(n, f, 1000); why != DropNone {
+		t.Fatal(why)
+	}
+	clk.advance(to.TCPClose - time.Second)
+	if flows, _ := n.Len(); flows != 1 {
+		t.Fatalf("the reset flow expired before its timeout")
+	}
+	clk.advance(2 * time.Second)
+	if flows, _ := n.Len(); flows != 0 {
+		t.Errorf("the reset flow outlived its timeout (%v): filed under %d, the wheel at %d", to.TCPClose, f.t.due, n.wheel.next.Load())
+	}
+}
+
+// Goroutines make flows, take some through a handshake (which moves their
+// deadlines earlier, then Expire files them later) and reset some of those
+// (earlier again), and end others by early drop and Flush, while Expire
+// runs a tick a millisecond: the wheel is then exactly the live flows;
+// the reset flows are gone once their close timeout has passed, the
+// established ones not; and once all deadlines pass, the wheel is empty.
 func TestWheelConcurrent(t *testing.T) {
-	n, clk := newTest(t, Config{MaxFlows: 300, Timeouts: Timeouts{TCPSynSent: 2 * time.Second}})
+	n, clk := newTest(t, Config{MaxFlows: 300})
 	dst := ap("198.51.100.1", 80)
 	var wg sync.WaitGroup
 	var done atomic.Bool
-	var resched, advances atomic.Int64
+	var resets, advances atomic.Int64
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			// At least 4000 flows each, and on until Expire has run a
-			// few times meanwhile (past the SYN's timeout).
-			for i := 0; i < 4000 || advances.Load() < 20; i++ {
+			// while meanwhile (past the handshake's timeout).
+			for i := 0; i < 4000 || advances.Load() < 100; i++ {
 				if i%1000 == 999 {
 					n.Flush()
 				}
 				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(w), 2}), uint16(1024+i%400))
-				ext, why := n.MapOutbound(TCP, src, dst)
-				if why != DropNone || i%3 == 0 {
+				if _, why := n.MapOutbound(TCP, src, dst); why != DropNone || i%3 == 0 {
 					continue // left unanswered, for early drop
 				}
-				// Answered, it takes the established timeout; then
-				// tracked, the SYN's.
-				n.MapInbound(TCP, dst, ext)
-				if f := n.proto[TCP].lookupOut(hash4.Tuple{Local: src, Remote: dst}); f != nil {
-					n.trackTCP(f, &tcpSeg{flags: tcpSYN, seq: uint32(i), win: 65535, wscale: -1})
-					resched.Add(1)
+				isn := uint32(i) * 1000
+				f := handshake(n, src, dst, isn)
+				if f != nil && i%3 == 2 && rst(n, f, isn) == DropNone {
+					resets.Add(1)
 				}
 			}
 		}()
@@ -285,14 +344,30 @@ func TestWheelConcurrent(t *testing.T) {
 		for !done.Load() {
 			clk.advance(time.Second)
 			advances.Add(1)
+			time.Sleep(time.Millisecond)
 		}
 	}()
 	wg.Wait()
 	done.Store(true)
 	<-expiry
 	checkWheel(t, n)
-	if m := n.Metrics(); resched.Load() == 0 || m.Expired[ExpiredEarlyDrop] == 0 || m.Expired[ExpiredTimeout] == 0 || m.Expired[ExpiredFlush] == 0 {
-		t.Errorf("the run did not move deadlines (%d) or end flows every way: %v", resched.Load(), m.Expired)
+	m := n.Metrics()
+	if resets.Load() == 0 || m.Expired[ExpiredEarlyDrop] == 0 || m.Expired[ExpiredTimeout] == 0 || m.Expired[ExpiredFlush] == 0 {
+		t.Errorf("the run did not reset flows (%d) or end flows every way: %v", resets.Load(), m.Expired)
+	}
+	clk.advance(n.Config().Timeouts.TCPClose + time.Second)
+	checkWheel(t, n)
+	established := 0
+	for _, f := range n.proto[TCP].fwd.All() {
+		switch f.tcp.stateNow() {
+		case tcpClose:
+			t.Errorf("a reset flow outlived its timeout: last packet %v ago", time.Duration(n.now()-f.last.Load()))
+		case tcpEstablished:
+			established++
+		}
+	}
+	if established == 0 {
+		t.Errorf("no established flow left to check the others against")
 	}
 	clk.advance(1000 * time.Hour)
 	checkWheel(t, n)
