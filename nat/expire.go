@@ -93,9 +93,11 @@ func (w *wheel) file(f *flow, deadline, nearest int64) {
 		s.mu.Lock()
 		if next := w.next.Load(); due < next {
 			// Expire is past this tick for good (4), as it can be
-			// when it catches up on many: the next one it looks at.
+			// when it catches up on many: a tick past the one it is
+			// at, as schedule's nearest (filed under the tick Expire
+			// is looking at, a flow due at once could keep it there).
 			s.mu.Unlock()
-			nearest = next
+			nearest = next + 1
 			continue
 		}
 		f.t.due, f.t.prev, f.t.next = due, nil, s.head

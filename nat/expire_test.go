@@ -1,6 +1,7 @@
 package nat
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -306,12 +307,12 @@ func TestRescheduleEarlier(t *testing.T) {
 
 // Goroutines make flows, take some through a handshake (which moves their
 // deadlines earlier, then Expire files them later) and reset some of those
-// (earlier again), and end others by early drop and Flush, while Expire
-// runs a tick a millisecond: the wheel is then exactly the live flows;
-// the reset flows are gone once their close timeout has passed, the
+// (earlier again), while Expire runs a tick a millisecond and every 300
+// ticks Flushes, and early drop ends others: the wheel is then exactly the
+// live flows; reset flows are gone once their close timeout has passed,
 // established ones not; and once all deadlines pass, the wheel is empty.
 func TestWheelConcurrent(t *testing.T) {
-	n, clk := newTest(t, Config{MaxFlows: 300})
+	n, clk := newTest(t, Config{MaxFlows: 300, Timeouts: Timeouts{TCPSynSent: 2 * time.Second}})
 	dst := ap("198.51.100.1", 80)
 	var wg sync.WaitGroup
 	var done atomic.Bool
@@ -321,14 +322,13 @@ func TestWheelConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			// At least 4000 flows each, and on until Expire has run a
-			// while meanwhile (past the handshake's timeout).
-			for i := 0; i < 4000 || advances.Load() < 100; i++ {
-				if i%1000 == 999 {
-					n.Flush()
-				}
-				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(w), 2}), uint16(1024+i%400))
+			// while meanwhile (past two Flushes). Each a new inside
+			// endpoint (for 65,536 of them), so that none is refreshed
+			// by a later one.
+			for i := 0; i < 4000 || advances.Load() < 700; i++ {
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(w), byte(i >> 8), byte(i)}), 1024)
 				if _, why := n.MapOutbound(TCP, src, dst); why != DropNone || i%3 == 0 {
-					continue // left unanswered, for early drop
+					continue // left unanswered, for early drop and the SYN's timeout
 				}
 				isn := uint32(i) * 1000
 				f := handshake(n, src, dst, isn)
@@ -343,7 +343,9 @@ func TestWheelConcurrent(t *testing.T) {
 		defer close(expiry)
 		for !done.Load() {
 			clk.advance(time.Second)
-			advances.Add(1)
+			if advances.Add(1)%300 == 0 {
+				n.Flush()
+			}
 			time.Sleep(time.Millisecond)
 		}
 	}()
@@ -355,23 +357,96 @@ func TestWheelConcurrent(t *testing.T) {
 	if resets.Load() == 0 || m.Expired[ExpiredEarlyDrop] == 0 || m.Expired[ExpiredTimeout] == 0 || m.Expired[ExpiredFlush] == 0 {
 		t.Errorf("the run did not reset flows (%d) or end flows every way: %v", resets.Load(), m.Expired)
 	}
-	clk.advance(n.Config().Timeouts.TCPClose + time.Second)
-	checkWheel(t, n)
-	established := 0
+	// One established flow and one reset, made now (in the room of two
+	// flows of the run), that the close timeout must tell apart as it
+	// does the run's.
+	room := 0
 	for _, f := range n.proto[TCP].fwd.All() {
-		switch f.tcp.stateNow() {
-		case tcpClose:
-			t.Errorf("a reset flow outlived its timeout: last packet %v ago", time.Duration(n.now()-f.last.Load()))
-		case tcpEstablished:
-			established++
+		if room < 2 && n.deleteFlow(f, ExpiredFlush) {
+			room++
 		}
 	}
-	if established == 0 {
-		t.Errorf("no established flow left to check the others against")
+	kept, reset := ap("10.9.0.2", 1000), ap("10.9.0.2", 1001)
+	for i, src := range []netip.AddrPort{kept, reset} {
+		if _, why := n.MapOutbound(TCP, src, dst); why != DropNone {
+			t.Fatal(why)
+		}
+		if f := handshake(n, src, dst, 7000); f == nil || i == 1 && rst(n, f, 7000) != DropNone {
+			t.Fatalf("handshake or reset of %v refused", src)
+		}
+	}
+	clk.advance(n.Config().Timeouts.TCPClose + time.Second)
+	checkWheel(t, n)
+	for _, f := range n.proto[TCP].fwd.All() {
+		if f.tcp.stateNow() == tcpClose {
+			t.Errorf("a reset flow outlived its timeout: last packet %v ago", time.Duration(n.now()-f.last.Load()))
+		}
+	}
+	if n.proto[TCP].lookupOut(hash4.Tuple{Local: kept, Remote: dst}) == nil {
+		t.Errorf("the established flow expired with the reset ones")
 	}
 	clk.advance(1000 * time.Hour)
 	checkWheel(t, n)
 	if flows, _ := n.Len(); flows != 0 {
 		t.Errorf("%d flows left after their deadlines", flows)
+	}
+}
+
+// Goroutines move flows' deadlines earlier, often into the past (their
+// clocks set back, as a packet's stale read of the NAT's clock would), and
+// make flows again as they expire, while Expire jumps up to 400 ticks a
+// call: no flow is filed twice or under a tick Expire has passed, and
+// every flow expires on time.
+func TestWheelStress(t *testing.T) {
+	const jump, flows = 400, 2000
+	calls := 3000
+	if raceEnabled {
+		calls = 50 // under the race detector each lock of a slot is slow: its full run is without
+	}
+	n, clk := newTest(t, Config{MaxFlows: 5000})
+	dst := ap("198.51.100.1", 53)
+	src := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 1000)
+	}
+	var wg sync.WaitGroup
+	var done atomic.Bool
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for !done.Load() {
+				i := r.IntN(flows)
+				f := n.proto[UDP].lookupOut(hash4.Tuple{Local: src(i), Remote: dst})
+				switch {
+				case f == nil:
+					n.MapOutbound(UDP, src(i), dst)
+				case r.IntN(4) == 0:
+					f.touch(n.now())
+				default:
+					f.last.Store(n.now() - int64(r.IntN(310))*int64(time.Second))
+					n.reschedule(f)
+				}
+			}
+		}()
+	}
+	r := rand.New(rand.NewPCG(9, 9))
+	for range calls {
+		clk.advance(time.Duration(r.IntN(jump)) * time.Second)
+	}
+	done.Store(true)
+	wg.Wait()
+	checkWheel(t, n)
+	next := n.wheel.next.Load()
+	for i := range n.wheel.slots {
+		for f := n.wheel.slots[i].head; f != nil; f = f.t.next {
+			if f.t.due < next {
+				t.Fatalf("a flow filed under tick %d, before the next Expire looks at, %d", f.t.due, next)
+			}
+		}
+	}
+	clk.advance(n.Config().Timeouts.UDP + 2*time.Second)
+	if live, _ := n.Len(); live != 0 {
+		t.Errorf("%d flows outlived their timeout", live)
 	}
 }
