@@ -70,14 +70,16 @@ func (w *wheel) init(tick time.Duration, now int64) {
 	w.next.Store(now / w.tick)
 }
 
-// schedule files f, just made live, under the tick of deadline (unix
-// nanoseconds), rounded up, or the wheel's nearest or farthest tick. The
+// schedule files f, just made live at clock now, under the tick of its
+// deadline, rounded up, or the wheel's nearest or farthest tick. The
 // nearest is a tick past next, which Expire may be looking at meanwhile
 // (a timer filed under a tick already looked at would wait a revolution).
-func (w *wheel) schedule(f *flow, deadline int64) {
+// Its timeout is read under f.t.mu: a TCP segment that shortened it
+// before (whose reschedule found f not yet filed) is seen here.
+func (n *NAT) schedule(f *flow, now int64) {
 	f.t.mu.Lock()
 	if f.state.Load() == stateLive {
-		w.file(f, deadline, w.next.Load()+1)
+		n.wheel.file(f, now+int64(n.timeout(f)), n.wheel.next.Load()+1)
 	}
 	f.t.mu.Unlock()
 }
@@ -215,8 +217,9 @@ func (n *NAT) expireOne(f *flow, ns, nearest int64) int {
 
 // reschedule files f again if its deadline moved earlier than where it is
 // filed, as a TCP flow's does when it is reset or closed. A flow Expire
-// has taken off its slot, even while this looks, is left to Expire, which
-// reads its deadline after this one's change (3).
+// has taken off its slot, even while this looks, is left to Expire, and
+// one not yet filed to schedule: each reads its timeout under f.t.mu,
+// after this one's change (3).
 func (n *NAT) reschedule(f *flow) {
 	w := &n.wheel
 	deadline := f.last.Load() + int64(n.timeout(f))

@@ -442,7 +442,7 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 	}
 	n.unassuredPush(f)
 	f.state.Store(stateLive)
-	n.wheel.schedule(f, now+int64(n.timeout(f)))
+	n.schedule(f, now)
 	n.ctr.flowsCreated.Add(1)
 	return f, DropNone, false
 }
