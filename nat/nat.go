@@ -67,7 +67,7 @@ type mapping struct {
 	h     *host
 	// Address-dependent filtering's permits: the remote addresses its
 	// flows go to, each with its count of flows. The first few are here,
-	// so that a mapping's first flow writes no table; the rest, spill of
+	// so that a mapping's first flows write no permit entry; the rest, spill of
 	// them, are in the permit table. An address is in one place or the
 	// other, never both. All under pmu.
 	pmu   sync.Mutex
