@@ -2,6 +2,7 @@ package nat
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
@@ -377,24 +378,25 @@ func BenchmarkCreatePaired(b *testing.B) {
 // inside key's lookup (the packet's, which misses), Connect of the
 // external key, the inside key's insert. Endpoint-independent, a new
 // mapping and its first flow: the two lookups that miss (flow, mapping),
-// Connect of the mapping's external key toward the sentinel, its inside
-// key's insert, the flow's two keys' inserts (the permit of
-// address-dependent filtering is in the mapping: no table write). Each
+// the mapping's port taken (addrPorts.takeAny), its inside key's insert,
+// the flow's two keys' inserts (the permit of address-dependent filtering
+// is in the mapping: no table write). Each
 // with the NAT's allocations (a flow, a mapping); no host count, flow
 // limit, expiry timer, unassured list, permit or counter.
 type floorTables struct {
-	ext        netip.Addr
-	apdm       bool
-	alloc      *hash4.PortAllocator
-	fwd, rev   *hash4.Table[flow]
-	maps, extm *hash4.Table[mapping]
+	ext      netip.Addr
+	apdm     bool
+	alloc    *hash4.PortAllocator
+	fwd, rev *hash4.Table[flow]
+	maps     *hash4.Table[mapping]
+	ports    *addrPorts
 }
 
 func newFloorTables(ext netip.Addr, apdm bool, capacity int) *floorTables {
 	alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
 	c := hash4.WithCapacity(capacity)
 	return &floorTables{ext: ext, apdm: apdm, alloc: alloc, fwd: hash4.New[flow](c), rev: hash4.New[flow](c),
-		maps: hash4.New[mapping](c), extm: hash4.New[mapping](c)}
+		maps: hash4.New[mapping](c), ports: new(addrPorts)}
 }
 
 func (ft *floorTables) create(src, r netip.AddrPort) error {
@@ -416,11 +418,12 @@ func (ft *floorTables) create(src, r netip.AddrPort) error {
 		return hash4.ErrExists
 	}
 	m := &mapping{key: mkey}
-	tup, err := ft.extm.Connect(ft.alloc, ft.ext, sentinel4, m)
-	if err != nil {
-		return err
+	port, ok := ft.ports.takeAny(1024, 65535, randUint32(), anyParity, math.MaxUint32, m, ft.alloc)
+	if !ok {
+		return hash4.ErrNoPorts
 	}
-	m.ext, f.ext, f.m = tup.Local, tup.Local, m
+	m.ext = netip.AddrPortFrom(ft.ext, port)
+	f.ext, f.m = m.ext, m
 	if err := ft.maps.Insert(mkey, m); err != nil {
 		return err
 	}
@@ -440,7 +443,7 @@ func (ft *floorTables) delete(src, r netip.AddrPort) {
 	ft.rev.Delete(f.extKey())
 	if f.m != nil {
 		ft.maps.Delete(f.m.key)
-		ft.extm.Delete(hash4.Tuple{Local: f.ext, Remote: sentinel4})
+		ft.ports.release(f.ext.Port(), f.m)
 	}
 }
 

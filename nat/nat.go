@@ -3,6 +3,7 @@ package nat
 import (
 	"errors"
 	"hash/maphash"
+	"math"
 	"net/netip"
 	"runtime"
 	"sync"
@@ -149,10 +150,12 @@ type protoState struct {
 	// fwd: inside endpoint, remote -> flow; rev: external endpoint,
 	// remote -> flow.
 	fwd, rev *hash4.Table[flow]
-	// maps: inside endpoint, remote address or sentinel -> mapping; extm:
-	// external endpoint, sentinel -> mapping. Unused for
-	// address-and-port-dependent mapping, whose flows are its mappings.
-	maps, extm *hash4.Table[mapping]
+	// maps: inside endpoint, remote address or sentinel -> mapping;
+	// owners: each external port's mapping, by the address's family and
+	// place in NAT.pool. Unused for address-and-port-dependent mapping,
+	// whose flows are its mappings.
+	maps   *hash4.Table[mapping]
+	owners [2][]addrPorts
 	// perm: external endpoint, remote address:1 -> the count of flows
 	// from the mapping to that address, for address-dependent filtering,
 	// for the addresses past a mapping's near permits.
@@ -169,7 +172,8 @@ type permit struct{ n int }
 type NAT struct {
 	cfg   Config
 	proto [numProtos]protoState
-	pool  [2][]netip.Addr // external addresses: [0] IPv4, [1] IPv6
+	pool  [2][]netip.Addr    // external addresses: [0] IPv4, [1] IPv6
+	place map[netip.Addr]int // each external address's index in its pool
 	seed  maphash.Seed
 	hosts hosts
 
@@ -193,9 +197,10 @@ func New(c Config) (*NAT, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &NAT{cfg: c, seed: maphash.MakeSeed()}
+	n := &NAT{cfg: c, seed: maphash.MakeSeed(), place: make(map[netip.Addr]int, len(c.External))}
 	for _, a := range c.External {
 		f := family(a)
+		n.place[a] = len(n.pool[f])
 		n.pool[f] = append(n.pool[f], a)
 	}
 	// The tables grow by themselves past capacity, while lookups go on.
@@ -211,7 +216,9 @@ func New(c Config) (*NAT, error) {
 		ps.rev = hash4.New[flow](hash4.WithCapacity(capacity))
 		if b.Mapping != AddressAndPortDependent {
 			ps.maps = hash4.New[mapping](hash4.WithCapacity(capacity))
-			ps.extm = hash4.New[mapping](hash4.WithCapacity(capacity))
+			for f := range ps.owners {
+				ps.owners[f] = make([]addrPorts, len(n.pool[f]))
+			}
 		}
 		if b.Filtering == AddressDependent {
 			ps.perm = hash4.New[permit](hash4.WithCapacity(capacity))
@@ -248,12 +255,18 @@ func (n *NAT) now() int64 { return n.clock.Load() }
 
 // isExternal reports whether a is one of the pool's addresses.
 func (n *NAT) isExternal(a netip.Addr) bool {
-	for _, e := range n.pool[family(a)] {
-		if e == a {
-			return true
-		}
+	_, ok := n.place[a]
+	return ok
+}
+
+// ports returns the owners of external address a's ports in ps, or nil if
+// a is not in the pool or ps's mappings hold no ports of their own.
+func (n *NAT) ports(ps *protoState, a netip.Addr) *addrPorts {
+	i, ok := n.place[a]
+	if !ok || ps.owners[family(a)] == nil {
+		return nil
 	}
-	return false
+	return &ps.owners[family(a)][i]
 }
 
 // touch refreshes f's clock. It writes only when the clock moved, so that
@@ -320,12 +333,13 @@ func (n *NAT) outbound(p Proto, k hash4.Tuple, canCreate bool) (*flow, Drop) {
 func (n *NAT) inbound(p Proto, k hash4.Tuple, canCreate, hairpin bool) (*flow, Drop) {
 	ps := &n.proto[p]
 	ext, remote := k.Local, k.Remote
-	if ps.extm == nil {
+	ports := n.ports(ps, ext.Addr())
+	if ports == nil {
 		return nil, n.noFlow(ext)
 	}
-	m, ok := ps.extm.Lookup(hash4.Tuple{Local: ext, Remote: sentinel(ext.Addr())})
-	if !ok || m.state.Load() != stateLive {
-		return nil, n.noFlow(ext)
+	m := ports.owner(ext.Port())
+	if m == nil || m.state.Load() != stateLive {
+		return nil, DropNoFlow
 	}
 	switch {
 	case hairpin:
@@ -542,9 +556,8 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 		if why := n.holdPort(ps, m, inside, h); why != DropNone {
 			return nil, why
 		}
-		extKey := hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}
 		if err := ps.maps.Insert(key, m); err != nil { // as the lookup above missed
-			ps.extm.CompareAndDelete(extKey, m)
+			n.ports(ps, m.ext.Addr()).release(m.ext.Port(), m)
 			if !errors.Is(err, hash4.ErrExists) {
 				return nil, DropBusy
 			}
@@ -559,54 +572,36 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 	return nil, DropBusy
 }
 
-// holdPort gives m an external endpoint for the inside endpoint inside and
-// inserts m, pending, into ps.extm under it. The external port is m's
-// alone, as a port bind() holds: extm's keys pair each external endpoint
-// with one sentinel remote, so Table.Connect toward that sentinel picks a
-// port no other mapping has, in the kernel's order, a bitmap of the taken
-// ports standing in for a scan once the address is busy.
+// holdPort gives m an external endpoint for the inside endpoint inside,
+// its port m's alone (ps.owners), pending until m is live: the inside
+// port if port preservation asks for it and it is free, else a free port
+// of the inside port's parity if parity preservation asks for it (among
+// 2*parityTries ports), else any free port, each tried from a random
+// start.
 func (n *NAT) holdPort(ps *protoState, m *mapping, inside netip.AddrPort, h *host) Drop {
 	lo, hi := n.cfg.Ports.Low, n.cfg.Ports.High
-	var opts []hash4.ConnectOption
 	if h.block >= 0 {
 		lo, hi = h.lo, h.hi
-		opts = append(opts, hash4.WithConnectRange(hash4.PortRange{Low: lo, High: hi}))
 	}
 	why := DropNoPort
 	n.eachAddr(inside.Addr(), h, func(ext netip.Addr) bool {
-		sent := sentinel(ext)
-		try := func(port uint16) bool {
-			if ps.alloc.Reserved(port) {
-				return false
-			}
-			m.ext = netip.AddrPortFrom(ext, port)
-			if ps.extm.Insert(hash4.Tuple{Local: m.ext, Remote: sent}, m) != nil {
-				return false
-			}
-			why = DropNone
-			return true
-		}
+		ports := n.ports(ps, ext)
 		port := inside.Port()
-		if n.cfg.PortPreservation && port >= lo && port <= hi && try(port) {
+		if n.cfg.PortPreservation && port >= lo && port <= hi && !ps.alloc.Reserved(port) && ports.take(port, m) {
+			m.ext, why = netip.AddrPortFrom(ext, port), DropNone
 			return false
 		}
 		if n.cfg.ParityPreservation {
-			// Ports of the inside port's parity from a random start
-			// (Connect's order would offer a whole parity first).
-			size := int(hi-lo) + 1
-			start := int(randUint32() % uint32(size))
-			for i := 0; i < min(size, 2*parityTries); i++ {
-				if p := lo + uint16((start+i)%size); p&1 == port&1 && try(p) {
-					return false
-				}
+			if p, ok := ports.takeAny(lo, hi, randUint32(), int(port&1), 2*parityTries, m, ps.alloc); ok {
+				m.ext, why = netip.AddrPortFrom(ext, p), DropNone
+				return false
 			}
 		}
-		tup, err := ps.extm.Connect(ps.alloc, ext, sent, m, opts...)
-		if err != nil {
-			return errors.Is(err, hash4.ErrNoPorts) // this address is full: the next, if any
+		if p, ok := ports.takeAny(lo, hi, randUint32(), anyParity, math.MaxUint32, m, ps.alloc); ok {
+			m.ext, why = netip.AddrPortFrom(ext, p), DropNone
+			return false
 		}
-		m.ext, why = tup.Local, DropNone
-		return false
+		return true // this address is full: the next, if any
 	})
 	return why
 }
@@ -631,7 +626,7 @@ func (n *NAT) unref(ps *protoState, m *mapping) {
 	}
 	m.state.Store(stateDead)
 	ps.maps.CompareAndDelete(m.key, m)
-	ps.extm.CompareAndDelete(hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}, m) // frees the port
+	n.ports(ps, m.ext.Addr()).release(m.ext.Port(), m)
 	n.mappings.Add(-1)
 }
 
