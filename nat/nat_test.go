@@ -491,3 +491,106 @@ func TestConfigCapacity(t *testing.T) {
 		}
 	}
 }
+
+// TestMappingsConcurrent makes and ends flows of a few inside endpoints
+// from several goroutines at once, on a range of ports too small for every
+// mapping, so that mappings end and their ports and keys are taken again
+// while others look them up. After each round: every live flow's mapping
+// is live, counts exactly its flows, holds its port alone and is the one
+// its key finds; an inside endpoint has one mapping (endpoint-independent)
+// or one per remote address; after Flush no port, mapping or host is left.
+func TestMappingsConcurrent(t *testing.T) {
+	for _, mb := range []Behavior{EndpointIndependent, AddressDependent} {
+		n, _ := newTest(t, Config{UDP: Behaviors{Mapping: mb}, Ports: hash4.PortRange{Low: 40000, High: 40063}})
+		ps := &n.proto[UDP]
+		endpoint := func(i int) (in, remote netip.AddrPort) {
+			in = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i % 3)}), uint16(1000+i%16))
+			return in, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i / 16 % 4)}), uint16(80+i%5))
+		}
+		rounds := 20
+		if raceEnabled {
+			rounds = 5
+		}
+		for range rounds {
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range 2000 {
+						in, remote := endpoint(int(randUint32() % 1024))
+						if w%2 == 1 && i%2 == 1 {
+							if f, ok := ps.fwd.Lookup(hash4.Tuple{Local: in, Remote: remote}); ok {
+								n.deleteFlow(f, ExpiredFlush)
+							}
+							continue
+						}
+						// Busy: another goroutine's making or ending of
+						// the mapping outlasted the waits (descheduled).
+						if _, why := n.MapOutbound(UDP, in, remote); why != DropNone && why != DropNoPort && why != DropBusy {
+							t.Errorf("%v -> %v: %v", in, remote, why)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			checkMappings(t, n, ps, mb)
+		}
+		n.Flush()
+		checkMappings(t, n, ps, mb)
+		if m := n.Metrics(); m.Mappings != 0 || m.Flows != 0 {
+			t.Errorf("%v: %d mappings, %d flows after Flush", mb, m.Mappings, m.Flows)
+		}
+		for p := uint16(40000); p <= 40063; p++ {
+			if m := ps.owners[0][0].owner(p); m != nil {
+				t.Errorf("%v: port %d still held after Flush", mb, p)
+			}
+		}
+		for k := range n.hosts.t.All() {
+			t.Errorf("%v: host %v left after Flush", mb, k.Local.Addr())
+		}
+	}
+}
+
+// checkMappings checks the mappings of n's live flows (TestMappingsConcurrent).
+func checkMappings(t *testing.T, n *NAT, ps *protoState, mb Behavior) {
+	t.Helper()
+	flows := map[*mapping]int32{}
+	byKey := map[hash4.Tuple]*mapping{}
+	for _, f := range ps.fwd.All() {
+		m := f.m
+		if f.state.Load() != stateLive || m.state.Load() != stateLive || f.ext != m.ext {
+			t.Fatalf("%v: flow %v -> %v of a mapping not live, or not at its external endpoint", mb, f.inside, f.remote)
+		}
+		flows[m]++
+		key := hash4.Tuple{Local: f.inside, Remote: sentinel4}
+		if mb == AddressDependent {
+			key.Remote = netip.AddrPortFrom(f.remote.Addr(), 1)
+		}
+		if o, ok := byKey[key]; ok && o != m {
+			t.Fatalf("%v: %v has two mappings, %v and %v", mb, key, o.ext, m.ext)
+		}
+		byKey[key] = m
+	}
+	for m, c := range flows {
+		if m.refs.Load() != c {
+			t.Fatalf("%v: mapping %v counts %d flows, has %d", mb, m.ext, m.refs.Load(), c)
+		}
+		if n.ports(ps, m.ext.Addr()).owner(m.ext.Port()) != m {
+			t.Fatalf("%v: port %v is not its mapping's", mb, m.ext)
+		}
+		if o, ok := ps.maps.Lookup(m.key); !ok || o != m {
+			t.Fatalf("%v: mapping %v is not the one its key finds", mb, m.ext)
+		}
+	}
+	held := 0
+	for _, m := range ps.maps.All() {
+		if flows[m] == 0 {
+			t.Fatalf("%v: mapping %v (%v) has no live flow", mb, m.ext, m.key)
+		}
+		held++
+	}
+	if held != len(flows) {
+		t.Fatalf("%v: %d mappings in the table, %d live", mb, held, len(flows))
+	}
+}
