@@ -79,3 +79,40 @@ func TestTableAppendLookups(t *testing.T) {
 		})
 	}
 }
+
+// TestTablePrefetch checks that Prefetch changes nothing and allocates
+// nothing, on the path with a prefetch instruction and the one without,
+// for present, absent and port-0 tuples, on a table growing meanwhile.
+func TestTablePrefetch(t *testing.T) {
+	saved := canPrefetch
+	t.Cleanup(func() { canPrefetch = saved })
+	for _, can := range []bool{saved, false} {
+		canPrefetch = can
+		tab := New[int](WithCapacity(64), WithSecret(tblSecret))
+		var keys []Tuple
+		for i := range 300 {
+			k := tblKey(i, i%2 == 1)
+			keys = append(keys, k)
+			if i%3 != 0 {
+				require.NoError(t, tab.Insert(k, valPtr(i)))
+			}
+			tab.Prefetch(k)
+		}
+		keys = append(keys, Tuple{Local: keys[0].Local}) // port 0: never found
+		before := tab.Len()
+		for _, k := range keys {
+			tab.Prefetch(k)
+		}
+		require.Equal(t, before, tab.Len())
+		for i, k := range keys {
+			v, ok := tab.Lookup(k)
+			if i%3 == 0 || i == len(keys)-1 {
+				require.False(t, ok, "key %d", i)
+				continue
+			}
+			require.True(t, ok, "key %d", i)
+			require.Equal(t, i, *v)
+		}
+		require.Zero(t, testing.AllocsPerRun(100, func() { tab.Prefetch(keys[7]) }))
+	}
+}

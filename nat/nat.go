@@ -393,6 +393,9 @@ func (n *NAT) newFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, vi
 // tryNewFlow makes one attempt at newFlow's flow. retry says that another
 // goroutine won a race for one of its keys.
 func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, via *mapping) (f *flow, why Drop, retry bool) {
+	if via == nil && ps.maps != nil {
+		ps.maps.Prefetch(mapKeyOf(ps, inside, remote))
+	}
 	h, why := n.hosts.acquire(inside.Addr())
 	if why != DropNone {
 		return nil, why, false
@@ -539,10 +542,7 @@ func (n *NAT) eachAddr(a netip.Addr, h *host, try func(netip.Addr) bool) {
 // toward remote (endpoint-independent: any remote; address-dependent:
 // remote's address), making it if there is none.
 func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h *host) (*mapping, Drop) {
-	key := hash4.Tuple{Local: inside, Remote: sentinel(inside.Addr())}
-	if ps.b.Mapping == AddressDependent {
-		key.Remote = netip.AddrPortFrom(remote.Addr(), 1)
-	}
+	key := mapKeyOf(ps, inside, remote)
 	for range maxRetries {
 		if m, ok := ps.maps.Lookup(key); ok {
 			if m.state.Load() == stateLive && m.tryRef() {
@@ -556,6 +556,7 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 		if why := n.holdPort(ps, m, inside, h); why != DropNone {
 			return nil, why
 		}
+		ps.rev.Prefetch(hash4.Tuple{Local: m.ext, Remote: remote})
 		if err := ps.maps.Insert(key, m); err != nil { // as the lookup above missed
 			n.ports(ps, m.ext.Addr()).release(m.ext.Port(), m)
 			if !errors.Is(err, hash4.ErrExists) {
@@ -570,6 +571,16 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 		return m, DropNone
 	}
 	return nil, DropBusy
+}
+
+// mapKeyOf returns the key in ps.maps of the mapping of inside toward
+// remote: remote's address (address-dependent mapping) or the sentinel
+// (endpoint-independent) in place of remote.
+func mapKeyOf(ps *protoState, inside, remote netip.AddrPort) hash4.Tuple {
+	if ps.b.Mapping == AddressDependent {
+		return hash4.Tuple{Local: inside, Remote: netip.AddrPortFrom(remote.Addr(), 1)}
+	}
+	return hash4.Tuple{Local: inside, Remote: sentinel(inside.Addr())}
 }
 
 // holdPort gives m an external endpoint for the inside endpoint inside,
