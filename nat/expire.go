@@ -48,6 +48,18 @@ type timer struct {
 	prev, next *flow
 }
 
+// Test hooks, nil but in tests: each stops a goroutine at a point where
+// the order of the wheel's writes matters (invariants 3 and 4 above), so
+// that a test can run another goroutine's step there (expire_test.go).
+var (
+	// hookReschedule: reschedule found f filed, before it takes it off.
+	hookReschedule func(f *flow)
+	// hookFile: file chose tick due for f, before it locks the slot.
+	hookFile func(f *flow, due int64)
+	// hookPassed: Expire is done with tick t and has let its slot go.
+	hookPassed func(t int64)
+)
+
 // slot is one tick's list of flows, a doubly linked list so that a flow
 // leaves it in O(1).
 type slot struct {
@@ -92,6 +104,9 @@ func (w *wheel) file(f *flow, deadline, nearest int64) {
 		due = min(max(due, nearest), nearest+wheelSlots-2)
 		i := int32(due % wheelSlots)
 		s := &w.slots[i]
+		if hookFile != nil {
+			hookFile(f, due)
+		}
 		s.mu.Lock()
 		if next := w.next.Load(); due < next {
 			// Expire is past this tick for good (4), as it can be
@@ -181,6 +196,9 @@ func (n *NAT) Expire(now time.Time) int {
 			if k == 0 {
 				w.next.Store(t + 1) // under the slot's lock (4)
 				s.mu.Unlock()
+				if hookPassed != nil {
+					hookPassed(t)
+				}
 				break
 			}
 			s.mu.Unlock()
@@ -224,8 +242,13 @@ func (n *NAT) reschedule(f *flow) {
 	w := &n.wheel
 	deadline := f.last.Load() + int64(n.timeout(f))
 	f.t.mu.Lock()
-	if f.t.slot.Load() > 0 && (deadline+w.tick-1)/w.tick < f.t.due && w.unfile(f) {
-		w.file(f, deadline, w.next.Load()+1)
+	if f.t.slot.Load() > 0 && (deadline+w.tick-1)/w.tick < f.t.due {
+		if hookReschedule != nil {
+			hookReschedule(f)
+		}
+		if w.unfile(f) {
+			w.file(f, deadline, w.next.Load()+1)
+		}
 	}
 	f.t.mu.Unlock()
 }

@@ -3,6 +3,7 @@ package nat
 import (
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -237,6 +238,9 @@ func checkWheel(t *testing.T, n *NAT) {
 				t.Fatalf("slot %d holds a flow in state %d, filed in %d under tick %d, linked from %p not %p",
 					i, f.state.Load(), f.t.slot.Load()-1, f.t.due, f.t.prev, prev)
 			}
+			if next := n.wheel.next.Load(); f.t.due < next {
+				t.Fatalf("slot %d holds a flow under tick %d, which Expire has passed (it is at %d)", i, f.t.due, next)
+			}
 			filed++
 		}
 	}
@@ -399,9 +403,12 @@ func TestWheelConcurrent(t *testing.T) {
 // every flow expires on time.
 func TestWheelStress(t *testing.T) {
 	const jump, flows = 400, 2000
-	calls := 3000
+	// Each goroutine's work is counted, not timed, so that the test takes
+	// as long however the scheduler shares the processors between them
+	// and Expire's calls, which go on until the goroutines are done.
+	calls, ops := 3000, 100000
 	if raceEnabled {
-		calls = 50 // under the race detector each lock of a slot is slow: its full run is without
+		calls, ops = 50, 3000 // under the race detector each lock is slow: the full run is without
 	}
 	n, clk := newTest(t, Config{MaxFlows: 5000})
 	dst := ap("198.51.100.1", 53)
@@ -409,13 +416,15 @@ func TestWheelStress(t *testing.T) {
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 1000)
 	}
 	var wg sync.WaitGroup
-	var done atomic.Bool
+	var working atomic.Int32
 	for w := range 3 {
 		wg.Add(1)
+		working.Add(1)
 		go func() {
 			defer wg.Done()
+			defer working.Add(-1)
 			r := rand.New(rand.NewPCG(uint64(w), 1))
-			for !done.Load() {
+			for range ops {
 				i := r.IntN(flows)
 				f := n.proto[UDP].lookupOut(hash4.Tuple{Local: src(i), Remote: dst})
 				switch {
@@ -431,22 +440,96 @@ func TestWheelStress(t *testing.T) {
 		}()
 	}
 	r := rand.New(rand.NewPCG(9, 9))
-	for range calls {
+	for i := 0; i < calls || working.Load() > 0; i++ {
 		clk.advance(time.Duration(r.IntN(jump)) * time.Second)
 	}
-	done.Store(true)
 	wg.Wait()
-	checkWheel(t, n)
-	next := n.wheel.next.Load()
-	for i := range n.wheel.slots {
-		for f := n.wheel.slots[i].head; f != nil; f = f.t.next {
-			if f.t.due < next {
-				t.Fatalf("a flow filed under tick %d, before the next Expire looks at, %d", f.t.due, next)
-			}
-		}
-	}
+	checkWheel(t, n) // and none filed under a tick Expire has passed
 	clk.advance(n.Config().Timeouts.UDP + 2*time.Second)
 	if live, _ := n.Len(); live != 0 {
 		t.Errorf("%d flows outlived their timeout", live)
 	}
+}
+
+// TestWheelRaces runs, where the test hooks stop a goroutine, the step of
+// another that broke the wheel there before it was fixed: Expire taking off
+// a flow that reschedule is about to move (both filed it: invariant 3);
+// Expire passing the tick a new flow is about to be filed under (it waited
+// a revolution: 4). Each time the wheel is then exactly the live flows, and
+// none is under a tick Expire has passed.
+func TestWheelRaces(t *testing.T) {
+	t.Run("reschedule", func(t *testing.T) {
+		n, clk := newTest(t, Config{})
+		src, dst := ap("10.0.0.2", 4000), ap("198.51.100.1", 80)
+		mustOut(t, n, TCP, src, dst)
+		f := handshake(n, src, dst, 1000)
+		if f == nil {
+			t.Fatal("handshake refused")
+		}
+		clk.advance(n.Config().Timeouts.TCPSynRecv + time.Second) // filed again, established
+		at := time.Unix(0, f.t.due*n.wheel.tick)
+		done := make(chan struct{})
+		called := false
+		setHook(t, &hookReschedule, func(g *flow) {
+			called = true
+			// A packet at that time: the flow's deadline goes on past it,
+			// so that Expire files it again.
+			g.last.Store(at.UnixNano())
+			go func() { n.Expire(at); close(done) }()
+			for g.t.slot.Load() != 0 {
+				runtime.Gosched() // until Expire has taken it off
+			}
+		})
+		if why := rst(n, f, 1000); why != DropNone {
+			t.Fatal(why)
+		}
+		<-done
+		if !called {
+			t.Fatal("reschedule did not move the reset flow")
+		}
+		checkWheel(t, n)
+	})
+	t.Run("file", func(t *testing.T) {
+		n, _ := newTest(t, Config{})
+		passed := int64(0)
+		setHook(t, &hookFile, func(f *flow, due int64) {
+			if passed == 0 {
+				passed = due + 10
+				n.Expire(time.Unix(0, passed*n.wheel.tick))
+			}
+		})
+		src, dst := ap("10.0.0.2", 4000), ap("198.51.100.1", 53)
+		mustOut(t, n, UDP, src, dst)
+		if passed == 0 {
+			t.Fatal("the new flow was not filed")
+		}
+		checkWheel(t, n)
+		// It ends a tick past its deadline, not a revolution later.
+		f := n.proto[UDP].lookupOut(hash4.Tuple{Local: src, Remote: dst})
+		deadline := f.last.Load() + int64(n.timeout(f))
+		if ended := n.Expire(time.Unix(0, deadline+n.wheel.tick)); ended != 1 {
+			t.Fatalf("Expire ended %d flows a tick past the deadline of the one filed while it passed its tick", ended)
+		}
+	})
+	t.Run("passed", func(t *testing.T) {
+		n, clk := newTest(t, Config{})
+		ticks := 0
+		setHook(t, &hookPassed, func(tick int64) {
+			ticks++
+			if next := n.wheel.next.Load(); next <= tick {
+				t.Errorf("Expire let tick %d's slot go before it moved on (at %d): a flow could be filed there", tick, next)
+			}
+		})
+		clk.advance(5 * time.Second)
+		if ticks == 0 {
+			t.Fatal("Expire passed no tick")
+		}
+	})
+}
+
+// setHook sets *hook to f for the rest of the test.
+func setHook[F any](t *testing.T, hook *F, f F) {
+	var zero F
+	*hook = f
+	t.Cleanup(func() { *hook = zero })
 }
