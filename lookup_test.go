@@ -114,5 +114,7 @@ func TestTablePrefetch(t *testing.T) {
 			require.Equal(t, i, *v)
 		}
 		require.Zero(t, testing.AllocsPerRun(100, func() { tab.Prefetch(keys[7]) }))
+		require.PanicsWithValue(t, nilTable, func() { (*Table[int])(nil).Prefetch(keys[0]) })
+		require.PanicsWithValue(t, zeroTable, func() { new(Table[int]).Prefetch(keys[0]) })
 	}
 }

@@ -32,13 +32,15 @@ func requestEntries[T any](es *[lookupBatch]*entry[T], n int) {
 // waiting for it, so that a Lookup, Insert or Delete of tup soon after
 // finds it in the cache: for a caller that knows a key it will need while
 // it has other work to do first. It changes nothing the program can see.
-// Where the package has no prefetch instruction it does nothing.
+// Where the package has no prefetch instruction it does nothing. Like
+// Lookup, it panics on a nil Table or one not made by New.
 func (t *Table[T]) Prefetch(tup Tuple) {
+	a := t.array()
 	if !canPrefetch {
 		return
 	}
 	var k key
 	t.tupleKey(&k, &tup)
-	p := [1]unsafe.Pointer{unsafe.Pointer(&t.array().line(k.hash()).entry)}
+	p := [1]unsafe.Pointer{unsafe.Pointer(&a.line(k.hash()).entry)}
 	prefetch(p[:])
 }

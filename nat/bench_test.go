@@ -184,31 +184,46 @@ func BenchmarkCreate(b *testing.B) {
 	}
 }
 
-// BenchmarkMemoryPerFlow reports the heap a flow (with its mapping, for
-// endpoint-independent mapping) holds, tables included, at 100,000 flows
-// of 256 hosts: bytes/flow.
+// BenchmarkMemoryPerFlow reports the heap per flow, tables included, at
+// 100,000 flows: of 256 inside hosts on a pool of two addresses, and (pool=1024,
+// endpoint-independent) of 4,096 hosts on a pool of 1,024, where each address
+// has few mappings, spread over its ports.
 func BenchmarkMemoryPerFlow(b *testing.B) {
 	const flows = 100000
 	for _, c := range createMappings {
-		b.Run(c.name, func(b *testing.B) {
-			for range b.N {
-				var before, after runtime.MemStats
-				runtime.GC()
-				runtime.ReadMemStats(&before)
-				n, _ := newTest(b, Config{External: []netip.Addr{ext1, ext2}, UDP: c.b, MaxFlows: 2 * flows})
-				for i := range flows {
-					src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), uint16(1024+i>>8))
-					r := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
-					if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
-						b.Fatal(why)
-					}
-				}
-				runtime.GC()
-				runtime.ReadMemStats(&after)
-				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/flows, "bytes/flow")
-				runtime.KeepAlive(n)
+		for _, pool := range []int{2, 1024} {
+			if pool > 2 && c.b.Mapping == AddressAndPortDependent {
+				continue // its flows hold no port of their own
 			}
-		})
+			b.Run(fmt.Sprintf("%s/pool=%d", c.name, pool), func(b *testing.B) {
+				ext := make([]netip.Addr, pool)
+				for i := range ext {
+					ext[i] = netip.AddrFrom4([4]byte{192, 0, byte(2 + i>>8), byte(i)})
+				}
+				hosts := 256
+				if pool > 2 {
+					hosts = 4096
+				}
+				for range b.N {
+					var before, after runtime.MemStats
+					runtime.GC()
+					runtime.ReadMemStats(&before)
+					n, _ := newTest(b, Config{External: ext, UDP: c.b, MaxFlows: 2 * flows})
+					for i := range flows {
+						h := i % hosts
+						src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(h >> 8), byte(h)}), uint16(1024+i/hosts))
+						r := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
+						if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
+							b.Fatal(why)
+						}
+					}
+					runtime.GC()
+					runtime.ReadMemStats(&after)
+					b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/flows, "bytes/flow")
+					runtime.KeepAlive(n)
+				}
+			})
+		}
 	}
 }
 
@@ -378,9 +393,9 @@ func BenchmarkCreatePaired(b *testing.B) {
 // inside key's lookup (the packet's, which misses), Connect of the
 // external key, the inside key's insert. Endpoint-independent, a new
 // mapping and its first flow: the two lookups that miss (flow, mapping),
-// the mapping's port taken (addrPorts.takeAny), its inside key's insert,
-// the flow's two keys' inserts (the permit of address-dependent filtering
-// is in the mapping: no table write). Each
+// the mapping's port taken (addrPorts.takeAny), its two keys' inserts
+// (inside and external endpoint), the flow's two keys' inserts (the permit
+// of address-dependent filtering is in the mapping: no table write). Each
 // with the NAT's allocations (a flow, a mapping); no host count, flow
 // limit, expiry timer, unassured list, permit or counter.
 type floorTables struct {
@@ -389,6 +404,7 @@ type floorTables struct {
 	alloc    *hash4.PortAllocator
 	fwd, rev *hash4.Table[flow]
 	maps     *hash4.Table[mapping]
+	extm     *hash4.Table[mapping]
 	ports    *addrPorts
 }
 
@@ -396,7 +412,7 @@ func newFloorTables(ext netip.Addr, apdm bool, capacity int) *floorTables {
 	alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
 	c := hash4.WithCapacity(capacity)
 	return &floorTables{ext: ext, apdm: apdm, alloc: alloc, fwd: hash4.New[flow](c), rev: hash4.New[flow](c),
-		maps: hash4.New[mapping](c), ports: new(addrPorts)}
+		maps: hash4.New[mapping](c), extm: hash4.New[mapping](c), ports: new(addrPorts)}
 }
 
 func (ft *floorTables) create(src, r netip.AddrPort) error {
@@ -418,13 +434,16 @@ func (ft *floorTables) create(src, r netip.AddrPort) error {
 		return hash4.ErrExists
 	}
 	m := &mapping{key: mkey}
-	port, ok := ft.ports.takeAny(1024, 65535, randUint32(), anyParity, math.MaxUint32, m, ft.alloc)
+	port, ok := ft.ports.takeAny(1024, 65535, randUint32(), anyParity, math.MaxUint32, ft.alloc)
 	if !ok {
 		return hash4.ErrNoPorts
 	}
 	m.ext = netip.AddrPortFrom(ft.ext, port)
 	f.ext, f.m = m.ext, m
 	if err := ft.maps.Insert(mkey, m); err != nil {
+		return err
+	}
+	if err := ft.extm.Insert(hash4.Tuple{Local: m.ext, Remote: sentinel4}, m); err != nil {
 		return err
 	}
 	if err := ft.rev.Insert(f.extKey(), f); err != nil {
@@ -443,7 +462,8 @@ func (ft *floorTables) delete(src, r netip.AddrPort) {
 	ft.rev.Delete(f.extKey())
 	if f.m != nil {
 		ft.maps.Delete(f.m.key)
-		ft.ports.release(f.ext.Port(), f.m)
+		ft.extm.Delete(hash4.Tuple{Local: f.ext, Remote: sentinel4})
+		ft.ports.release(f.ext.Port())
 	}
 }
 

@@ -151,11 +151,12 @@ type protoState struct {
 	// remote -> flow.
 	fwd, rev *hash4.Table[flow]
 	// maps: inside endpoint, remote address or sentinel -> mapping;
-	// owners: each external port's mapping, by the address's family and
-	// place in NAT.pool. Unused for address-and-port-dependent mapping,
-	// whose flows are its mappings.
-	maps   *hash4.Table[mapping]
-	owners [2][]addrPorts
+	// extm: external endpoint, sentinel -> mapping; ports: which ports
+	// the mappings hold, by the address's family and place in NAT.pool.
+	// Unused for address-and-port-dependent mapping, whose flows are its
+	// mappings.
+	maps, extm *hash4.Table[mapping]
+	ports      [2][]addrPorts
 	// perm: external endpoint, remote address:1 -> the count of flows
 	// from the mapping to that address, for address-dependent filtering,
 	// for the addresses past a mapping's near permits.
@@ -216,8 +217,9 @@ func New(c Config) (*NAT, error) {
 		ps.rev = hash4.New[flow](hash4.WithCapacity(capacity))
 		if b.Mapping != AddressAndPortDependent {
 			ps.maps = hash4.New[mapping](hash4.WithCapacity(capacity))
-			for f := range ps.owners {
-				ps.owners[f] = make([]addrPorts, len(n.pool[f]))
+			ps.extm = hash4.New[mapping](hash4.WithCapacity(capacity))
+			for f := range ps.ports {
+				ps.ports[f] = make([]addrPorts, len(n.pool[f]))
 			}
 		}
 		if b.Filtering == AddressDependent {
@@ -259,14 +261,10 @@ func (n *NAT) isExternal(a netip.Addr) bool {
 	return ok
 }
 
-// ports returns the owners of external address a's ports in ps, or nil if
-// a is not in the pool or ps's mappings hold no ports of their own.
-func (n *NAT) ports(ps *protoState, a netip.Addr) *addrPorts {
-	i, ok := n.place[a]
-	if !ok || ps.owners[family(a)] == nil {
-		return nil
-	}
-	return &ps.owners[family(a)][i]
+// portsOf returns the ports of external address a that ps's mappings
+// hold; a is in the pool and ps's mapping is not address-and-port-dependent.
+func (n *NAT) portsOf(ps *protoState, a netip.Addr) *addrPorts {
+	return &ps.ports[family(a)][n.place[a]]
 }
 
 // touch refreshes f's clock. It writes only when the clock moved, so that
@@ -333,13 +331,12 @@ func (n *NAT) outbound(p Proto, k hash4.Tuple, canCreate bool) (*flow, Drop) {
 func (n *NAT) inbound(p Proto, k hash4.Tuple, canCreate, hairpin bool) (*flow, Drop) {
 	ps := &n.proto[p]
 	ext, remote := k.Local, k.Remote
-	ports := n.ports(ps, ext.Addr())
-	if ports == nil {
+	if ps.extm == nil {
 		return nil, n.noFlow(ext)
 	}
-	m := ports.owner(ext.Port())
-	if m == nil || m.state.Load() != stateLive {
-		return nil, DropNoFlow
+	m, ok := ps.extm.Lookup(hash4.Tuple{Local: ext, Remote: sentinel(ext.Addr())})
+	if !ok || m.state.Load() != stateLive {
+		return nil, n.noFlow(ext)
 	}
 	switch {
 	case hairpin:
@@ -556,14 +553,26 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 		if why := n.holdPort(ps, m, inside, h); why != DropNone {
 			return nil, why
 		}
+		if hookHeld != nil {
+			hookHeld(m)
+		}
+		extKey := hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}
+		ps.extm.Prefetch(extKey)
 		ps.rev.Prefetch(hash4.Tuple{Local: m.ext, Remote: remote})
 		if err := ps.maps.Insert(key, m); err != nil { // as the lookup above missed
-			n.ports(ps, m.ext.Addr()).release(m.ext.Port(), m)
+			n.portsOf(ps, m.ext.Addr()).release(m.ext.Port())
 			if !errors.Is(err, hash4.ErrExists) {
 				return nil, DropBusy
 			}
 			runtime.Gosched()
 			continue
+		}
+		// No other mapping's key holds m's port: unref deletes the key
+		// before it lets the port go.
+		if err := ps.extm.Insert(extKey, m); err != nil {
+			ps.maps.CompareAndDelete(key, m)
+			n.portsOf(ps, m.ext.Addr()).release(m.ext.Port())
+			return nil, DropBusy
 		}
 		m.state.Store(stateLive)
 		n.mappings.Add(1)
@@ -572,6 +581,10 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 	}
 	return nil, DropBusy
 }
+
+// hookHeld, nil but in tests, is called when a new mapping holds its
+// port, before its keys are inserted (nat_test.go).
+var hookHeld func(m *mapping)
 
 // mapKeyOf returns the key in ps.maps of the mapping of inside toward
 // remote: remote's address (address-dependent mapping) or the sentinel
@@ -584,7 +597,7 @@ func mapKeyOf(ps *protoState, inside, remote netip.AddrPort) hash4.Tuple {
 }
 
 // holdPort gives m an external endpoint for the inside endpoint inside,
-// its port m's alone (ps.owners), pending until m is live: the inside
+// its port m's alone (ps.ports) until m lets it go: the inside
 // port if port preservation asks for it and it is free, else a free port
 // of the inside port's parity if parity preservation asks for it (among
 // 2*parityTries ports), else any free port, each tried from a random
@@ -596,19 +609,19 @@ func (n *NAT) holdPort(ps *protoState, m *mapping, inside netip.AddrPort, h *hos
 	}
 	why := DropNoPort
 	n.eachAddr(inside.Addr(), h, func(ext netip.Addr) bool {
-		ports := n.ports(ps, ext)
+		ports := n.portsOf(ps, ext)
 		port := inside.Port()
-		if n.cfg.PortPreservation && port >= lo && port <= hi && !ps.alloc.Reserved(port) && ports.take(port, m) {
+		if n.cfg.PortPreservation && port >= lo && port <= hi && !ps.alloc.Reserved(port) && ports.take(port) {
 			m.ext, why = netip.AddrPortFrom(ext, port), DropNone
 			return false
 		}
 		if n.cfg.ParityPreservation {
-			if p, ok := ports.takeAny(lo, hi, randUint32(), int(port&1), 2*parityTries, m, ps.alloc); ok {
+			if p, ok := ports.takeAny(lo, hi, randUint32(), int(port&1), 2*parityTries, ps.alloc); ok {
 				m.ext, why = netip.AddrPortFrom(ext, p), DropNone
 				return false
 			}
 		}
-		if p, ok := ports.takeAny(lo, hi, randUint32(), anyParity, math.MaxUint32, m, ps.alloc); ok {
+		if p, ok := ports.takeAny(lo, hi, randUint32(), anyParity, math.MaxUint32, ps.alloc); ok {
 			m.ext, why = netip.AddrPortFrom(ext, p), DropNone
 			return false
 		}
@@ -637,7 +650,8 @@ func (n *NAT) unref(ps *protoState, m *mapping) {
 	}
 	m.state.Store(stateDead)
 	ps.maps.CompareAndDelete(m.key, m)
-	n.ports(ps, m.ext.Addr()).release(m.ext.Port(), m)
+	ps.extm.CompareAndDelete(hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}, m)
+	n.portsOf(ps, m.ext.Addr()).release(m.ext.Port()) // after its key (mapping)
 	n.mappings.Add(-1)
 }
 

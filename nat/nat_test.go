@@ -542,7 +542,7 @@ func TestMappingsConcurrent(t *testing.T) {
 			t.Errorf("%v: %d mappings, %d flows after Flush", mb, m.Mappings, m.Flows)
 		}
 		for p := uint16(40000); p <= 40063; p++ {
-			if m := ps.owners[0][0].owner(p); m != nil {
+			if ps.ports[0][0].taken(p) {
 				t.Errorf("%v: port %d still held after Flush", mb, p)
 			}
 		}
@@ -576,8 +576,8 @@ func checkMappings(t *testing.T, n *NAT, ps *protoState, mb Behavior) {
 		if m.refs.Load() != c {
 			t.Fatalf("%v: mapping %v counts %d flows, has %d", mb, m.ext, m.refs.Load(), c)
 		}
-		if n.ports(ps, m.ext.Addr()).owner(m.ext.Port()) != m {
-			t.Fatalf("%v: port %v is not its mapping's", mb, m.ext)
+		if o, ok := ps.extm.Lookup(hash4.Tuple{Local: m.ext, Remote: sentinel4}); !ok || o != m || !n.portsOf(ps, m.ext.Addr()).taken(m.ext.Port()) {
+			t.Fatalf("%v: port %v is not its mapping's, or not taken", mb, m.ext)
 		}
 		if o, ok := ps.maps.Lookup(m.key); !ok || o != m {
 			t.Fatalf("%v: mapping %v is not the one its key finds", mb, m.ext)
@@ -592,5 +592,77 @@ func checkMappings(t *testing.T, n *NAT, ps *protoState, mb Behavior) {
 	}
 	if held != len(flows) {
 		t.Fatalf("%v: %d mappings in the table, %d live", mb, held, len(flows))
+	}
+	taken, keys := 0, 0
+	for p := range 65536 {
+		if ps.ports[0][0].taken(uint16(p)) {
+			taken++
+		}
+	}
+	for range ps.extm.All() {
+		keys++
+	}
+	if taken != len(flows) || keys != len(flows) {
+		t.Fatalf("%v: %d ports taken, %d external keys, %d live mappings", mb, taken, keys, len(flows))
+	}
+}
+
+// An inbound packet to the external endpoint of a mapping that is being
+// made or has ended finds no flow, even under endpoint-independent
+// filtering, where it makes one once the mapping is live.
+func TestInboundMappingNotLive(t *testing.T) {
+	for _, st := range []uint32{statePending, stateDead, stateLive} {
+		n, _ := newTest(t, Config{UDP: Behaviors{Filtering: EndpointIndependent}})
+		ps := &n.proto[UDP]
+		inside := ap("10.0.0.9", 4000)
+		m := &mapping{key: mapKeyOf(ps, inside, netip.AddrPort{}), p: UDP, ext: netip.AddrPortFrom(ext1, 40000)}
+		m.refs.Store(1)
+		m.state.Store(st)
+		if err := ps.extm.Insert(hash4.Tuple{Local: m.ext, Remote: sentinel4}, m); err != nil {
+			t.Fatal(err)
+		}
+		_, why := n.MapInbound(UDP, ap("198.51.100.7", 53), m.ext)
+		flows, _ := n.Len()
+		if st == stateLive {
+			if why != DropNone || flows != 1 {
+				t.Fatalf("inbound to a live mapping: %v, %d flows", why, flows)
+			}
+			continue
+		}
+		if why != DropNoFlow || flows != 0 {
+			t.Fatalf("state %d: inbound to a mapping not live: %v, %d flows made", st, why, flows)
+		}
+	}
+}
+
+// A mapping that loses the race for its key to another goroutine's lets
+// its port go and returns the winner.
+func TestMappingLosesItsKey(t *testing.T) {
+	n, _ := newTest(t, Config{})
+	ps := &n.proto[UDP]
+	inside, remote := ap("10.0.0.9", 4000), ap("198.51.100.7", 53)
+	var won *mapping
+	setHook(t, &hookHeld, func(m *mapping) {
+		hookHeld = nil
+		won = &mapping{key: m.key, p: UDP, h: m.h, ext: netip.AddrPortFrom(ext1, 50000)}
+		won.refs.Store(1)
+		won.state.Store(stateLive)
+		n.portsOf(ps, ext1).take(50000)
+		if err := ps.maps.Insert(won.key, won); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ext, why := n.MapOutbound(UDP, inside, remote)
+	if why != DropNone || won == nil || ext != won.ext {
+		t.Fatalf("the flow is at %v (%v), want the winning mapping's %v", ext, why, won)
+	}
+	taken := 0
+	for p := range 65536 {
+		if ps.ports[0][0].taken(uint16(p)) {
+			taken++
+		}
+	}
+	if taken != 1 {
+		t.Fatalf("%d ports taken, want the winner's alone", taken)
 	}
 }
