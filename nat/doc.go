@@ -84,9 +84,11 @@
 //
 // A packet of a known flow costs a parse, one Table.Lookup (in a batch, its
 // share of an AppendLookups; a batch's run of packets of one flow, such as
-// a GSO read's segments, one lookup) and an incremental checksum update. A new flow costs, for endpoint-independent
-// mapping, a Table.Connect (its port) and four inserts into hash4 tables
-// (the mapping's two keys, the flow's two), and a few allocations; for
-// address-and-port-dependent mapping, a Connect and one insert. The
+// a GSO read's segments, one lookup) and an incremental checksum update.
+// A new flow costs, for endpoint-independent mapping, its port (a
+// compare-and-swap in a bitmap of its external address's ports, 8 KiB per
+// address in use and protocol) and four inserts into hash4 tables (the
+// mapping's two keys, the flow's two), and a few allocations; for
+// address-and-port-dependent mapping, a Table.Connect and one insert. The
 // module's docs/performance.md has the measurements, memory included.
 package nat
