@@ -1,11 +1,13 @@
 package nat
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -315,76 +317,95 @@ func BenchmarkLookupPaired(b *testing.B) {
 // needs (floorTables). It reports each one's ns per flow and their ratios
 // to Connect's. All three's tables are sized for the flows they hold
 // (tables=sized: WithCapacity, Config.Capacity), or made as a NAT makes
-// its tables by default, growing by themselves from 1,024 (tables=grown).
-// Each sub-benchmark is to be run in its own process (-bench
-// 'CreatePaired/mapping=EndpointIndependent/tables=sized$'): one NAT's heap
-// and collections would otherwise fall on the other's timings.
+// its tables by default, growing by themselves from 1,024 (tables=grown);
+// they hold 16,384 flows, or a million (flows=1M: the NAT's and the
+// floor's on 64 external addresses, a million mappings taking more ports
+// than one address has), so that a flow's writes miss the caches. Each
+// sub-benchmark is to be run in its own process (-bench
+// 'CreatePaired/mapping=EndpointIndependent/tables=sized/flows=16K$'): one
+// NAT's heap and collections would otherwise fall on the other's timings.
+// flows=1M needs -benchtime past 4096x to make more flows than it holds.
 func BenchmarkCreatePaired(b *testing.B) {
-	const block = 256
-	ext := netip.MustParseAddr("192.0.2.1")
 	for _, c := range createMappings {
 		for _, size := range []struct {
 			name     string
 			capacity int
-		}{{"sized", createRound}, {"grown", 1024}} {
-			b.Run("mapping="+c.name+"/tables="+size.name, func(b *testing.B) {
-				alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
-				t := hash4.New[benchValue](hash4.WithCapacity(size.capacity))
-				// The NAT's flows expire as a gateway's do, through its wheel:
-				// its clock moves a second a block, and a flow unanswered for
-				// a round of blocks times out.
-				rounds := createRound / block
-				n, clk := newTest(b, Config{External: []netip.Addr{ext}, MaxFlows: 2 * createRound, UDP: c.b,
-					Capacity: size.capacity, Timeouts: Timeouts{UDPUnreplied: time.Duration(rounds) * time.Second}})
-				fl := newFloorTables(ext, c.b.Mapping == AddressAndPortDependent, size.capacity)
-				var tConn, tNAT, tFloor time.Duration
-				// The tables hold createRound flows: each block's new flows
-				// replace, untimed, the block's made createRound before, as a
-				// gateway's flows come and go (not a whole table at once).
-				conns := make([]hash4.Tuple, createRound)
-				b.ResetTimer()
-				for j := range b.N {
-					made := j * block % createRound
-					b.StopTimer()
-					if ended := clk.advance(time.Second); j > rounds && ended != block {
-						b.Fatalf("block %d: %d flows expired, want %d", j, ended, block)
-					}
-					if j*block >= createRound {
-						for k := range block {
-							t.Delete(conns[made+k])
-							fl.delete(createKey(j*block + k - createRound))
-						}
-					}
-					b.StartTimer()
-					t0 := time.Now()
-					for k := range block {
-						_, r := createKey(j*block + k)
-						tup, err := t.Connect(alloc, ext, r, &benchValue{})
-						if err != nil {
-							b.Fatal(err)
-						}
-						conns[made+k] = tup
-					}
-					t1 := time.Now()
-					for k := range block {
-						src, r := createKey(j*block + k)
-						if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
-							b.Fatal(why)
-						}
-					}
-					t2 := time.Now()
-					for k := range block {
-						if err := fl.create(createKey(j*block + k)); err != nil {
-							b.Fatal(err)
-						}
-					}
-					t3 := time.Now()
-					tConn, tNAT, tFloor = tConn+t1.Sub(t0), tNAT+t2.Sub(t1), tFloor+t3.Sub(t2)
-				}
-				reportPaired(b, b.N*block, "flow", []string{"connect", "nat", "floor"}, tConn, tNAT, tFloor)
-			})
+		}{{"sized", 0}, {"grown", 1024}} {
+			for _, held := range []struct {
+				name         string
+				flows, addrs int
+			}{{"16K", createRound, 1}, {"1M", 1 << 20, 64}} {
+				b.Run("mapping="+c.name+"/tables="+size.name+"/flows="+held.name, func(b *testing.B) {
+					createPaired(b, c.b, cmp.Or(size.capacity, held.flows), held.flows, held.addrs)
+				})
+			}
 		}
 	}
+}
+
+// createPaired is a BenchmarkCreatePaired sub-benchmark: tables of
+// capacity, holding round flows, the NAT's and the floor's on addrs
+// external addresses.
+func createPaired(b *testing.B, bh Behaviors, capacity, round, addrs int) {
+	const block = 256
+	ext := make([]netip.Addr, addrs)
+	for i := range ext {
+		ext[i] = netip.AddrFrom4([4]byte{192, 0, 2, byte(1 + i)})
+	}
+	alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
+	t := hash4.New[benchValue](hash4.WithCapacity(capacity))
+	// The NAT's flows expire as a gateway's do, through its wheel: its
+	// clock moves a second a block, and a flow unanswered for a round of
+	// blocks times out.
+	rounds := round / block
+	n, clk := newTest(b, Config{External: ext, MaxFlows: 2 * round, UDP: bh,
+		Capacity: capacity, Timeouts: Timeouts{UDPUnreplied: time.Duration(rounds) * time.Second}})
+	fl := newFloorTables(ext, bh.Mapping == AddressAndPortDependent, capacity)
+	var tConn, tNAT, tFloor time.Duration
+	// The tables hold round flows: each block's new flows replace,
+	// untimed, the block's made round before, as a gateway's flows come
+	// and go (not a whole table at once).
+	conns := make([]hash4.Tuple, round)
+	b.ResetTimer()
+	for j := range b.N {
+		made := j * block % round
+		b.StopTimer()
+		if ended := clk.advance(time.Second); j > rounds && ended != block {
+			b.Fatalf("block %d: %d flows expired, want %d", j, ended, block)
+		}
+		if j*block >= round {
+			for k := range block {
+				t.Delete(conns[made+k])
+				fl.delete(createKey(j*block + k - round))
+			}
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		for k := range block {
+			_, r := createKey(j*block + k)
+			tup, err := t.Connect(alloc, ext[0], r, &benchValue{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			conns[made+k] = tup
+		}
+		t1 := time.Now()
+		for k := range block {
+			src, r := createKey(j*block + k)
+			if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
+				b.Fatal(why)
+			}
+		}
+		t2 := time.Now()
+		for k := range block {
+			if err := fl.create(createKey(j*block + k)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		t3 := time.Now()
+		tConn, tNAT, tFloor = tConn+t1.Sub(t0), tNAT+t2.Sub(t1), tFloor+t3.Sub(t2)
+	}
+	reportPaired(b, b.N*block, "flow", []string{"connect", "nat", "floor"}, tConn, tNAT, tFloor)
 }
 
 // floorTables makes a NAT's flow with the table operations alone, in
@@ -399,20 +420,27 @@ func BenchmarkCreatePaired(b *testing.B) {
 // with the NAT's allocations (a flow, a mapping); no host count, flow
 // limit, expiry timer, unassured list, permit or counter.
 type floorTables struct {
-	ext      netip.Addr
+	ext      []netip.Addr
 	apdm     bool
 	alloc    *hash4.PortAllocator
 	fwd, rev *hash4.Table[flow]
 	maps     *hash4.Table[mapping]
 	extm     *hash4.Table[mapping]
-	ports    *addrPorts
+	ports    []addrPorts // by ext's index
 }
 
-func newFloorTables(ext netip.Addr, apdm bool, capacity int) *floorTables {
+func newFloorTables(ext []netip.Addr, apdm bool, capacity int) *floorTables {
 	alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
 	c := hash4.WithCapacity(capacity)
 	return &floorTables{ext: ext, apdm: apdm, alloc: alloc, fwd: hash4.New[flow](c), rev: hash4.New[flow](c),
-		maps: hash4.New[mapping](c), extm: hash4.New[mapping](c), ports: new(addrPorts)}
+		maps: hash4.New[mapping](c), extm: hash4.New[mapping](c), ports: make([]addrPorts, len(ext))}
+}
+
+// addr returns the external address, and its ports, of inside address a:
+// one by a's last byte, as paired pooling keeps a host on one address.
+func (ft *floorTables) addr(a netip.Addr) (netip.Addr, *addrPorts) {
+	i := int(a.As4()[3]) % len(ft.ext)
+	return ft.ext[i], &ft.ports[i]
 }
 
 func (ft *floorTables) create(src, r netip.AddrPort) error {
@@ -421,8 +449,9 @@ func (ft *floorTables) create(src, r netip.AddrPort) error {
 		return hash4.ErrExists
 	}
 	f := &flow{inside: src, remote: r}
+	ext, ports := ft.addr(src.Addr())
 	if ft.apdm {
-		tup, err := ft.rev.Connect(ft.alloc, ft.ext, r, f)
+		tup, err := ft.rev.Connect(ft.alloc, ext, r, f)
 		if err != nil {
 			return err
 		}
@@ -434,11 +463,11 @@ func (ft *floorTables) create(src, r netip.AddrPort) error {
 		return hash4.ErrExists
 	}
 	m := &mapping{key: mkey}
-	port, ok := ft.ports.takeAny(1024, 65535, randUint32(), anyParity, math.MaxUint32, ft.alloc)
+	port, ok := ports.takeAny(1024, 65535, randUint32(), anyParity, math.MaxUint32, ft.alloc)
 	if !ok {
 		return hash4.ErrNoPorts
 	}
-	m.ext = netip.AddrPortFrom(ft.ext, port)
+	m.ext = netip.AddrPortFrom(ext, port)
 	f.ext, f.m = m.ext, m
 	if err := ft.maps.Insert(mkey, m); err != nil {
 		return err
@@ -463,7 +492,8 @@ func (ft *floorTables) delete(src, r netip.AddrPort) {
 	if f.m != nil {
 		ft.maps.Delete(f.m.key)
 		ft.extm.Delete(hash4.Tuple{Local: f.ext, Remote: sentinel4})
-		ft.ports.release(f.ext.Port())
+		_, ports := ft.addr(f.inside.Addr())
+		ports.release(f.ext.Port())
 	}
 }
 
@@ -481,10 +511,10 @@ func reportPaired(b *testing.B, ops int, per string, names []string, times ...ti
 
 // createKey returns the inside and remote endpoints of flow i of the
 // creation benchmarks: 256 inside hosts, each with many flows, as a
-// gateway's hosts are; a key comes again after 65,536 flows.
+// gateway's hosts are; a key comes again after 1,048,576 flows.
 func createKey(i int) (src, r netip.AddrPort) {
-	src = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), uint16(1024+i>>8&0xff))
-	r = netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 443)
+	src = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), uint16(1024+i>>8&0xfff))
+	r = netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, byte(51 + i>>16&0xf), byte(i >> 8), byte(i)}), 443)
 	return src, r
 }
 
@@ -496,5 +526,55 @@ func createBlock(b *testing.B, n *NAT, from, count int) {
 		if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
 			b.Fatal(why)
 		}
+	}
+}
+
+// BenchmarkCreateParallel makes new flows from every goroutine at once,
+// each its own (a new inside endpoint toward a new remote, 4,096 hosts on
+// 64 external addresses), on tables sized for them, against Connect of as
+// many flows to a table: run with -cpu 1,2, what the NAT's shared state
+// (its counters, its list of unassured flows, its wheel's slot of a tick)
+// costs as goroutines are added, next to what the table's cost.
+func BenchmarkCreateParallel(b *testing.B) {
+	ext := make([]netip.Addr, 64)
+	for i := range ext {
+		ext[i] = netip.AddrFrom4([4]byte{192, 0, 2, byte(1 + i)})
+	}
+	key := func(i uint32) (src, r netip.AddrPort) {
+		h := i % 4096
+		src = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(h >> 8), byte(h)}), uint16(1024+i/4096))
+		r = netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), uint16(443+i>>16))
+		return src, r
+	}
+	b.Run("impl=Connect", func(b *testing.B) {
+		alloc, _ := hash4.NewPortAllocator(hash4.WithPortRange(hash4.PortRange{Low: 1024, High: 65535}))
+		t := hash4.New[benchValue](hash4.WithCapacity(max(b.N, 1024)))
+		var next atomic.Uint32
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				_, r := key(next.Add(1))
+				if _, err := t.Connect(alloc, ext[0], r, &benchValue{}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	for _, c := range createMappings {
+		b.Run("impl=NAT/mapping="+c.name, func(b *testing.B) {
+			n, _ := newTest(b, Config{External: ext, UDP: c.b, MaxFlows: max(b.N, 1024), Capacity: max(b.N, 1024)})
+			var next atomic.Uint32
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					src, r := key(next.Add(1))
+					if _, why := n.MapOutbound(UDP, src, r); why != DropNone {
+						b.Error(why)
+						return
+					}
+				}
+			})
+		})
 	}
 }
