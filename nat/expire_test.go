@@ -272,6 +272,24 @@ func handshake(n *NAT, src, dst netip.AddrPort, isn uint32) *flow {
 	return f
 }
 
+// establishedFlow returns a NAT with one TCP flow, made by handshake with
+// isn 1000, that Expire has filed again under the established timeout.
+func establishedFlow(t *testing.T) (*NAT, *testClock, *flow) {
+	t.Helper()
+	n, clk := newTest(t, Config{})
+	src, dst := ap("10.0.0.2", 4000), ap("198.51.100.1", 80)
+	mustOut(t, n, TCP, src, dst)
+	f := handshake(n, src, dst, 1000)
+	if f == nil {
+		t.Fatal("handshake refused")
+	}
+	clk.advance(n.Config().Timeouts.TCPSynRecv + time.Second)
+	if flows, _ := n.Len(); flows != 1 {
+		t.Fatalf("the established flow expired")
+	}
+	return n, clk, f
+}
+
 // rst resets f, made by handshake with isn, from inside, as a packet
 // does: it refreshes the flow's clock first.
 func rst(n *NAT, f *flow, isn uint32) Drop {
@@ -284,18 +302,8 @@ func rst(n *NAT, f *flow, isn uint32) Drop {
 // (SYN_RECV), is filed again by Expire under the established timeout, and
 // after a RST ends with the close timeout, not the established one.
 func TestRescheduleEarlier(t *testing.T) {
-	n, clk := newTest(t, Config{})
-	src, dst := ap("10.0.0.2", 4000), ap("198.51.100.1", 80)
-	mustOut(t, n, TCP, src, dst)
-	f := handshake(n, src, dst, 1000)
-	if f == nil {
-		t.Fatal("handshake refused")
-	}
+	n, clk, f := establishedFlow(t)
 	to := n.Config().Timeouts
-	clk.advance(to.TCPSynRecv + time.Second)
-	if flows, _ := n.Len(); flows != 1 {
-		t.Fatalf("the established flow expired")
-	}
 	if why := rst(n, f, 1000); why != DropNone {
 		t.Fatal(why)
 	}
@@ -459,14 +467,7 @@ func TestWheelStress(t *testing.T) {
 // none is under a tick Expire has passed.
 func TestWheelRaces(t *testing.T) {
 	t.Run("reschedule", func(t *testing.T) {
-		n, clk := newTest(t, Config{})
-		src, dst := ap("10.0.0.2", 4000), ap("198.51.100.1", 80)
-		mustOut(t, n, TCP, src, dst)
-		f := handshake(n, src, dst, 1000)
-		if f == nil {
-			t.Fatal("handshake refused")
-		}
-		clk.advance(n.Config().Timeouts.TCPSynRecv + time.Second) // filed again, established
+		n, _, f := establishedFlow(t)
 		at := time.Unix(0, f.t.due*n.wheel.tick)
 		done := make(chan struct{})
 		called := false

@@ -390,8 +390,10 @@ func (n *NAT) newFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, vi
 // tryNewFlow makes one attempt at newFlow's flow. retry says that another
 // goroutine won a race for one of its keys.
 func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, via *mapping) (f *flow, why Drop, retry bool) {
+	var mkey hash4.Tuple
 	if via == nil && ps.maps != nil {
-		ps.maps.Prefetch(mapKeyOf(ps, inside, remote))
+		mkey = mapKeyOf(ps, inside, remote)
+		ps.maps.Prefetch(mkey)
 	}
 	h, why := n.hosts.acquire(inside.Addr())
 	if why != DropNone {
@@ -428,7 +430,7 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 			}
 		} else {
 			var why Drop
-			if m, why = n.mapping(ps, p, inside, remote, h); why != DropNone {
+			if m, why = n.mapping(ps, p, mkey, remote, h); why != DropNone {
 				undo()
 				return nil, why, false
 			}
@@ -535,11 +537,11 @@ func (n *NAT) eachAddr(a netip.Addr, h *host, try func(netip.Addr) bool) {
 	}
 }
 
-// mapping returns, referenced, the mapping of the inside endpoint inside
-// toward remote (endpoint-independent: any remote; address-dependent:
-// remote's address), making it if there is none.
-func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h *host) (*mapping, Drop) {
-	key := mapKeyOf(ps, inside, remote)
+// mapping returns, referenced, the mapping of key (mapKeyOf: an inside
+// endpoint toward remote, endpoint-independent: any remote;
+// address-dependent: remote's address), making it if there is none.
+func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.AddrPort, h *host) (*mapping, Drop) {
+	inside := key.Local
 	for range maxRetries {
 		if m, ok := ps.maps.Lookup(key); ok {
 			if m.state.Load() == stateLive && m.tryRef() {
@@ -583,7 +585,7 @@ func (n *NAT) mapping(ps *protoState, p Proto, inside, remote netip.AddrPort, h 
 }
 
 // hookHeld, nil but in tests, is called when a new mapping holds its
-// port, before its keys are inserted (nat_test.go).
+// port, before its keys are inserted.
 var hookHeld func(m *mapping)
 
 // mapKeyOf returns the key in ps.maps of the mapping of inside toward
