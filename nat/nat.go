@@ -334,7 +334,7 @@ func (n *NAT) inbound(p Proto, k hash4.Tuple, canCreate, hairpin bool) (*flow, D
 	if ps.extm == nil {
 		return nil, n.noFlow(ext)
 	}
-	m, ok := ps.extm.Lookup(hash4.Tuple{Local: ext, Remote: sentinel(ext.Addr())})
+	m, ok := ps.extm.Lookup(extmKey(ext))
 	if !ok || m.state.Load() != stateLive {
 		return nil, n.noFlow(ext)
 	}
@@ -552,17 +552,17 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 		}
 		m := &mapping{key: key, p: p, h: h}
 		m.refs.Store(1)
-		if why := n.holdPort(ps, m, inside, h); why != DropNone {
+		var why Drop
+		if m.ext, why = n.holdPort(ps, inside, h); why != DropNone {
 			return nil, why
 		}
 		if hookHeld != nil {
 			hookHeld(m)
 		}
-		extKey := hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}
-		ps.extm.Prefetch(extKey)
+		ps.extm.Prefetch(extmKey(m.ext))
 		ps.rev.Prefetch(hash4.Tuple{Local: m.ext, Remote: remote})
 		if err := ps.maps.Insert(key, m); err != nil { // as the lookup above missed
-			n.portsOf(ps, m.ext.Addr()).release(m.ext.Port())
+			n.releasePort(ps, m.ext)
 			if !errors.Is(err, hash4.ErrExists) {
 				return nil, DropBusy
 			}
@@ -571,9 +571,9 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 		}
 		// No other mapping's key holds m's port: unref deletes the key
 		// before it lets the port go.
-		if err := ps.extm.Insert(extKey, m); err != nil {
+		if err := ps.extm.Insert(extmKey(m.ext), m); err != nil {
 			ps.maps.CompareAndDelete(key, m)
-			n.portsOf(ps, m.ext.Addr()).release(m.ext.Port())
+			n.releasePort(ps, m.ext)
 			return nil, DropBusy
 		}
 		m.state.Store(stateLive)
@@ -582,6 +582,16 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 		return m, DropNone
 	}
 	return nil, DropBusy
+}
+
+// extmKey is the key in extm of the mapping of external endpoint ext.
+func extmKey(ext netip.AddrPort) hash4.Tuple {
+	return hash4.Tuple{Local: ext, Remote: sentinel(ext.Addr())}
+}
+
+// releasePort lets ext's port go (holdPort).
+func (n *NAT) releasePort(ps *protoState, ext netip.AddrPort) {
+	n.portsOf(ps, ext.Addr()).release(ext.Port())
 }
 
 // hookHeld, nil but in tests, is called when a new mapping holds its
@@ -598,38 +608,39 @@ func mapKeyOf(ps *protoState, inside, remote netip.AddrPort) hash4.Tuple {
 	return hash4.Tuple{Local: inside, Remote: sentinel(inside.Addr())}
 }
 
-// holdPort gives m an external endpoint for the inside endpoint inside,
-// its port m's alone (ps.ports) until m lets it go: the inside
+// holdPort returns an external endpoint for a new mapping of the inside
+// endpoint inside, its port the mapping's alone (ps.ports) until it lets
+// it go: the inside
 // port if port preservation asks for it and it is free, else a free port
 // of the inside port's parity if parity preservation asks for it (among
 // 2*parityTries ports), else any free port, each tried from a random
 // start.
-func (n *NAT) holdPort(ps *protoState, m *mapping, inside netip.AddrPort, h *host) Drop {
+func (n *NAT) holdPort(ps *protoState, inside netip.AddrPort, h *host) (ext netip.AddrPort, why Drop) {
 	lo, hi := n.cfg.Ports.Low, n.cfg.Ports.High
 	if h.block >= 0 {
 		lo, hi = h.lo, h.hi
 	}
-	why := DropNoPort
-	n.eachAddr(inside.Addr(), h, func(ext netip.Addr) bool {
-		ports := n.portsOf(ps, ext)
+	why = DropNoPort
+	n.eachAddr(inside.Addr(), h, func(a netip.Addr) bool {
+		ports := n.portsOf(ps, a)
 		port := inside.Port()
 		if n.cfg.PortPreservation && port >= lo && port <= hi && !ps.alloc.Reserved(port) && ports.take(port) {
-			m.ext, why = netip.AddrPortFrom(ext, port), DropNone
+			ext, why = netip.AddrPortFrom(a, port), DropNone
 			return false
 		}
 		if n.cfg.ParityPreservation {
 			if p, ok := ports.takeAny(lo, hi, randUint32(), int(port&1), 2*parityTries, ps.alloc); ok {
-				m.ext, why = netip.AddrPortFrom(ext, p), DropNone
+				ext, why = netip.AddrPortFrom(a, p), DropNone
 				return false
 			}
 		}
 		if p, ok := ports.takeAny(lo, hi, randUint32(), anyParity, math.MaxUint32, ps.alloc); ok {
-			m.ext, why = netip.AddrPortFrom(ext, p), DropNone
+			ext, why = netip.AddrPortFrom(a, p), DropNone
 			return false
 		}
 		return true // this address is full: the next, if any
 	})
-	return why
+	return ext, why
 }
 
 // tryRef takes a reference to m unless its last flow has gone.
@@ -652,8 +663,8 @@ func (n *NAT) unref(ps *protoState, m *mapping) {
 	}
 	m.state.Store(stateDead)
 	ps.maps.CompareAndDelete(m.key, m)
-	ps.extm.CompareAndDelete(hash4.Tuple{Local: m.ext, Remote: sentinel(m.ext.Addr())}, m)
-	n.portsOf(ps, m.ext.Addr()).release(m.ext.Port()) // after its key (mapping)
+	ps.extm.CompareAndDelete(extmKey(m.ext), m)
+	n.releasePort(ps, m.ext) // after its key (mapping)
 	n.mappings.Add(-1)
 }
 

@@ -576,7 +576,7 @@ func checkMappings(t *testing.T, n *NAT, ps *protoState, mb Behavior) {
 		if m.refs.Load() != c {
 			t.Fatalf("%v: mapping %v counts %d flows, has %d", mb, m.ext, m.refs.Load(), c)
 		}
-		if o, ok := ps.extm.Lookup(hash4.Tuple{Local: m.ext, Remote: sentinel4}); !ok || o != m || !n.portsOf(ps, m.ext.Addr()).taken(m.ext.Port()) {
+		if o, ok := ps.extm.Lookup(extmKey(m.ext)); !ok || o != m || !n.portsOf(ps, m.ext.Addr()).taken(m.ext.Port()) {
 			t.Fatalf("%v: port %v is not its mapping's, or not taken", mb, m.ext)
 		}
 		if o, ok := ps.maps.Lookup(m.key); !ok || o != m {
@@ -593,12 +593,7 @@ func checkMappings(t *testing.T, n *NAT, ps *protoState, mb Behavior) {
 	if held != len(flows) {
 		t.Fatalf("%v: %d mappings in the table, %d live", mb, held, len(flows))
 	}
-	taken, keys := 0, 0
-	for p := range 65536 {
-		if ps.ports[0][0].taken(uint16(p)) {
-			taken++
-		}
-	}
+	taken, keys := portsTaken(ps), 0
 	for range ps.extm.All() {
 		keys++
 	}
@@ -618,7 +613,7 @@ func TestInboundMappingNotLive(t *testing.T) {
 		m := &mapping{key: mapKeyOf(ps, inside, netip.AddrPort{}), p: UDP, ext: netip.AddrPortFrom(ext1, 40000)}
 		m.refs.Store(1)
 		m.state.Store(st)
-		if err := ps.extm.Insert(hash4.Tuple{Local: m.ext, Remote: sentinel4}, m); err != nil {
+		if err := ps.extm.Insert(extmKey(m.ext), m); err != nil {
 			t.Fatal(err)
 		}
 		_, why := n.MapInbound(UDP, ap("198.51.100.7", 53), m.ext)
@@ -656,13 +651,65 @@ func TestMappingLosesItsKey(t *testing.T) {
 	if why != DropNone || won == nil || ext != won.ext {
 		t.Fatalf("the flow is at %v (%v), want the winning mapping's %v", ext, why, won)
 	}
+	if taken := portsTaken(ps); taken != 1 {
+		t.Fatalf("%d ports taken, want the winner's alone", taken)
+	}
+}
+
+// Only a new mapping takes a port: its mapping's later flows take none,
+// and still find it when no port is free; a flow refused for the NAT's
+// limit holds no port.
+func TestMappingPorts(t *testing.T) {
+	r := func(i int) netip.AddrPort { return ap("198.51.100.1", uint16(1000+i)) }
+	for _, mb := range []Behavior{EndpointIndependent, AddressDependent} {
+		n, _ := newTest(t, Config{UDP: Behaviors{Mapping: mb}, Ports: hash4.PortRange{Low: 40000, High: 40002}})
+		a := ap("10.0.0.1", 4000)
+		ea := mustOut(t, n, UDP, a, r(0))
+		for i := 1; i < 20; i++ {
+			if e := mustOut(t, n, UDP, a, r(i)); e != ea {
+				t.Fatalf("%v: flow %d of a's mapping at %v, want %v", mb, i, e, ea)
+			}
+		}
+		// Had the flows of a's mapping kept their ports, none would be free.
+		eb := mustOut(t, n, UDP, ap("10.0.0.2", 4000), r(0))
+		ec := mustOut(t, n, UDP, ap("10.0.0.3", 4000), r(0))
+		if eb == ea || ec == ea || eb == ec {
+			t.Fatalf("%v: mappings share ports: %v %v %v", mb, ea, eb, ec)
+		}
+		if e := mustOut(t, n, UDP, a, r(20)); e != ea {
+			t.Fatalf("%v: a's flow with no port free at %v, want %v", mb, e, ea)
+		}
+		if _, why := n.MapOutbound(UDP, ap("10.0.0.4", 4000), r(0)); why != DropNoPort {
+			t.Fatalf("%v: a fourth inside endpoint: %v, want %v", mb, why, DropNoPort)
+		}
+		if got := portsTaken(&n.proto[UDP]); got != 3 {
+			t.Fatalf("%v: %d ports taken, want 3", mb, got)
+		}
+
+		// Three flows, answered (out of early drop's reach), fill the NAT.
+		n, _ = newTest(t, Config{UDP: Behaviors{Mapping: mb}, Ports: hash4.PortRange{Low: 40000, High: 40002}, MaxFlows: 3})
+		for i, src := range []netip.AddrPort{a, a, ap("10.0.0.2", 4000)} {
+			e := mustOut(t, n, UDP, src, r(i))
+			if _, why := n.MapInbound(UDP, r(i), e); why != DropNone {
+				t.Fatal(why)
+			}
+		}
+		if _, why := n.MapOutbound(UDP, ap("10.0.0.3", 4000), r(0)); why != DropTableFull {
+			t.Fatalf("%v: a flow past MaxFlows: %v, want %v", mb, why, DropTableFull)
+		}
+		if got := portsTaken(&n.proto[UDP]); got != 2 {
+			t.Fatalf("%v: %d ports taken after a flow refused, want 2", mb, got)
+		}
+	}
+}
+
+// portsTaken counts the ports taken in ps's first IPv4 address.
+func portsTaken(ps *protoState) int {
 	taken := 0
 	for p := range 65536 {
 		if ps.ports[0][0].taken(uint16(p)) {
 			taken++
 		}
 	}
-	if taken != 1 {
-		t.Fatalf("%d ports taken, want the winner's alone", taken)
-	}
+	return taken
 }
