@@ -152,20 +152,24 @@ type Timeouts struct {
 	UDP, UDPUnreplied time.Duration
 	// ICMP [60s, RFC 5508 REQ-2's minimum; conntrack 30s] for echo flows.
 	ICMP time.Duration
-	// TCPSynSent [120s], TCPSynRecv [60s]: the handshake (conntrack's).
+	// TCPSynSent [4m], TCPSynRecv [4m]: the handshake (RFC 5382 REQ-5's
+	// minimum for a connection partly open or closed; conntrack has 120s
+	// and 60s).
 	TCPSynSent, TCPSynRecv time.Duration
 	// TCPEstablished [2h4m, RFC 5382's minimum; conntrack has 5 days].
 	TCPEstablished time.Duration
-	// TCPFinWait [120s], TCPCloseWait [60s], TCPLastAck [30s],
-	// TCPTimeWait [120s], TCPClose [10s]: closing (conntrack's).
+	// TCPFinWait [4m], TCPCloseWait [4m], TCPLastAck [4m]: closing, one
+	// way or both (REQ-5's minimum; conntrack has 120s, 60s and 30s).
+	// TCPTimeWait [120s], TCPClose [10s]: closed, by FINs both ways
+	// acknowledged or by a RST (conntrack's).
 	TCPFinWait, TCPCloseWait, TCPLastAck, TCPTimeWait, TCPClose time.Duration
 }
 
 // DefaultTimeouts are the timeouts a zero Timeouts field takes.
 var DefaultTimeouts = Timeouts{
 	UDP: 5 * time.Minute, UDPUnreplied: 2 * time.Minute, ICMP: time.Minute,
-	TCPSynSent: 2 * time.Minute, TCPSynRecv: time.Minute, TCPEstablished: 2*time.Hour + 4*time.Minute,
-	TCPFinWait: 2 * time.Minute, TCPCloseWait: time.Minute, TCPLastAck: 30 * time.Second,
+	TCPSynSent: 4 * time.Minute, TCPSynRecv: 4 * time.Minute, TCPEstablished: 2*time.Hour + 4*time.Minute,
+	TCPFinWait: 4 * time.Minute, TCPCloseWait: 4 * time.Minute, TCPLastAck: 4 * time.Minute,
 	TCPTimeWait: 2 * time.Minute, TCPClose: 10 * time.Second,
 }
 
@@ -228,9 +232,11 @@ type Config struct {
 	// a larger one is answered with fragmentation needed (IPv4 with DF),
 	// packet too big (IPv6) or, for IPv4 without DF, fragmented.
 	MTU int
-	// FragmentMemory bounds the bytes of fragments held while a datagram's
-	// first fragment is awaited [4 MiB]; FragmentTimeout bounds how long
-	// a datagram's fragments are remembered [30s, Linux's ipfrag_time].
+	// FragmentMemory bounds the fragments held while a datagram's first
+	// fragment is awaited and the datagrams tracked, each counted at 256
+	// bytes [4 MiB]: past it, the fragments of new datagrams but their
+	// first are dropped. FragmentTimeout bounds how long a datagram's
+	// fragments are remembered [30s, Linux's ipfrag_time].
 	FragmentMemory  int
 	FragmentTimeout time.Duration
 }

@@ -44,8 +44,12 @@
 //     to several inside endpoints, and such packets are dropped.
 //   - TCP is tracked as conntrack tracks it: established only after the
 //     three-way handshake; a RST, FIN or SYN outside the sequence window is
-//     dropped (DropOutOfWindow) and changes nothing. Only a SYN makes a TCP
-//     flow.
+//     dropped (DropOutOfWindow) and changes nothing, the flow's clock
+//     included. What an endpoint would take passes: a RST refusing the SYN;
+//     a RST in the window but not at the expected sequence, forwarded with
+//     the flow kept (RFC 5961's challenge ACK); the originator's SYN again,
+//     or on a flow it lost (the flow starts anew once answered). Only a
+//     SYN makes a TCP flow; flags no TCP sends together are refused.
 //   - ICMP: echo identifiers are mapped as ports; errors (destination
 //     unreachable, packet too big, time exceeded, parameter problem) are
 //     translated with the packet they carry, embedded checksums included
@@ -53,11 +57,16 @@
 //     answers a TTL that runs out, a packet over Config.MTU, and a flow it
 //     refuses, with ICMP errors of its own (at most 1000 a second).
 //   - Fragments are tracked, not reassembled: the first carries the ports,
-//     the others follow its translation; those that come first are held,
-//     within Config.FragmentMemory, for Config.FragmentTimeout.
+//     the others follow its translation (hairpinned too); those that come
+//     first are held for Config.FragmentTimeout, the fragments held and
+//     the datagrams tracked within Config.FragmentMemory.
 //   - Packets a router refuses are dropped: a bad IPv4 header checksum,
 //     IPv4 source-route options, an IPv6 routing header with segments left,
-//     a TCP data offset under 5 or past the segment.
+//     a TCP data offset under 5 or past the segment; an unspecified,
+//     loopback, multicast, link-local or limited-broadcast address; from
+//     outside, one of the NAT's own addresses as the source (DropAddress).
+//     An echo identifier of 0 is refused (DropMalformed): a table's key
+//     has no port 0.
 //   - Limits: Config.MaxFlows, past which a new flow evicts an unanswered
 //     one (early drop: of the oldest few, the one whose inside host has the
 //     most flows) or is refused; Config.MaxFlowsPerHost. The tables grow by

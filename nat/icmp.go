@@ -14,8 +14,11 @@ import (
 // answers cross the NAT. An error never refreshes nor ends its flow
 // (REQ-6), and one of no flow is dropped (REQ-4).
 
-// icmpError translates the ICMP error b, parsed as p, from side from.
-func (n *NAT) icmpError(b []byte, p *packet, from Side, emit Emit) Drop {
+// icmpError translates the ICMP error b, parsed as p, from side from. An
+// inside host's error about a packet hairpinned to it goes back in to the
+// packet's sender: translated as it leaves, then again as if it came in
+// (hairpin set: one hop, one TTL).
+func (n *NAT) icmpError(b []byte, p *packet, from Side, emit Emit, hairpin bool) Drop {
 	l4 := b[p.l4:p.length]
 	var initial uint32
 	if p.v6 {
@@ -24,7 +27,7 @@ func (n *NAT) icmpError(b []byte, p *packet, from Side, emit Emit) Drop {
 	if checksum(l4, initial) != 0 {
 		return DropChecksum // RFC 5508 REQ-3
 	}
-	if ttl(b, p) <= 1 {
+	if !hairpin && ttl(b, p) <= 1 {
 		return DropTTL // no error about an error
 	}
 	in := l4[8:]
@@ -53,7 +56,9 @@ func (n *NAT) icmpError(b []byte, p *packet, from Side, emit Emit) Drop {
 	if f == nil {
 		return DropICMPError
 	}
-	decTTL(b, p)
+	if !hairpin {
+		decTTL(b, p)
+	}
 	// The embedded packet: its source (inbound error) or destination
 	// (outbound) becomes the flow's inside or external endpoint.
 	if from == Outside {
@@ -75,6 +80,9 @@ func (n *NAT) icmpError(b []byte, p *packet, from Side, emit Emit) Drop {
 	binary.BigEndian.PutUint16(l4[2:], checksum(l4, initial))
 	to := Inside
 	if from == Inside {
+		if n.isExternal(p.dst) {
+			return n.icmpError(b, p, Outside, emit, true)
+		}
 		to = Outside
 	}
 	return n.send(b, p, to, emit)

@@ -34,13 +34,14 @@ const (
 	DropFragmentTimeout      // fragments held when their datagram's first never came
 	DropICMPError            // ICMP error of no flow, or whose embedded packet is cut or malformed
 	DropBusy                 // a new flow raced with another for its keys, too long
+	DropAddress              // an address no router forwards (see Config), or from outside with the NAT's own as source
 	NumDrops
 )
 
 var dropNames = [NumDrops]string{
 	"none", "malformed", "checksum", "options", "bad tcp", "unsupported", "not ours", "no flow",
 	"filtered", "tcp state", "out of window", "no port", "no block", "table full", "host limit",
-	"ttl", "too big", "fragment", "fragment timeout", "icmp error", "busy",
+	"ttl", "too big", "fragment", "fragment timeout", "icmp error", "busy", "address",
 }
 
 // String names the reason.
@@ -99,7 +100,8 @@ type Metrics struct {
 	Expired [NumExpiries]uint64
 	// Drops counts dropped packets and refused flows by reason.
 	Drops [NumDrops]uint64
-	// FragmentBytes is the memory of the fragments held now.
+	// FragmentBytes is what counts now against Config.FragmentMemory:
+	// the fragments held, and an entry's cost for each datagram known.
 	FragmentBytes int
 }
 

@@ -255,8 +255,18 @@ func (n *NAT) Config() Config { return n.cfg }
 // now returns the NAT's clock.
 func (n *NAT) now() int64 { return n.clock.Load() }
 
-// isExternal reports whether a is one of the pool's addresses.
+// isExternal reports whether a is one of the pool's addresses. Every
+// packet asks (hairpin, spoofed source): a small pool is compared in
+// place, which costs less than the map's hash.
 func (n *NAT) isExternal(a netip.Addr) bool {
+	if pool := n.pool[family(a)]; len(pool) <= 4 {
+		for _, e := range pool {
+			if e == a {
+				return true
+			}
+		}
+		return false
+	}
 	_, ok := n.place[a]
 	return ok
 }

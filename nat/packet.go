@@ -73,11 +73,13 @@ type packet struct {
 	icmpErr      bool // an ICMP error, with an embedded packet
 	tcp          tcpSeg
 	// Fragments: frag is set for any fragment, first for the one at offset
-	// 0; fragID is the datagram's identification, fragHdr the offset of
-	// an IPv6 fragment header.
+	// 0; fragID is the datagram's identification, fragNext the protocol
+	// field every fragment carries (IPv4's; IPv6's Fragment header's next
+	// header, which may be an extension header of the first fragment's).
 	frag, first bool
 	df          bool
 	fragID      uint32
+	fragNext    uint8
 	// Offload metadata, from a batch's Offload: the transport checksum
 	// holds the pseudo-header's sum only; the packet is a GSO
 	// super-packet of segments of segSize payload bytes.
@@ -129,7 +131,7 @@ func parse(b []byte, p *packet) Drop {
 		p.df = ff&0x4000 != 0
 		if ff&0x3fff != 0 {
 			p.frag, p.first = true, ff&0x1fff == 0
-			p.fragID = uint32(binary.BigEndian.Uint16(b[4:6]))
+			p.fragID, p.fragNext = uint32(binary.BigEndian.Uint16(b[4:6])), b[9]
 		}
 	case 6:
 		if len(b) < 40 {
@@ -163,8 +165,11 @@ func parse(b []byte, p *packet) Drop {
 				if fo&1 == 0 && p.first {
 					p.frag = false // an atomic fragment: a whole datagram
 				}
-				p.fragID = binary.BigEndian.Uint32(b[off+4:])
+				p.fragID, p.fragNext = binary.BigEndian.Uint32(b[off+4:]), b[off]
 				next, off = b[off], off+8
+				if p.frag && !p.first {
+					break ext // the rest is the datagram's, past its headers
+				}
 			default:
 				break ext
 			}
@@ -175,6 +180,9 @@ func parse(b []byte, p *packet) Drop {
 		p.proto, p.l4 = next, off
 	default:
 		return DropMalformed
+	}
+	if p.frag && !p.first && p.v6 {
+		return DropNone // its protocol is its first fragment's to check
 	}
 	switch p.proto {
 	case ipTCP, ipUDP:
@@ -335,11 +343,14 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) 
 	if len(n.pool[family(p.src)]) == 0 {
 		return DropUnsupported
 	}
+	if !forwardable(p.src, p.dst) || from == Outside && n.isExternal(p.src) {
+		return DropAddress
+	}
 	if p.frag && !p.first {
 		return n.fragment(b, p, from, emit)
 	}
 	if p.icmpErr {
-		return n.icmpError(b, p, from, emit)
+		return n.icmpError(b, p, from, emit, false)
 	}
 	if ttl(b, p) <= 1 {
 		n.sendError(b, p, from, errTimeExceeded, emit)
@@ -371,6 +382,7 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) 
 			return why
 		}
 	}
+	n.refresh(f, from)
 	// The flow's other end: where the packet's address and port go.
 	var a netip.AddrPort
 	if from == Inside {
@@ -384,9 +396,6 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) 
 	}
 	decTTL(b, p)
 	rewrite(b, p, from == Outside, a)
-	if p.frag {
-		defer n.fragFirst(fk, a.Addr(), to, emit)
-	}
 	if from == Inside && n.isExternal(p.dst) {
 		// Hairpinning (RFC 4787 REQ-9): the packet, now from the
 		// sender's external endpoint, goes in as if it came from outside.
@@ -403,12 +412,38 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) 
 				return why
 			}
 		}
+		n.refresh(g, Outside)
 		ia := g.inside
 		rewrite(b, &q, true, ia)
+		if q.frag {
+			// After the first, which sets the other fragments' addresses.
+			defer n.fragFirst(fk, q.src, q.dst, Inside, emit)
+		}
 		return n.send(b, &q, Inside, emit)
+	}
+	if p.frag {
+		defer n.fragFirst(fk, p.src, p.dst, to, emit)
 	}
 	return n.send(b, p, to, emit)
 }
+
+// forwardable reports whether a router forwards a packet from src to dst
+// (RFC 1812 5.3.7, RFC 4291 2.5.6): neither is unspecified, loopback,
+// multicast, link-local or IPv4's limited broadcast. (A packet from the
+// outside with one of the NAT's own addresses as its source is refused
+// too, in translate: spoofed, it would reach an inside host as another
+// inside host's hairpinned packet.)
+func forwardable(src, dst netip.Addr) bool {
+	for _, a := range [2]netip.Addr{src, dst} {
+		if a.IsUnspecified() || a.IsLoopback() || a.IsMulticast() || a.IsLinkLocalUnicast() || a == limitedBroadcast {
+			return false
+		}
+	}
+	return true
+}
+
+// limitedBroadcast is IPv4's limited broadcast address.
+var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
 // flowKey sets k to the key of the parsed packet p from side from in its
 // protocol's table (fwd from inside, rev from outside), and returns the
@@ -428,13 +463,13 @@ func flowKey(p *packet, from Side, k *hash4.Tuple) (pr Proto, canCreate bool) {
 		req := p.icmpType == icmpEcho || p.icmpType == icmp6Echo
 		canCreate = req == (from == Inside)
 	case p.proto == ipTCP:
-		canCreate = p.tcp.flags&(tcpSYN|tcpACK|tcpRST) == tcpSYN
+		canCreate = p.tcp.flags&(tcpSYN|tcpACK|tcpRST|tcpFIN) == tcpSYN
 	}
 	return protoOf(p.proto), canCreate
 }
 
-// flowOf returns the flow of the parsed packet p from side from, refreshed,
-// made if there is none and the packet may make one. hairpin says that p,
+// flowOf returns the flow of the parsed packet p from side from, made if
+// there is none and the packet may make one; the caller refreshes it. hairpin says that p,
 // from Outside, is an inside host's packet to another's mapping. known, if
 // not nil, is what a lookup of p's key found: it is used if still live.
 func (n *NAT) flowOf(p *packet, from Side, hairpin bool, known *flow) (*flow, Drop) {
@@ -463,11 +498,17 @@ func (n *NAT) flowOf(p *packet, from Side, hairpin bool, known *flow) (*flow, Dr
 			return nil, why
 		}
 	}
+	return f, DropNone
+}
+
+// refresh records a packet of f from side from that the NAT forwards: f's
+// clock, and whether f has been answered. A segment the tracker refuses
+// does neither, so that blind segments cannot keep a flow alive.
+func (n *NAT) refresh(f *flow, from Side) {
 	f.touch(n.now())
 	if (from == Outside) != (f.flags.Load()&flagInbound != 0) {
 		n.replied(f)
 	}
-	return f, DropNone
 }
 
 // send passes p to emit, in fragments if it is larger than the MTU (translate

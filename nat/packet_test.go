@@ -22,14 +22,21 @@ var (
 
 func packetNAT(t testing.TB, c Config) (*NAT, *collect) {
 	t.Helper()
+	n, _, col := clockedNAT(t, c)
+	return n, col
+}
+
+// clockedNAT is packetNAT with the NAT's test clock.
+func clockedNAT(t testing.TB, c Config) (*NAT, *testClock, *collect) {
+	t.Helper()
 	if c.External == nil {
 		c.External = []netip.Addr{ext1, ext6}
 	}
 	if c.Router == nil {
 		c.Router = []netip.Addr{router4, router6}
 	}
-	n, _ := newTest(t, c)
-	return n, &collect{}
+	n, clk := newTest(t, c)
+	return n, clk, &collect{}
 }
 
 // one sends b through dir and returns the one packet emitted.
@@ -257,17 +264,19 @@ func reassemble(t *testing.T, frags [][]byte) []byte {
 	payload := make([]byte, 1<<16)
 	end := 0
 	for _, f := range frags {
-		if checksum(f[:20], 0) != 0 {
+		ihl := int(f[0]&0xf) * 4
+		if checksum(f[:ihl], 0) != 0 {
 			t.Fatalf("fragment header checksum")
 		}
 		ff := binary.BigEndian.Uint16(f[6:])
 		off := int(ff&0x1fff) * 8
-		copy(payload[off:], f[20:])
+		copy(payload[off:], f[ihl:])
 		if off == 0 {
-			hdr = bytes.Clone(f[:20])
+			hdr = bytes.Clone(f[:20]) // its options dropped
+			hdr[0] = 0x45
 		}
 		if ff&0x2000 == 0 {
-			end = off + len(f) - 20
+			end = off + len(f) - ihl
 		}
 	}
 	whole := append(hdr, payload[:end]...)
@@ -342,9 +351,10 @@ func TestFragments(t *testing.T) {
 	lone[10], lone[11] = 0, 0
 	binary.BigEndian.PutUint16(lone[10:], checksum(lone[:20], 0))
 	c.reset()
+	before := n.Metrics().FragmentBytes // the datagrams above, known
 	n.Outbound(lone, c.emit)
-	if m := n.Metrics(); len(c.pkts) != 0 || m.FragmentBytes != len(lone) {
-		t.Errorf("a lone fragment: %d out, %d bytes held", len(c.pkts), m.FragmentBytes)
+	if m := n.Metrics(); len(c.pkts) != 0 || m.FragmentBytes-before != len(lone)+fragEntryCost {
+		t.Errorf("a lone fragment: %d out, %d bytes held more", len(c.pkts), m.FragmentBytes-before)
 	}
 	n.Expire(time.Unix(0, n.now()).Add(n.cfg.FragmentTimeout + time.Second))
 	if m := n.Metrics(); m.FragmentBytes != 0 || m.Drops[DropFragmentTimeout] != 1 {
@@ -433,5 +443,221 @@ func TestPacketNoAllocs(t *testing.T) {
 		}
 	}); a != 0 {
 		t.Errorf("%v allocations per packet pair", a)
+	}
+}
+
+// ipv6Frags builds the fragments of an IPv6 datagram whose fragmentable
+// part starts with a Destination Options header (RFC 8200 4.1 allows it
+// after the Fragment header), cut after first bytes.
+func ipv6Frags(whole []byte, first int) [][]byte {
+	dest := []byte{ipUDP, 0, 1, 4, 0, 0, 0, 0} // next UDP, 8 bytes, PadN
+	frag := append(append([]byte(nil), dest...), whole[40:]...)
+	var out [][]byte
+	for off := 0; off < len(frag); off += first {
+		end := min(off+first, len(frag))
+		p := append([]byte(nil), whole[:40]...)
+		p[6] = ip6Frag
+		fh := make([]byte, 8)
+		fh[0] = ip6Dest
+		fo := uint16(off)
+		if end < len(frag) {
+			fo |= 1
+		}
+		binary.BigEndian.PutUint16(fh[2:], fo)
+		binary.BigEndian.PutUint32(fh[4:], 0xabcd)
+		p = append(append(p, fh...), frag[off:end]...)
+		binary.BigEndian.PutUint16(p[4:], uint16(len(p)-40))
+		out = append(out, p)
+	}
+	return out
+}
+
+// A fragmented datagram from one inside host to another's external
+// endpoint (hairpinning, RFC 4787 REQ-9): every fragment goes back inside
+// to the mapping's host, as the first does.
+func TestHairpinFragments(t *testing.T) {
+	n, _, c := clockedNAT(t, Config{})
+	out := one(t, n, c, true, build(spec{proto: ipUDP, src: in4, dst: remote4}), Outside)
+	aExt := netip.AddrPortFrom(ext1, binary.BigEndian.Uint16(out[20:]))
+	big := build(spec{proto: ipUDP, src: in4b, dst: aExt, payload: bytes.Repeat([]byte("abcdefgh"), 375)})
+	c.reset()
+	for i, f := range fragments(big, 1480) {
+		if why := n.Outbound(f, c.emit); why != DropNone {
+			t.Fatalf("fragment %d: %v", i, why)
+		}
+	}
+	if len(c.pkts) != 3 {
+		t.Fatalf("%d packets emitted, want 3", len(c.pkts))
+	}
+	for i, p := range c.pkts {
+		_, dst, _ := addrs(p)
+		if c.sides[i] != Inside || dst != in4.Addr() {
+			t.Errorf("hairpinned fragment %d went %v to %v; want inside to %v", i, c.sides[i], dst, in4.Addr())
+		}
+	}
+}
+
+// An inside host's ICMP error about a hairpinned packet (port
+// unreachable), addressed to the sender's external endpoint, is hairpinned
+// back to the sender.
+func TestHairpinICMPError(t *testing.T) {
+	n, _, c := clockedNAT(t, Config{})
+	out := one(t, n, c, true, build(spec{proto: ipUDP, src: in4, dst: remote4}), Outside)
+	aExt := netip.AddrPortFrom(ext1, binary.BigEndian.Uint16(out[20:]))
+	got := one(t, n, c, true, build(spec{proto: ipUDP, src: in4b, dst: aExt, payload: []byte("hi")}), Inside)
+	e := icmpErrorAbout(in4.Addr(), got, icmpUnreach, 3, 0)
+	c.reset()
+	why := n.Outbound(e, c.emit)
+	if why != DropNone || len(c.pkts) != 1 {
+		t.Fatalf("error about a hairpinned packet: %v, %d packets", why, len(c.pkts))
+	}
+	_, dst, _ := addrs(c.pkts[0])
+	if c.sides[0] != Inside || dst != in4b.Addr() {
+		t.Errorf("error about a hairpinned packet went %v to %v; want inside to %v", c.sides[0], dst, in4b.Addr())
+	}
+}
+
+// A non-first IPv6 fragment carries the datagram after its Fragment
+// header, here a Destination Options header's bytes (RFC 8200 4.1): it is
+// not parsed as headers, and follows the first.
+func TestIPv6FragmentAfterDestOpts(t *testing.T) {
+	n, _, c := clockedNAT(t, Config{})
+	whole := build(spec{proto: ipUDP, src: in6, dst: remote6, payload: bytes.Repeat([]byte("x"), 2000)})
+	frs := ipv6Frags(whole, 1232)
+	c.reset()
+	for i, f := range frs {
+		if why := n.Outbound(f, c.emit); why != DropNone {
+			t.Errorf("IPv6 fragment %d (Destination Options after the Fragment header): %v", i, why)
+		}
+	}
+	if len(c.pkts) != len(frs) {
+		t.Errorf("%d of %d fragments went out", len(c.pkts), len(frs))
+	}
+}
+
+// Each fragmented datagram's entry counts against Config.FragmentMemory:
+// first fragments from outside, each with a new identification, do not
+// grow the fragment table past it.
+func TestFragmentEntriesBounded(t *testing.T) {
+	n, _, c := clockedNAT(t, Config{FragmentMemory: 4096})
+	out := one(t, n, c, true, build(spec{proto: ipUDP, src: in6, dst: remote6}), Outside)
+	ext := netip.AddrPortFrom(ext6, binary.BigEndian.Uint16(out[40:]))
+	whole := build(spec{proto: ipUDP, src: remote6, dst: ext, payload: bytes.Repeat([]byte("y"), 64)})
+	emit := func(Side, []byte) {}
+	const N = 20000
+	for i := 0; i < N; i++ {
+		// A first fragment (offset 0, M set), identification i.
+		p := append([]byte(nil), whole[:40]...)
+		p[6] = ip6Frag
+		fh := []byte{ipUDP, 0, 0, 1, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(fh[4:], uint32(i))
+		p = append(append(p, fh...), whole[40:]...)
+		binary.BigEndian.PutUint16(p[4:], uint16(len(p)-40))
+		if why := n.Inbound(p, emit); why != DropNone {
+			t.Fatalf("first fragment %d: %v", i, why)
+		}
+	}
+	n.frags.mu.Lock()
+	entries := len(n.frags.m)
+	n.frags.mu.Unlock()
+	if entries > 1000 {
+		t.Errorf("%d fragment entries held after %d first fragments from outside, with FragmentMemory 4096 (FragmentBytes %d)", entries, N, n.Metrics().FragmentBytes)
+	}
+}
+
+// A segment with SYN and FIN both set makes no flow (conntrack's
+// tcp_valid_flags refuses it).
+func TestTCPInvalidFlagsMakeNoFlow(t *testing.T) {
+	n, _, c := clockedNAT(t, Config{TCP: Behaviors{Filtering: EndpointIndependent}})
+	out := one(t, n, c, true, build(spec{proto: ipTCP, src: in4, dst: remote4, flags: tcpSYN, seq: 1}), Outside)
+	ext := netip.AddrPortFrom(ext1, binary.BigEndian.Uint16(out[20:]))
+	c.reset()
+	other := ap("203.0.113.9", 5555)
+	if why := n.Inbound(build(spec{proto: ipTCP, src: other, dst: ext, flags: tcpSYN | tcpFIN, seq: 99}), c.emit); why == DropNone {
+		t.Errorf("a SYN|FIN segment from a new remote made a flow and was delivered inside (%d packets)", len(c.pkts))
+	}
+}
+
+// A packet from the outside whose source is one of the NAT's own external
+// endpoints (spoofed), which would match a hairpin flow, is refused.
+func TestSpoofedExternalSource(t *testing.T) {
+	n, _, c := clockedNAT(t, Config{})
+	out := one(t, n, c, true, build(spec{proto: ipUDP, src: in4, dst: remote4}), Outside)
+	aExt := netip.AddrPortFrom(ext1, binary.BigEndian.Uint16(out[20:]))
+	got := one(t, n, c, true, build(spec{proto: ipUDP, src: in4b, dst: aExt, payload: []byte("hi")}), Inside)
+	bs, _, _ := addrs(got)
+	bExt := netip.AddrPortFrom(bs, binary.BigEndian.Uint16(got[20:]))
+	c.reset()
+	spoof := build(spec{proto: ipUDP, src: bExt, dst: aExt, payload: []byte("spoofed")})
+	if why := n.Inbound(spoof, c.emit); why == DropNone && len(c.pkts) == 1 {
+		t.Errorf("a packet from outside with the NAT's own address %v as source was delivered inside to %v", bExt, in4)
+	}
+}
+
+// Packets no router forwards are refused (DropAddress), making no flow:
+// from the unspecified address, to the limited broadcast address (RFC 1812
+// 5.3.5.1), to link-local multicast (RFC 5771), from an IPv6 link-local
+// source (RFC 4291 2.5.6).
+func TestNonForwardable(t *testing.T) {
+	n, _, c := clockedNAT(t, Config{})
+	for _, s := range []spec{
+		{proto: ipUDP, src: ap("0.0.0.0", 68), dst: ap("255.255.255.255", 67), payload: []byte("dhcp")},
+		{proto: ipUDP, src: ap("10.0.0.2", 137), dst: ap("255.255.255.255", 137), payload: []byte("nb")},
+		{proto: ipUDP, src: ap("10.0.0.2", 5353), dst: ap("224.0.0.251", 5353), payload: []byte("mdns")},
+		{proto: ipUDP, src: ap("fe80::2", 5000), dst: remote6, payload: []byte("ll")},
+	} {
+		c.reset()
+		if why := n.Outbound(build(s), c.emit); why != DropAddress || len(c.pkts) != 0 {
+			t.Errorf("%v -> %v: %v, %d packets sent", s.src, s.dst, why, len(c.pkts))
+		}
+	}
+	if flows, _ := n.Len(); flows != 0 {
+		t.Errorf("%d flows made", flows)
+	}
+}
+
+// RFC 791: an option whose copied flag is 0 (Record Route, 7) goes into
+// the first fragment only; one whose flag is set (Router Alert, 148) into
+// every fragment.
+func TestFragmentOutOptions(t *testing.T) {
+	n, _, c := clockedNAT(t, Config{MTU: 1280})
+	opts := []byte{0x07, 7, 4, 0, 0, 0, 0, 1, 0x94, 4, 0, 0} // Record Route, NOP, Router Alert
+	big := build(spec{proto: ipUDP, src: in4, dst: remote4, options: opts, payload: bytes.Repeat([]byte("z"), 3000)})
+	c.reset()
+	if why := n.Outbound(big, c.emit); why != DropNone || len(c.pkts) < 2 {
+		t.Fatalf("%v, %d packets", why, len(c.pkts))
+	}
+	for i, f := range c.pkts {
+		want := []byte{0x94, 4, 0, 0}
+		if i == 0 {
+			want = opts
+		}
+		if ihl := int(f[0]&0xf) * 4; !bytes.Equal(f[20:ihl], want) || checksum(f[:ihl], 0) != 0 || len(f) > 1280 {
+			t.Errorf("fragment %d: options % x, want % x; header checksum %#x, %d bytes", i, f[20:ihl], want, checksum(f[:ihl], 0), len(f))
+		}
+	}
+	if whole := reassemble(t, c.pkts); verify(whole) != nil || len(whole) != len(big)-len(opts) {
+		t.Errorf("reassembled: %v, %d bytes", verify(whole), len(whole))
+	}
+}
+
+// A fragment whose end lies past 65,535 bytes, which the NAT would have to
+// fragment again for its MTU, is refused: no fragment offset names its
+// pieces.
+func TestFragmentPastDatagramEnd(t *testing.T) {
+	n, c := packetNAT(t, Config{MTU: 1280})
+	big := build(spec{proto: ipUDP, src: in4, dst: remote4, payload: bytes.Repeat([]byte("q"), 1400)})
+	if why := n.Outbound(fragments(big, 1000)[0], c.emit); why != DropNone {
+		t.Fatal(why)
+	}
+	last := bytes.Clone(big[:20])
+	last = append(last, bytes.Repeat([]byte("r"), 1400)...)
+	binary.BigEndian.PutUint16(last[6:], 0x1fff) // the last offset, more fragments clear
+	binary.BigEndian.PutUint16(last[2:], uint16(len(last)))
+	last[10], last[11] = 0, 0
+	binary.BigEndian.PutUint16(last[10:], checksum(last[:20], 0))
+	c.reset()
+	if why := n.Outbound(last, c.emit); why != DropMalformed || len(c.pkts) != 0 {
+		t.Errorf("a fragment from offset 65,528 of 1,400 bytes: %v, %d packets out", why, len(c.pkts))
 	}
 }

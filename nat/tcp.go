@@ -7,9 +7,24 @@ import "sync"
 // ways, a flow is established only once the three-way handshake is
 // complete, and a RST, FIN or SYN counts only if its sequence number lies
 // in the window the tracker has seen: blind ones are dropped and counted
-// (DropOutOfWindow) and change nothing. Other segments outside the window
-// are forwarded without changing the state, as the endpoints, not the NAT,
-// judge data.
+// (DropOutOfWindow) and change nothing, not even the flow's clock. Other
+// segments outside the window are forwarded without changing the state,
+// as the endpoints, not the NAT, judge data.
+//
+// What an endpoint would accept, the tracker lets through:
+//   - a RST that acknowledges the SYN it answers (a closed port's
+//     refusal, RFC 793's SYN-SENT rule);
+//   - a RST in the window closes the flow only at the exact sequence the
+//     receiver expects (RFC 5961 3.2); another in the window is forwarded,
+//     for the receiver's challenge ACK, and the flow kept;
+//   - the originator's SYN again (a retransmission keeps the state, a new
+//     ISN before the answer starts the handshake again), and its SYN on a
+//     flow it has lost (a host that rebooted connects from the same port):
+//     forwarded, and the flow tracked anew once the other side answers it
+//     with a SYN-ACK, or closed if it answers with a RST.
+// Segments with flags no TCP sends together (SYN with FIN or RST, FIN
+// with RST, FIN without ACK, none of SYN, ACK, RST) are refused
+// (DropTCPState), as conntrack's tcp_valid_flags does.
 
 // tcpState is a TCP flow's state, as conntrack names them.
 type tcpState uint32
@@ -66,6 +81,10 @@ type tcpDir struct {
 	fin    bool   // it sent a FIN
 	finEnd uint32 // the sequence number past its FIN
 	finAck bool   // its FIN was acknowledged
+	// acked is the highest ack it sent, if ackSet: the other side's
+	// sequence it expects next, where that side's RST must fall.
+	acked  uint32
+	ackSet bool
 }
 
 // tcpTrack is a TCP flow's tracker. state is read without the lock, for
@@ -75,6 +94,11 @@ type tcpTrack struct {
 	state atomicState
 	orig  int // the direction of the first SYN
 	d     [2]tcpDir
+	// resyn is the originator's last SYN on a flow past the handshake, if
+	// resynSet: the start of a connection the flow has lost, if the other
+	// side answers it (see update).
+	resyn    tcpSeg
+	resynSet bool
 }
 
 // stateNow returns the state without the lock; tcpNone for a flow of
@@ -93,33 +117,59 @@ func (t *tcpTrack) tracked() bool { return t.stateNow() != tcpNone }
 func before(a, b uint32) bool { return int32(a-b) < 0 }
 func after(a, b uint32) bool  { return int32(b-a) < 0 }
 
+// validTCPFlags reports whether a segment's SYN, ACK, RST and FIN flags
+// are a combination TCP sends (conntrack's tcp_valid_flags).
+func validTCPFlags(f uint8) bool {
+	switch f & (tcpSYN | tcpACK | tcpRST | tcpFIN) {
+	case tcpSYN, tcpSYN | tcpACK, tcpRST, tcpRST | tcpACK, tcpFIN | tcpACK, tcpACK:
+		return true
+	}
+	return false
+}
+
 // update tracks segment s and returns the state after it, or
-// DropOutOfWindow for a RST, FIN or SYN that does not count.
+// DropOutOfWindow for a RST, FIN or SYN that does not count, or
+// DropTCPState for one no state takes.
 func (t *tcpTrack) update(s *tcpSeg) (tcpState, Drop) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := t.state.load()
+	if !validTCPFlags(s.flags) {
+		return st, DropTCPState
+	}
 	syn, ack := s.flags&tcpSYN != 0, s.flags&tcpACK != 0
 	rst, fin := s.flags&tcpRST != 0, s.flags&tcpFIN != 0
 	if st == tcpNone || (st == tcpTimeWait || st == tcpClose) && syn && !ack {
 		// A new connection, or one taking the 4-tuple again after the
 		// last closed (as conntrack lets a SYN reopen TIME_WAIT).
-		if !syn || ack || rst {
+		if !syn || ack {
 			return st, DropTCPState
 		}
-		t.d = [2]tcpDir{}
-		t.orig = s.dir
-		t.open(s)
-		t.state.store(tcpSynSent)
-		return tcpSynSent, DropNone
+		return t.restart(s), DropNone
 	}
 	snd, rcv := &t.d[s.dir], &t.d[1-s.dir]
+	if t.resynSet && s.dir != t.orig && ack && s.ack == t.resyn.seq+1 && (syn || rst) {
+		// The other side answers the originator's new SYN: the flow's
+		// connection is gone, and this is the new one's (or its refusal).
+		syn0 := t.resyn
+		t.restart(&syn0)
+		if rst {
+			t.state.store(tcpClose)
+			return tcpClose, DropNone
+		}
+		t.open(s)
+		t.state.store(tcpSynRecv)
+		return tcpSynRecv, DropNone
+	}
 	if syn {
 		switch {
 		case st == tcpSynSent && s.dir == t.orig && !ack:
-			return st, DropNone // the SYN again
+			if s.seq+1 != snd.end {
+				t.restart(s) // a new ISN: the handshake again
+			}
+			return tcpSynSent, DropNone
 		case st == tcpSynSent && s.dir != t.orig && ack:
-			if s.ack != rcv.end || rst {
+			if s.ack != rcv.end {
 				return st, DropOutOfWindow
 			}
 			t.open(s)
@@ -133,17 +183,26 @@ func (t *tcpTrack) update(s *tcpSeg) (tcpState, Drop) {
 			if !snd.init {
 				t.open(s)
 			}
+			t.scales()
 			t.state.store(tcpSynRecv)
 			return tcpSynRecv, DropNone
 		case st == tcpSynRecv && ack && s.dir != t.orig:
 			return st, DropNone // the SYN-ACK again
+		case st == tcpSynRecv && !ack && s.dir == t.orig && s.seq+1 == snd.end:
+			return st, DropNone // the SYN again, its SYN-ACK lost
+		case !ack && s.dir == t.orig:
+			// The originator's SYN on a flow it has lost: forwarded, the
+			// state kept until the other side answers it.
+			t.resyn, t.resynSet = *s, true
+			return st, DropNone
 		}
 		return st, DropOutOfWindow // a SYN inside a connection: blind, or not ours
 	}
 	if !snd.init || !rcv.init {
-		// Before both sides sent their SYN, only the originator's RST
-		// (with its SYN's sequence) can end the attempt.
-		if rst && snd.init && s.seq == snd.end {
+		// Before both sides sent their SYN, a RST ends the attempt only
+		// with the originator's SYN's sequence, or from the other side
+		// acknowledging that SYN (a refusal).
+		if rst && (snd.init && s.seq == snd.end || rcv.init && ack && s.ack == rcv.end) {
 			t.state.store(tcpClose)
 			return tcpClose, DropNone
 		}
@@ -165,6 +224,21 @@ func (t *tcpTrack) update(s *tcpSeg) (tcpState, Drop) {
 		}
 		return st, DropNone
 	}
+	if rst {
+		// RFC 5961 3.2: the receiver takes a RST at the sequence it
+		// expects next (its last ack; or the sender's end, as a RST
+		// right after data is) and answers another in the window with
+		// a challenge ACK, the connection kept; one before its ack is
+		// stale. conntrack keeps the state for such RSTs too.
+		switch {
+		case rcv.ackSet && before(s.seq, rcv.acked):
+			return st, DropOutOfWindow
+		case st >= tcpEstablished && s.seq != snd.end && !(rcv.ackSet && s.seq == rcv.acked):
+			return st, DropNone
+		}
+		t.state.store(tcpClose)
+		return tcpClose, DropNone
+	}
 	win := uint32(s.win) << snd.scale
 	if after(end, snd.end) {
 		snd.end = end
@@ -173,9 +247,8 @@ func (t *tcpTrack) update(s *tcpSeg) (tcpState, Drop) {
 	if ack && after(s.ack+win, rcv.maxend) {
 		rcv.maxend = s.ack + win
 	}
-	if rst {
-		t.state.store(tcpClose)
-		return tcpClose, DropNone
+	if ack && (!snd.ackSet || after(s.ack, snd.acked)) {
+		snd.acked, snd.ackSet = s.ack, true
 	}
 	if ack && rcv.fin && !before(s.ack, rcv.finEnd) {
 		rcv.finAck = true
@@ -206,6 +279,26 @@ func (t *tcpTrack) update(s *tcpSeg) (tcpState, Drop) {
 	return next, DropNone
 }
 
+// restart tracks the connection that SYN s starts, from its
+// originator, forgetting the flow's last one; it returns the state.
+func (t *tcpTrack) restart(s *tcpSeg) tcpState {
+	t.d = [2]tcpDir{}
+	t.resynSet = false
+	t.orig = s.dir
+	t.open(s)
+	t.state.store(tcpSynSent)
+	return tcpSynSent
+}
+
+// scales sets both sides' window scales once both SYNs are seen: each
+// side's own option, if both offered one (RFC 7323), else none.
+func (t *tcpTrack) scales() {
+	a, b := &t.d[0], &t.d[1]
+	if a.wsopt >= 0 && b.wsopt >= 0 {
+		a.scale, b.scale = uint8(min(a.wsopt, 14)), uint8(min(b.wsopt, 14))
+	}
+}
+
 // open starts tracking the sender of SYN s.
 func (t *tcpTrack) open(s *tcpSeg) {
 	snd, rcv := &t.d[s.dir], &t.d[1-s.dir]
@@ -217,9 +310,7 @@ func (t *tcpTrack) open(s *tcpSeg) {
 		// A SYN-ACK: its ack and window bound the other side, and both
 		// scale their windows only if both SYNs offered to (RFC 7323).
 		rcv.maxend = s.ack + uint32(s.win)
-		if snd.wsopt >= 0 && rcv.wsopt >= 0 {
-			snd.scale, rcv.scale = uint8(min(snd.wsopt, 14)), uint8(min(rcv.wsopt, 14))
-		}
+		t.scales()
 		snd.maxend = snd.end + rcv.maxwin
 	}
 }
