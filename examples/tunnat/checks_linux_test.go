@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,8 +30,8 @@ import (
 // turnutils_natdiscovery), Path MTU discovery (ping -M do, a TCP upload),
 // traceroute (IPv4 and IPv6), a SYN flood (hping3) beside a download,
 // blind RSTs and FINs (hping3), unsolicited packets under
-// address-and-port-dependent filtering (hping3, tcpdump), and a 3,000-byte
-// UDP datagram both ways.
+// address-and-port-dependent filtering (hping3, tcpdump), a 3,000-byte
+// UDP datagram both ways, and a TCP connection to a closed port refused.
 
 // checkTools are the programs the checks run.
 var checkTools = []string{"turnserver", "turnutils_natdiscovery", "hping3", "traceroute", "tcpdump", "ping", "python3", "curl", "ss"}
@@ -98,6 +100,7 @@ func TestRealTools(t *testing.T) {
 	t.Run("BlindResets", c.blindResets)
 	t.Run("Unsolicited", c.unsolicited)
 	t.Run("BigDatagram", c.bigDatagram)
+	t.Run("Refused", c.refused)
 }
 
 // RFC 5780 discovery reports each configured mapping and filtering
@@ -457,5 +460,26 @@ func (c *checkNet) bigDatagram(t *testing.T) {
 	}
 	if s := g.stats(); s.Drops[nat.DropFragment] != 0 || s.Drops[nat.DropFragmentTimeout] != 0 {
 		t.Errorf("fragments dropped: %v", s)
+	}
+}
+
+// A TCP connection to a port nobody listens on is refused at once, the
+// server's RST answering the SYN let through, as without a NAT; IPv4 and
+// IPv6.
+func (c *checkNet) refused(t *testing.T) {
+	g := c.run(natConfig{timeouts: testTimeouts})
+	for _, srv := range []netip.AddrPort{netip.AddrPortFrom(serverAddr4, 9399), netip.AddrPortFrom(serverAddr6, 9399)} {
+		start := time.Now()
+		conn, err := dialIn(c.topo, "tcp", srv)
+		if err == nil {
+			conn.Close()
+			t.Fatalf("%v: connected; nothing listens there", srv)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > 2*time.Second {
+			t.Errorf("%v: %v after %v, want connection refused at once", srv, err, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if s := g.stats(); s.Drops[nat.DropOutOfWindow] != 0 {
+		t.Errorf("out-of-window drops: %v", s)
 	}
 }
