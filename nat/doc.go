@@ -55,7 +55,7 @@
 //     translated with the packet they carry, embedded checksums included
 //     (RFC 5508), and never refresh a flow. With Config.Router the NAT
 //     answers a TTL that runs out, a packet over Config.MTU, and a flow it
-//     refuses, with ICMP errors of its own (at most 1000 a second).
+//     refuses, with ICMP errors of its own (at most 1000 a second each way).
 //   - Fragments are tracked, not reassembled: the first carries the ports,
 //     the others follow its translation (hairpinned too); those that come
 //     first are held for Config.FragmentTimeout, the fragments held and

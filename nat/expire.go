@@ -169,10 +169,10 @@ func (n *NAT) Expire(now time.Time) int {
 	if ns > n.clock.Load() {
 		n.clock.Store(ns)
 	}
-	n.errBudget.Store(n.errorsPerTick())
 	w := &n.wheel
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	n.refillErrors(ns)
 	n.expireFragments(ns)
 	nowTick := ns / w.tick
 	budget := n.cfg.ExpireBudget

@@ -242,9 +242,10 @@ func (n *NAT) sendError(b []byte, p *packet, from Side, k errKind, emit Emit) {
 	if !src.IsValid() || !n.isExternal(src) && from == Outside {
 		return
 	}
-	// At most errorsPerSecond, as Linux limits its own (icmp_ratelimit):
-	// a flood of refused packets must not become a flood of errors.
-	if n.errBudget.Add(-1) < 0 {
+	// At most errorsPerSecond each way, as Linux limits its own
+	// (icmp_ratelimit): a flood of refused packets must not become a
+	// flood of errors, nor one side's flood silence the other's.
+	if n.errBudget[from].Add(-1) < 0 {
 		return
 	}
 	mtu := uint32(n.cfg.MTU)

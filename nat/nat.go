@@ -187,9 +187,11 @@ type NAT struct {
 		head, tail *flow
 	}
 	frags fragTable
-	// errBudget is the ICMP errors the NAT may still send this tick.
-	errBudget atomic.Int64
-	ctr       counters
+	// errBudget is the ICMP errors the NAT may still send to each side
+	// (by Side), refilled by Expire from errRefilled on (refillErrors).
+	errBudget   [2]atomic.Int64
+	errRefilled int64 // under wheel.mu
+	ctr         counters
 }
 
 // New returns a NAT configured by c, or an error matching ErrConfig.
@@ -232,13 +234,38 @@ func New(c Config) (*NAT, error) {
 	now := time.Now().UnixNano()
 	n.clock.Store(now)
 	n.wheel.init(c.Tick, now)
-	n.errBudget.Store(n.errorsPerTick())
+	for i := range n.errBudget {
+		n.errBudget[i].Store(n.errorsPerTick())
+	}
+	n.errRefilled = n.now()
 	return n, nil
 }
 
 // errorsPerTick is the ICMP errors the NAT may send per tick.
 func (n *NAT) errorsPerTick() int64 {
 	return max(1, int64(errorsPerSecond*n.cfg.Tick/time.Second))
+}
+
+// refillErrors adds to each side's ICMP error budget what errorsPerSecond
+// allows from the last refill to now, up to a tick's worth: a flood in one
+// direction cannot spend the other's errors, and Expire called more often
+// than Config.Tick earns no more. wheel.mu is held.
+func (n *NAT) refillErrors(now int64) {
+	add := (now - n.errRefilled) * errorsPerSecond / int64(time.Second)
+	if add <= 0 {
+		return
+	}
+	n.errRefilled += add * int64(time.Second) / errorsPerSecond // the rest counts next time
+	limit := n.errorsPerTick()
+	for i := range n.errBudget {
+		b := &n.errBudget[i]
+		for {
+			v := b.Load()
+			if b.CompareAndSwap(v, min(limit, max(v, 0)+add)) {
+				break
+			}
+		}
+	}
 }
 
 // family returns 0 for an IPv4 address, 1 for IPv6.

@@ -661,3 +661,38 @@ func TestFragmentPastDatagramEnd(t *testing.T) {
 		t.Errorf("a fragment from offset 65,528 of 1,400 bytes: %v, %d packets out", why, len(c.pkts))
 	}
 }
+
+// The NAT's own ICMP errors are limited each way, to errorsPerSecond:
+// errors an outside flood earns do not spend the inside's, and a refill
+// comes with the clock, not with calls of Expire.
+func TestErrorBudgetEachWay(t *testing.T) {
+	n, clk, c := clockedNAT(t, Config{})
+	out := one(t, n, c, true, build(spec{proto: ipUDP, src: in4, dst: remote4}), Outside)
+	ext := netip.AddrPortFrom(ext1, binary.BigEndian.Uint16(out[20:]))
+	errs := func(from Side, count int) int {
+		c.reset()
+		for range count {
+			if from == Inside {
+				n.Outbound(build(spec{proto: ipUDP, src: in4, dst: remote4, ttl: 1}), c.emit)
+			} else {
+				n.Inbound(build(spec{proto: ipUDP, src: remote4, dst: ext, ttl: 1}), c.emit)
+			}
+		}
+		return len(c.pkts)
+	}
+	budget := int(n.errorsPerTick())
+	if got := errs(Outside, budget+100); got != budget {
+		t.Fatalf("%d errors for %d expiring packets from outside, want %d", got, budget+100, budget)
+	}
+	if got := errs(Inside, 10); got != 10 {
+		t.Errorf("after the outside's flood, %d errors for 10 packets from inside", got)
+	}
+	clk.advance(0)
+	if got := errs(Outside, 10); got != 0 {
+		t.Errorf("Expire at the same time refilled %d errors", got)
+	}
+	clk.advance(100 * time.Millisecond)
+	if got := errs(Outside, 200); got != budget/10 {
+		t.Errorf("100 ms later: %d errors, want %d", got, budget/10)
+	}
+}
