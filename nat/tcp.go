@@ -8,8 +8,8 @@ import "sync"
 // complete, and a RST, FIN or SYN counts only if its sequence number lies
 // in the window the tracker has seen: blind ones are dropped and counted
 // (DropOutOfWindow) and change nothing, not even the flow's clock. Other
-// segments outside the window are forwarded without changing the state,
-// as the endpoints, not the NAT, judge data.
+// segments outside the window (sequence or ack) are forwarded without
+// changing the state, as the endpoints, not the NAT, judge data.
 //
 // What an endpoint would accept, the tracker lets through:
 //   - a RST that acknowledges the SYN it answers (a closed port's
@@ -117,6 +117,10 @@ func (t *tcpTrack) tracked() bool { return t.stateNow() != tcpNone }
 func before(a, b uint32) bool { return int32(a-b) < 0 }
 func after(a, b uint32) bool  { return int32(b-a) < 0 }
 
+// maxAckWindow is the least of how far behind the receiver's end an ack
+// may be (conntrack's MAXACKWINDOW floor).
+const maxAckWindow = 66000
+
 // validTCPFlags reports whether a segment's SYN, ACK, RST and FIN flags
 // are a combination TCP sends (conntrack's tcp_valid_flags).
 func validTCPFlags(f uint8) bool {
@@ -216,8 +220,12 @@ func (t *tcpTrack) update(s *tcpSeg) (tcpState, Drop) {
 		end++
 	}
 	// tcp_in_window's two sequence bounds: not past what the receiver
-	// allowed, not before what it may still accept again.
-	in := !after(s.seq, snd.maxend) && !before(end, snd.end-rcv.maxwin)
+	// allowed, not before what it may still accept again; and its ack
+	// bounds: not past what the receiver sent, not older than the
+	// sender's largest window (at least 66,000, conntrack's
+	// MAXACKWINDOW) before it.
+	in := !after(s.seq, snd.maxend) && !before(end, snd.end-rcv.maxwin) &&
+		(!ack || !after(s.ack, rcv.end) && !before(s.ack, rcv.end-max(snd.maxwin, maxAckWindow)))
 	if !in {
 		if rst || fin {
 			return st, DropOutOfWindow

@@ -36,6 +36,8 @@ func TestTCPTracking(t *testing.T) {
 		{out, tcpACK, isnA + 1, isnB + 1, 100, tcpEstablished, DropNone},
 		{in, tcpRST, 12345, 0, 0, tcpEstablished, DropOutOfWindow}, // blind
 		{in, tcpFIN | tcpACK, 12345, isnA + 101, 0, tcpEstablished, DropOutOfWindow},
+		{in, tcpFIN | tcpACK, isnB + 1, isnA + 5000, 0, tcpEstablished, DropOutOfWindow},              // acks what was never sent
+		{in, tcpRST | tcpACK, isnB + 1, 1<<32 - 1e6 + isnA + 101, 0, tcpEstablished, DropOutOfWindow}, // an ack far too old
 		{in, tcpSYN, 777, 0, 0, tcpEstablished, DropOutOfWindow},
 		{out, tcpRST, isnA + 1e9, 0, 0, tcpEstablished, DropOutOfWindow},
 		{in, tcpACK, isnB + 1, isnA + 101, 50, tcpEstablished, DropNone},
