@@ -63,8 +63,9 @@
 //   - Packets a router refuses are dropped: a bad IPv4 header checksum,
 //     IPv4 source-route options, an IPv6 routing header with segments left,
 //     a TCP data offset under 5 or past the segment; an unspecified,
-//     loopback, multicast, link-local or limited-broadcast address; from
-//     outside, one of the NAT's own addresses as the source (DropAddress).
+//     loopback, multicast, link-local, limited-broadcast or (in IPv6)
+//     IPv4-mapped address; from outside, one of the NAT's own addresses
+//     as the source (DropAddress).
 //     An echo identifier of 0 is refused (DropMalformed): a table's key
 //     has no port 0.
 //   - Limits: Config.MaxFlows, past which a new flow evicts an unanswered

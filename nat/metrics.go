@@ -34,7 +34,7 @@ const (
 	DropFragmentTimeout      // fragments held when their datagram's first never came
 	DropICMPError            // ICMP error of no flow, or whose embedded packet is cut or malformed
 	DropBusy                 // a new flow raced with another for its keys, too long
-	DropAddress              // an address no router forwards (see Config), or from outside with the NAT's own as source
+	DropAddress              // an address no router forwards (unspecified, loopback, multicast, link-local, broadcast), or from outside the NAT's own as source
 	NumDrops
 )
 

@@ -3,6 +3,7 @@ package nat
 import (
 	"bytes"
 	"encoding/binary"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 	"time"
@@ -694,5 +695,40 @@ func TestErrorBudgetEachWay(t *testing.T) {
 	clk.advance(100 * time.Millisecond)
 	if got := errs(Outside, 200); got != budget/10 {
 		t.Errorf("100 ms later: %d errors, want %d", got, budget/10)
+	}
+}
+
+// unicast4 and unicast6 agree with netip's predicates (and IPv4-mapped
+// addresses refused in IPv6), at the edges of the ranges they refuse and
+// at random.
+func TestUnicastReference(t *testing.T) {
+	ref := func(a netip.Addr) bool {
+		return !a.IsUnspecified() && !a.IsLoopback() && !a.IsMulticast() && !a.IsLinkLocalUnicast() &&
+			a != netip.AddrFrom4([4]byte{255, 255, 255, 255}) && !a.Is4In6()
+	}
+	addrs := []string{"0.0.0.0", "0.0.0.1", "126.255.255.255", "127.0.0.0", "127.255.255.255", "128.0.0.0",
+		"169.253.255.255", "169.254.0.0", "169.254.255.255", "169.255.0.0", "223.255.255.255", "224.0.0.0",
+		"239.255.255.255", "240.0.0.0", "255.255.255.254", "255.255.255.255",
+		"::", "::1", "::2", "::ffff:127.0.0.1", "::ffff:8.8.8.8", "::fffe:0:1", "::1:0:0:1", "fe7f:ffff::", "fe80::", "febf:ffff::1", "fec0::", "feff::",
+		"ff00::", "ff02::1", "2001:db8::1"}
+	for range 10000 {
+		var b [16]byte
+		binary.BigEndian.PutUint64(b[:], rand.Uint64())
+		binary.BigEndian.PutUint64(b[8:], rand.Uint64())
+		addrs = append(addrs, netip.AddrFrom16(b).String(), netip.AddrFrom4([4]byte(b[:4])).String())
+	}
+	for _, s := range addrs {
+		a := netip.MustParseAddr(s)
+		var got bool
+		if a.Is4() {
+			b := a.As4()
+			got = unicast4(binary.BigEndian.Uint32(b[:]))
+		} else {
+			b := a.As16()
+			got = unicast6(binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:]))
+		}
+		if got != ref(a) {
+			t.Errorf("%v: %v, netip says %v", a, got, ref(a))
+		}
 	}
 }
