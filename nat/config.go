@@ -3,9 +3,11 @@ package nat
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/hash4/hash4"
@@ -136,15 +138,17 @@ type Blocks struct {
 	// every block from First on.
 	First, Count int
 	// Deterministic, if set, computes each host's block from its address
-	// (RFC 7422): the n-th address of the prefix of its family gets block
-	// First+n, and hosts outside the prefixes get none. Otherwise a host
-	// gets the lowest free block when its first flow is made and gives it
-	// back when its last flow ends. At most one prefix per family.
+	// (RFC 7422), in the families it has a prefix for (at most one each):
+	// the n-th address of the prefix gets block First+n, and hosts of the
+	// family outside the prefix get none. Otherwise, and in a family with
+	// no prefix, a host gets the lowest free block when its first flow is
+	// made and gives it back when its last flow ends.
 	Deterministic []netip.Prefix
 }
 
-// Timeouts are idle timeouts by protocol and TCP state. A zero field takes
-// its default, given in brackets with its source.
+// Timeouts are idle timeouts by protocol and TCP state, each at most 100
+// years. A zero field takes its default, given in brackets with its
+// source.
 type Timeouts struct {
 	// UDP [5m, RFC 4787 REQ-5's recommendation] for a UDP flow that has
 	// seen a reply; UDPUnreplied [2m, REQ-5's minimum] for one that has
@@ -177,7 +181,9 @@ var DefaultTimeouts = Timeouts{
 // usable default.
 type Config struct {
 	// External is the pool of external addresses, IPv4 and IPv6 (at least
-	// one). Packets of a family with no external address are refused.
+	// one; unicast: a loopback address serves the endpoint methods alone,
+	// as packets to it are refused). Packets of a family with no external
+	// address are refused.
 	External []netip.Addr
 	// Ports is the range of external ports and echo identifiers
 	// [1024-65535].
@@ -217,8 +223,9 @@ type Config struct {
 	Capacity int
 	// Timeouts are the idle timeouts; zero fields take DefaultTimeouts.
 	Timeouts Timeouts
-	// Tick is the resolution of expiry [1s]: Run calls Expire this often,
-	// and a flow expires up to one Tick after its timeout.
+	// Tick is the resolution of expiry [1s; 1ms to 1h]: Run calls Expire
+	// this often, and a flow expires up to two Ticks after its timeout,
+	// never before it.
 	Tick time.Duration
 	// ExpireBudget bounds the flows one Expire examines [65536]; flows
 	// due beyond it wait for the next call.
@@ -250,6 +257,14 @@ func cfgErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
 }
 
+// maxTimeout bounds the timeouts: a flow's deadline, its last packet's
+// time plus its timeout, must not overflow (about 292 years in all).
+const maxTimeout = 100 * 365 * 24 * time.Hour
+
+// minTick bounds Config.Tick from below: Expire looks at every tick since
+// its last call, and a tick of nanoseconds would have it look at millions.
+const minTick = time.Millisecond
+
 // normalized returns c with its defaults filled in, or the first problem.
 func (c Config) normalized() (Config, error) {
 	if len(c.External) == 0 {
@@ -259,8 +274,8 @@ func (c Config) normalized() (Config, error) {
 	seen := map[netip.Addr]bool{}
 	for _, a := range c.External {
 		a = a.Unmap().WithZone("")
-		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
-			return c, cfgErr("external address %v", a)
+		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.IsLinkLocalUnicast() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+			return c, cfgErr("external address %v: want a unicast address a router forwards to (or loopback, for the endpoint methods alone)", a)
 		}
 		if seen[a] {
 			return c, cfgErr("external address %v given twice", a)
@@ -269,6 +284,7 @@ func (c Config) normalized() (Config, error) {
 		ext = append(ext, a)
 	}
 	c.External = ext
+	c.Blocks.Deterministic = slices.Clone(c.Blocks.Deterministic)
 	if c.Ports == (hash4.PortRange{}) {
 		c.Ports = hash4.PortRange{Low: 1024, High: 65535}
 	}
@@ -298,6 +314,9 @@ func (c Config) normalized() (Config, error) {
 	if c.MaxFlows < 0 || c.MaxFlowsPerHost < 0 {
 		return c, cfgErr("negative flow limit")
 	}
+	if c.MaxFlowsPerHost > math.MaxInt32 {
+		return c, cfgErr("MaxFlowsPerHost %d: want at most %d", c.MaxFlowsPerHost, math.MaxInt32)
+	}
 	if c.Capacity < 0 || c.Capacity > c.MaxFlows {
 		return c, cfgErr("capacity %d: want 0 to MaxFlows, %d", c.Capacity, c.MaxFlows)
 	}
@@ -315,8 +334,8 @@ func (c Config) normalized() (Config, error) {
 		{&to.TCPFinWait, &d.TCPFinWait}, {&to.TCPCloseWait, &d.TCPCloseWait}, {&to.TCPLastAck, &d.TCPLastAck},
 		{&to.TCPTimeWait, &d.TCPTimeWait}, {&to.TCPClose, &d.TCPClose},
 	} {
-		if *f.v < 0 {
-			return c, cfgErr("negative timeout %v", *f.v)
+		if *f.v < 0 || *f.v > maxTimeout {
+			return c, cfgErr("timeout %v: want 0 (the default) to %v", *f.v, maxTimeout)
 		}
 		if *f.v == 0 {
 			*f.v = *f.def
@@ -325,8 +344,8 @@ func (c Config) normalized() (Config, error) {
 	if c.Tick == 0 {
 		c.Tick = time.Second
 	}
-	if c.Tick < 0 {
-		return c, cfgErr("tick %v", c.Tick)
+	if c.Tick < minTick || c.Tick > time.Hour {
+		return c, cfgErr("tick %v: want %v to 1h", c.Tick, minTick)
 	}
 	if c.ExpireBudget == 0 {
 		c.ExpireBudget = 1 << 16
@@ -335,6 +354,7 @@ func (c Config) normalized() (Config, error) {
 		return c, cfgErr("expire budget %d", c.ExpireBudget)
 	}
 	var r4, r6 bool
+	c.Router = slices.Clone(c.Router) // the caller's stays as it was, and its own
 	for i, a := range c.Router {
 		a = a.Unmap().WithZone("")
 		if !a.IsValid() || a.IsUnspecified() || a.Is4() && r4 || a.Is6() && r6 {

@@ -88,7 +88,9 @@
 // allocates nothing; a TCP segment takes its flow's lock for the tracker.
 // No input makes the NAT panic; a packet it cannot translate is dropped and
 // counted by reason. The NAT's clock is the time of the last Expire call:
-// a packet refreshes its flow to it, so timeouts are kept to within a tick.
+// a packet refreshes its flow to it, and a flow ends between its timeout
+// and two ticks past it, never before. Expire looks at every tick since
+// its last call: after a long pause, once, as many as the pause holds.
 //
 // # Cost
 //

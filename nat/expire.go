@@ -91,7 +91,7 @@ func (w *wheel) init(tick time.Duration, now int64) {
 func (n *NAT) schedule(f *flow, now int64) {
 	f.t.mu.Lock()
 	if f.state.Load() == stateLive {
-		n.wheel.file(f, now+int64(n.timeout(f)), n.wheel.next.Load()+1)
+		n.wheel.file(f, n.deadline(f), n.wheel.next.Load()+1)
 	}
 	f.t.mu.Unlock()
 }
@@ -212,6 +212,14 @@ func (n *NAT) Expire(now time.Time) int {
 	return ended
 }
 
+// deadline returns when f may end: its timeout past its last packet, and
+// a tick more, as its clock (the NAT's, set by Expire) may be up to a tick
+// behind the packet: a flow never ends before its timeout (RFC 4787
+// REQ-5's minimum is one).
+func (n *NAT) deadline(f *flow) int64 {
+	return f.last.Load() + int64(n.timeout(f)) + n.wheel.tick
+}
+
 // expireOne ends f, taken off its slot by Expire, if its deadline has
 // passed at ns, or files it again under its deadline, from tick nearest on.
 func (n *NAT) expireOne(f *flow, ns, nearest int64) int {
@@ -220,7 +228,7 @@ func (n *NAT) expireOne(f *flow, ns, nearest int64) int {
 		f.t.mu.Unlock()
 		return 0 // ended meanwhile
 	}
-	deadline := f.last.Load() + int64(n.timeout(f))
+	deadline := n.deadline(f)
 	if deadline > ns {
 		n.wheel.file(f, deadline, nearest) // still in use
 		f.t.mu.Unlock()
@@ -240,7 +248,7 @@ func (n *NAT) expireOne(f *flow, ns, nearest int64) int {
 // after this one's change (3).
 func (n *NAT) reschedule(f *flow) {
 	w := &n.wheel
-	deadline := f.last.Load() + int64(n.timeout(f))
+	deadline := n.deadline(f)
 	f.t.mu.Lock()
 	if f.t.slot.Load() > 0 && (deadline+w.tick-1)/w.tick < f.t.due {
 		if hookReschedule != nil {

@@ -53,8 +53,8 @@ func (hs *hosts) init(c *Config, pool *[2][]netip.Addr) error {
 		total := len(pool[f]) * hs.perAddr
 		hs.first[f] = b.First
 		hs.end[f] = total
-		if b.Count > 0 {
-			hs.end[f] = min(total, b.First+b.Count)
+		if b.Count > 0 && b.Count < total-b.First {
+			hs.end[f] = b.First + b.Count
 		}
 		if hs.end[f] < hs.first[f] {
 			hs.end[f] = hs.first[f]
@@ -202,8 +202,9 @@ func offsetIn(p netip.Prefix, a netip.Addr) (uint64, bool) {
 	if !p.Contains(a) {
 		return 0, false
 	}
-	// The offset is the address's bits past the prefix; of a prefix of
-	// more than 2^64 addresses, the low 64 of them.
+	// The offset is the address's bits past the prefix. Of a prefix of
+	// more than 2^64 addresses, an address whose offset needs more than
+	// 64 bits has none: past every block, as no NAT has 2^64 of them.
 	x := a.As16()
 	off := binary.BigEndian.Uint64(x[8:])
 	hostBits := 128 - p.Bits()
@@ -212,6 +213,8 @@ func offsetIn(p netip.Prefix, a netip.Addr) (uint64, bool) {
 	}
 	if hostBits < 64 {
 		off &= 1<<hostBits - 1
+	} else if hi := binary.BigEndian.Uint64(x[:8]); hostBits < 128 && hi&(1<<(hostBits-64)-1) != 0 || hostBits == 128 && hi != 0 {
+		return 0, false
 	}
 	return off, true
 }

@@ -150,7 +150,7 @@ func (m *model) advance(ticks int) {
 		if f.replied {
 			to = 3
 		}
-		if m.now >= f.last+to {
+		if m.now >= f.last+to+1 { // a tick past the timeout (NAT.deadline)
 			delete(m.flows, k)
 			want++
 		}

@@ -420,8 +420,7 @@ func (n *NAT) newFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, vi
 			runtime.Gosched() // being made or deleted: a few stores away
 		}
 	}
-	n.ctr.drops[DropBusy].Add(1)
-	return nil, DropBusy
+	return nil, DropBusy // counted by the caller, as every refusal
 }
 
 // tryNewFlow makes one attempt at newFlow's flow. retry says that another
@@ -793,9 +792,12 @@ const earlyDropScan = 8
 func (n *NAT) earlyDrop() bool {
 	u := &n.unassured
 	u.mu.Lock()
-	f := u.head
+	// Of the live flows: one still being made is listed before it is
+	// live, and deleteFlow would refuse it, leaving it live but off the
+	// list, out of early drop's reach for good.
+	var f *flow
 	for c, i := u.head, 0; c != nil && i < earlyDropScan; c, i = c.down, i+1 {
-		if c.h.n.Load() > f.h.n.Load() {
+		if c.state.Load() == stateLive && (f == nil || c.h.n.Load() > f.h.n.Load()) {
 			f = c
 		}
 	}
@@ -933,7 +935,7 @@ func (n *NAT) MapOutbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Dro
 // mapping of dst, with a new flow. On failure it returns the reason (no
 // flow, filtered, ...), also counted in Metrics.
 func (n *NAT) MapInbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Drop) {
-	if why := checkTuple(p, src, dst); why != DropNone {
+	if why := checkTuple(p, dst, src); why != DropNone {
 		n.ctr.drops[why].Add(1)
 		return netip.AddrPort{}, why
 	}
@@ -974,11 +976,13 @@ func norm(a netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
 }
 
-// checkTuple returns DropMalformed for endpoints no flow can have.
-func checkTuple(p Proto, a, b netip.AddrPort) Drop {
-	x, y := a.Addr().Unmap(), b.Addr().Unmap()
+// checkTuple returns DropMalformed for endpoints no flow can have: local,
+// the inside or external endpoint, and remote, whose port is 0 for ICMP
+// (an echo's remote has no identifier).
+func checkTuple(p Proto, local, remote netip.AddrPort) Drop {
+	x, y := local.Addr().Unmap(), remote.Addr().Unmap()
 	if p >= numProtos || !x.IsValid() || !y.IsValid() || x.Is4() != y.Is4() || x.IsUnspecified() || y.IsUnspecified() ||
-		a.Port() == 0 || (p != ICMP && b.Port() == 0) {
+		local.Port() == 0 || (p != ICMP && remote.Port() == 0) {
 		return DropMalformed
 	}
 	return DropNone

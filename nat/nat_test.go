@@ -713,3 +713,193 @@ func portsTaken(ps *protoState) int {
 	}
 	return taken
 }
+
+// Early drop never takes a flow still being made (listed unassured before
+// it is live): deleteFlow would refuse it, and it would live on unassured
+// but off the list, out of early drop's reach, every new flow refused at
+// MaxFlows until it timed out. (A race: a short stress, repeated.)
+func TestEarlyDropPendingFlow(t *testing.T) {
+	workers, per, rounds := 3, 30000, 30
+	if raceEnabled {
+		per, rounds = 5000, 3
+	}
+	for round := range rounds {
+		n, _ := newTest(t, Config{MaxFlows: 1})
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range per {
+					src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(w), byte(i >> 8), byte(i)}), 2000)
+					n.MapOutbound(UDP, src, ap("198.51.100.1", 53))
+				}
+			}()
+		}
+		wg.Wait()
+		lost := 0
+		for _, f := range n.proto[UDP].fwd.All() {
+			fl := f.flags.Load()
+			if f.state.Load() == stateLive && fl&flagAssured == 0 && fl&flagListed == 0 {
+				lost++
+			}
+		}
+		_, why := n.MapOutbound(UDP, ap("10.200.0.1", 2000), ap("198.51.100.1", 53))
+		if lost > 0 || why != DropNone {
+			t.Fatalf("round %d: %d live unanswered flow(s) out of the unassured list; a new flow: %v; %v", round, lost, why, n.Metrics())
+		}
+	}
+}
+
+// A new flow that keeps losing its key (planted here; in use, another
+// goroutine's) is refused once, and counted once.
+func TestBusyCountedOnce(t *testing.T) {
+	n, _ := newTest(t, Config{PortPreservation: true})
+	src, dst := ap("10.0.0.2", 5000), ap("198.51.100.1", 53)
+	stuck := &flow{}
+	if err := n.proto[UDP].rev.Insert(hash4.Tuple{Local: netip.AddrPortFrom(ext1, 5000), Remote: dst}, stuck); err != nil {
+		t.Fatal(err)
+	}
+	if _, why := n.MapOutbound(UDP, src, dst); why != DropBusy {
+		t.Fatalf("MapOutbound: %v", why)
+	}
+	if m := n.Metrics(); m.Drops[DropBusy] != 1 {
+		t.Errorf("one busy refusal counted %d times: %v", m.Drops[DropBusy], m)
+	}
+}
+
+// MapInbound of an echo reply: the remote has no identifier (port 0 is
+// fine), the external identifier must not be 0.
+func TestMapInboundEcho(t *testing.T) {
+	n, _ := newTest(t, Config{ICMP: Behaviors{Filtering: EndpointIndependent}})
+	src, dst := ap("10.0.0.2", 77), ap("198.51.100.1", 0)
+	e := mustOut(t, n, ICMP, src, dst)
+	if got, why := n.MapInbound(ICMP, netip.AddrPortFrom(dst.Addr(), 0), e); why != DropNone || got != src {
+		t.Errorf("MapInbound(ICMP, %v, %v) = %v, %v; want %v", netip.AddrPortFrom(dst.Addr(), 0), e, got, why, src)
+	}
+	if _, why := n.MapInbound(ICMP, ap("198.51.100.1", 9), netip.AddrPortFrom(e.Addr(), 0)); why != DropMalformed {
+		t.Errorf("MapInbound to echo identifier 0: %v, want malformed", why)
+	}
+}
+
+// A packet refreshes its flow to the clock of the last Expire, up to a
+// Tick before the packet: a UDP flow whose last packet came just before
+// the tick at T+1s is not ended at T+120s, 119 s and a bit after it, under
+// the default UDPUnreplied of 2m (RFC 4787 REQ-5: a mapping MUST NOT
+// expire in less than two minutes), but a tick later.
+func TestTimeoutNeverShort(t *testing.T) {
+	n, clk := newTest(t, Config{})
+	src, dst := ap("10.0.0.2", 5000), ap("198.51.100.1", 53)
+	// Expire ran at T (clk.t); the packet comes at T+999ms, before the next
+	// Expire: the NAT stamps it T.
+	mustOut(t, n, UDP, src, dst)
+	for range 120 {
+		clk.advance(time.Second)
+	}
+	// Now T+120s: 119.001s since the packet.
+	if f := n.proto[UDP].lookupOut(hash4.Tuple{Local: src, Remote: dst}); f == nil {
+		t.Errorf("an unreplied UDP flow ended %v after its last packet (UDPUnreplied %v)", 120*time.Second-999*time.Millisecond, DefaultTimeouts.UDPUnreplied)
+	}
+	if clk.advance(time.Second); n.proto[UDP].lookupOut(hash4.Tuple{Local: src, Remote: dst}) != nil {
+		t.Errorf("the flow outlived its timeout by two ticks")
+	}
+}
+
+// New leaves the caller's Router slice as it was, accepted or not, and
+// keeps a copy of its own.
+func TestConfigRouterCopied(t *testing.T) {
+	mapped := netip.MustParseAddr("::ffff:10.0.0.1")
+	router := []netip.Addr{mapped}
+	_, err := New(Config{External: []netip.Addr{ext1}, Router: router, MTU: 5})
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("err %v", err)
+	}
+	if router[0] != mapped {
+		t.Errorf("a rejected New changed the caller's Router[0] from %v to %v", mapped, router[0])
+	}
+	router = []netip.Addr{netip.MustParseAddr("10.0.0.1")}
+	n, err := New(Config{External: []netip.Addr{ext1}, Router: router})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router[0] = netip.MustParseAddr("224.0.0.1")
+	if got := n.Config().Router[0]; got != netip.MustParseAddr("10.0.0.1") {
+		t.Errorf("the NAT's router address became %v after the caller reused its slice", got)
+	}
+}
+
+// Deterministic blocks of an IPv6 prefix of more than 2^64 addresses: a
+// block names one host (RFC 7422), and 2001:db8:0:1::5, the (2^64+5)-th
+// address of the prefix, past every block, gets none (not 2001:db8::5's).
+func TestDeterministicIPv6WidePrefix(t *testing.T) {
+	n, _ := newTest(t, Config{External: []netip.Addr{ext6}, Blocks: Blocks{Size: 1024,
+		Deterministic: []netip.Prefix{netip.MustParsePrefix("2001:db8::/48")}}})
+	a, b := ap("2001:db8::5", 5000), ap("2001:db8:0:1::5", 5000)
+	mustOut(t, n, UDP, a, remote6)
+	_, why := n.MapOutbound(UDP, b, remote6)
+	ha, _ := n.hosts.t.Lookup(hostKey(a.Addr()))
+	hb, _ := n.hosts.t.Lookup(hostKey(b.Addr()))
+	if why != DropNoBlock {
+		blk := -1
+		if hb != nil {
+			blk = hb.block
+		}
+		t.Errorf("%v got %v, block %d; %v has block %d", b, why, blk, a, ha.block)
+	}
+}
+
+// Deterministic blocks for one family: its hosts outside the prefix get
+// no block; the other family's get dynamic ones.
+func TestDeterministicOneFamily(t *testing.T) {
+	n, _ := newTest(t, Config{External: []netip.Addr{ext1, ext6}, Blocks: Blocks{Size: 1024,
+		Deterministic: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}})
+	if _, why := n.MapOutbound(UDP, ap("10.0.1.2", 5000), remote4); why != DropNoBlock {
+		t.Errorf("IPv4 host outside the prefix: %v", why)
+	}
+	if _, why := n.MapOutbound(UDP, in6, remote6); why != DropNone {
+		t.Errorf("IPv6 host, no IPv6 prefix: %v", why)
+	}
+}
+
+// A Blocks.Count past the pool's blocks, however large, is cut to them.
+func TestBlocksCountLarge(t *testing.T) {
+	if _, err := New(Config{External: []netip.Addr{ext1}, Blocks: Blocks{Size: 1024, First: 1, Count: 1 << 20}}); err != nil {
+		t.Fatalf("large Count: %v", err)
+	}
+	_, err := New(Config{External: []netip.Addr{ext1}, Blocks: Blocks{Size: 1024, First: 1, Count: math.MaxInt}})
+	if err != nil {
+		t.Errorf("Count MaxInt: %v (ErrConfig %v)", err, errors.Is(err, ErrConfig))
+	}
+}
+
+// Configurations a NAT cannot keep its word under are refused: a timeout
+// whose deadline would overflow, a Tick under a millisecond (Expire looks
+// at each tick), a per-host cap past an int32, an external address no
+// packet comes to (a loopback one is for the endpoint methods).
+func TestConfigRefused(t *testing.T) {
+	for _, c := range []Config{
+		{Timeouts: Timeouts{UDP: math.MaxInt64}},
+		{Timeouts: Timeouts{TCPEstablished: maxTimeout + 1}},
+		{Tick: time.Nanosecond},
+		{Tick: 2 * time.Hour},
+		{MaxFlowsPerHost: 1<<32 + 1},
+		{External: []netip.Addr{netip.MustParseAddr("255.255.255.255")}},
+		{External: []netip.Addr{netip.MustParseAddr("224.0.0.1")}},
+		{External: []netip.Addr{netip.MustParseAddr("fe80::1")}},
+	} {
+		if c.External == nil {
+			c.External = []netip.Addr{ext1}
+		}
+		if _, err := New(c); !errors.Is(err, ErrConfig) {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	for _, c := range []Config{
+		{External: []netip.Addr{netip.MustParseAddr("127.0.0.1")}},
+		{External: []netip.Addr{ext1}, Timeouts: Timeouts{TCPEstablished: maxTimeout}, Tick: minTick, MaxFlowsPerHost: math.MaxInt32},
+	} {
+		if _, err := New(c); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+}
