@@ -90,7 +90,8 @@
 // counted by reason. The NAT's clock is the time of the last Expire call:
 // a packet refreshes its flow to it, and a flow ends between its timeout
 // and two ticks past it, never before. Expire looks at every tick since
-// its last call: after a long pause, once, as many as the pause holds.
+// its last call, or after a pause longer than the wheel's 4096 ticks at
+// each slot once.
 //
 // # Cost
 //

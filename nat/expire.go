@@ -177,7 +177,11 @@ func (n *NAT) Expire(now time.Time) int {
 	nowTick := ns / w.tick
 	budget := n.cfg.ExpireBudget
 	ended := 0
-	for t := w.next.Load(); t <= nowTick; t++ {
+	// After a pause of more than the wheel's span, the last span's ticks
+	// visit every slot: each flow filed is looked at, and a flow filed
+	// meanwhile under a tick skipped either goes into a slot still to
+	// come or, finding next past it, files again (4).
+	for t := max(w.next.Load(), nowTick-wheelSlots+1); t <= nowTick; t++ {
 		s := &w.slots[t%wheelSlots]
 		for {
 			// Take up to a handful of the slot's flows off it (every

@@ -535,3 +535,24 @@ func setHook[F any](t *testing.T, hook *F, f F) {
 	*hook = f
 	t.Cleanup(func() { *hook = zero })
 }
+
+// Expire after a pause longer than the wheel's span looks at its slots
+// once, not at every tick of the pause, and still ends every flow due.
+func TestExpireAfterLongPause(t *testing.T) {
+	n, clk := newTest(t, Config{Tick: time.Millisecond, Timeouts: Timeouts{UDPUnreplied: time.Second, UDP: 48 * time.Hour}})
+	for i := range 100 {
+		mustOut(t, n, UDP, ap("10.0.0.2", uint16(1000+i)), ap("198.51.100.1", 53))
+	}
+	e := mustOut(t, n, UDP, ap("10.0.0.3", 1000), ap("198.51.100.1", 53))
+	if _, why := n.MapInbound(UDP, ap("198.51.100.1", 53), e); why != DropNone {
+		t.Fatal(why)
+	}
+	passed := 0
+	setHook(t, &hookPassed, func(int64) { passed++ })
+	if ended := clk.advance(24 * time.Hour); ended != 100 || passed > wheelSlots {
+		t.Errorf("a day's pause at a 1 ms tick: %d flows ended (want 100), %d ticks looked at (at most %d)", ended, passed, wheelSlots)
+	}
+	if flows, _ := n.Len(); flows != 1 {
+		t.Errorf("%d flows left, want the answered one", flows)
+	}
+}
