@@ -877,16 +877,19 @@ func TestBlocksCountLarge(t *testing.T) {
 // at each tick), a per-host cap past an int32, an external address no
 // packet comes to (a loopback one is for the endpoint methods).
 func TestConfigRefused(t *testing.T) {
-	for _, c := range []Config{
+	refused := []Config{
 		{Timeouts: Timeouts{UDP: math.MaxInt64}},
 		{Timeouts: Timeouts{TCPEstablished: maxTimeout + 1}},
 		{Tick: time.Nanosecond},
 		{Tick: 2 * time.Hour},
-		{MaxFlowsPerHost: 1<<32 + 1},
 		{External: []netip.Addr{netip.MustParseAddr("255.255.255.255")}},
 		{External: []netip.Addr{netip.MustParseAddr("224.0.0.1")}},
 		{External: []netip.Addr{netip.MustParseAddr("fe80::1")}},
-	} {
+	}
+	if big := int64(1)<<32 + 1; int64(int(big)) == big { // 64-bit ints
+		refused = append(refused, Config{MaxFlowsPerHost: int(big)})
+	}
+	for _, c := range refused {
 		if c.External == nil {
 			c.External = []netip.Addr{ext1}
 		}
