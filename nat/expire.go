@@ -166,8 +166,8 @@ func unlink(s *slot, f *flow) {
 // back; calls are serialized.
 func (n *NAT) Expire(now time.Time) int {
 	ns := now.UnixNano()
-	if ns > n.clock.Load() {
-		n.clock.Store(ns)
+	for c := n.clock.Load(); ns > c && !n.clock.CompareAndSwap(c, ns); c = n.clock.Load() {
+		// Another Expire moved it meanwhile: never back.
 	}
 	w := &n.wheel
 	w.mu.Lock()

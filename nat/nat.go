@@ -251,6 +251,9 @@ func (n *NAT) errorsPerTick() int64 {
 // direction cannot spend the other's errors, and Expire called more often
 // than Config.Tick earns no more. wheel.mu is held.
 func (n *NAT) refillErrors(now int64) {
+	// A pause of over a tick earns a tick's worth: capped first, so that
+	// the product cannot overflow whatever the pause.
+	n.errRefilled = max(n.errRefilled, now-int64(n.cfg.Tick))
 	add := (now - n.errRefilled) * errorsPerSecond / int64(time.Second)
 	if add <= 0 {
 		return

@@ -696,6 +696,10 @@ func TestErrorBudgetEachWay(t *testing.T) {
 	if got := errs(Outside, 200); got != budget/10 {
 		t.Errorf("100 ms later: %d errors, want %d", got, budget/10)
 	}
+	clk.advance(200 * 24 * time.Hour) // whose errors' product would overflow
+	if got := errs(Inside, budget+10); got != budget {
+		t.Errorf("after 200 days: %d errors, want %d", got, budget)
+	}
 }
 
 // unicast4 and unicast6 agree with netip's predicates (and IPv4-mapped
