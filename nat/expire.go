@@ -82,13 +82,13 @@ func (w *wheel) init(tick time.Duration, now int64) {
 	w.next.Store(now / w.tick)
 }
 
-// schedule files f, just made live at clock now, under the tick of its
+// schedule files f, just made live, under the tick of its
 // deadline, rounded up, or the wheel's nearest or farthest tick. The
 // nearest is a tick past next, which Expire may be looking at meanwhile
 // (a timer filed under a tick already looked at would wait a revolution).
 // Its timeout is read under f.t.mu: a TCP segment that shortened it
 // before (whose reschedule found f not yet filed) is seen here.
-func (n *NAT) schedule(f *flow, now int64) {
+func (n *NAT) schedule(f *flow) {
 	f.t.mu.Lock()
 	if f.state.Load() == stateLive {
 		n.wheel.file(f, n.deadline(f), n.wheel.next.Load()+1)

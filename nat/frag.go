@@ -16,10 +16,10 @@ import (
 // fragments held and the datagrams known, each counted at
 // fragEntryCost, fit in Config.FragmentMemory: past it a new datagram is
 // not tracked, and its fragments but the first are dropped. An entry is
-// forgotten after Config.FragmentTimeout. The transport checksum, in the first fragment,
-// covers the whole datagram, and the first fragment's update is the whole
-// datagram's: no fragment but the first needs a checksum change beyond
-// IPv4's header.
+// forgotten after Config.FragmentTimeout. The transport checksum, in the
+// first fragment, covers the whole datagram, and the first fragment's
+// update is the whole datagram's: no fragment but the first needs a
+// checksum change beyond IPv4's header.
 
 // fragKey names a datagram.
 type fragKey struct {
@@ -78,8 +78,7 @@ func (n *NAT) fragFirst(k fragKey, src, dst netip.Addr, to Side, emit Emit) {
 	if e == nil {
 		if e = ft.newEntry(k, 0, n.cfg.FragmentMemory, n.now()); e == nil {
 			ft.mu.Unlock()
-			n.ctr.drops[DropFragment].Add(1) // its other fragments will be
-			return
+			return // its other fragments are dropped, and counted, as they come
 		}
 	}
 	e.known, e.src, e.dst, e.to = true, src, dst, to

@@ -497,7 +497,7 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 	}
 	n.unassuredPush(f)
 	f.state.Store(stateLive)
-	n.schedule(f, now)
+	n.schedule(f)
 	n.ctr.flowsCreated.Add(1)
 	return f, DropNone, false
 }
@@ -649,11 +649,10 @@ func mapKeyOf(ps *protoState, inside, remote netip.AddrPort) hash4.Tuple {
 
 // holdPort returns an external endpoint for a new mapping of the inside
 // endpoint inside, its port the mapping's alone (ps.ports) until it lets
-// it go: the inside
-// port if port preservation asks for it and it is free, else a free port
-// of the inside port's parity if parity preservation asks for it (among
-// 2*parityTries ports), else any free port, each tried from a random
-// start.
+// it go: the inside port if port preservation asks for it and it is free,
+// else a free port of the inside port's parity if parity preservation
+// asks for it (among 2*parityTries ports), else any free port, each tried
+// from a random start.
 func (n *NAT) holdPort(ps *protoState, inside netip.AddrPort, h *host) (ext netip.AddrPort, why Drop) {
 	lo, hi := n.cfg.Ports.Low, n.cfg.Ports.High
 	if h.block >= 0 {

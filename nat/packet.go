@@ -434,11 +434,11 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) 
 // forwardable reports whether a router forwards the parsed packet b, of
 // IPv6 if v6 (RFC 1812 5.3.7, RFC 4291 2.5.6): neither address is
 // unspecified, loopback, multicast, link-local, IPv4's limited broadcast
-// or, in IPv6, IPv4-mapped. (A packet from the outside with one of the NAT's own
-// addresses as its source is refused too, in translate: spoofed, it would
-// reach an inside host as another inside host's hairpinned packet.) N.B.
-// on the header's words: netip's predicates, a call each, cost a packet
-// 10 ns.
+// or, in IPv6, IPv4-mapped. (A packet from the outside with one of the
+// NAT's own addresses as its source is refused too, in translate:
+// spoofed, it would reach an inside host as another inside host's
+// hairpinned packet.) N.B. on the header's words: netip's predicates, a
+// call each, cost a packet 10 ns.
 func forwardable(b []byte, v6 bool) bool {
 	if !v6 {
 		return unicast4(binary.BigEndian.Uint32(b[12:])) && unicast4(binary.BigEndian.Uint32(b[16:]))
@@ -484,9 +484,10 @@ func flowKey(p *packet, from Side, k *hash4.Tuple) (pr Proto, canCreate bool) {
 }
 
 // flowOf returns the flow of the parsed packet p from side from, made if
-// there is none and the packet may make one; the caller refreshes it. hairpin says that p,
-// from Outside, is an inside host's packet to another's mapping. known, if
-// not nil, is what a lookup of p's key found: it is used if still live.
+// there is none and the packet may make one; the caller refreshes it.
+// hairpin says that p, from Outside, is an inside host's packet to
+// another's mapping. known, if not nil, is what a lookup of p's key found:
+// it is used if still live.
 func (n *NAT) flowOf(p *packet, from Side, hairpin bool, known *flow) (*flow, Drop) {
 	var k hash4.Tuple
 	pr, canCreate := flowKey(p, from, &k)
