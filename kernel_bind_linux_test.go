@@ -24,6 +24,7 @@ const ipLocalPortRange = 51
 // sockets with SO_REUSEADDR, the kernel allows the bind, which the
 // allocator, without reuse options, does not model.
 func TestKernelBindSeesConnected(t *testing.T) {
+	inOwnNetns(t)
 	server := loopbackListener(t)
 	connected := func(reuse bool) netip.AddrPort {
 		c := tcpSock(t)
@@ -153,6 +154,7 @@ func sockName(t *testing.T, s int) netip.AddrPort {
 // set so, the two agree on every case; with it unset, the kernel refuses
 // wherever the table does.
 func TestKernelListenSeesBindTable(t *testing.T) {
+	inOwnNetns(t)
 	lo := netip.MustParseAddr("127.0.0.1")
 	serverAP := loopbackListener(t)
 
@@ -280,6 +282,7 @@ func kernelSocket(t *testing.T, typ int, ap netip.AddrPort, reuse bool) error {
 // succeeds with P free; and that Connect, after a.Bind of the same address,
 // answers the same.
 func TestKernelConnectSkipsBoundPorts(t *testing.T) {
+	inOwnNetns(t)
 	server := loopbackListener(t)
 	lo := netip.MustParseAddr("127.0.0.1")
 	p := freeLoopbackPort(t)
@@ -328,6 +331,7 @@ func TestKernelConnectSkipsBoundPorts(t *testing.T) {
 // IPv6-only :: ([WithIPv6Only]) with IPv6 ones only (inet_rcv_saddr_equal
 // with its wildcard rules).
 func TestKernelBindDualStack(t *testing.T) {
+	inOwnNetns(t)
 	type sock struct {
 		addr   string
 		v6only bool

@@ -245,14 +245,11 @@ func newTestNetns(t *testing.T) *testNetns {
 	ns := &testNetns{calls: make(chan func())}
 	ready := make(chan error)
 	go func() {
-		// N.B. never unlocked: the thread, in the namespace, exits with
-		// this goroutine, and no other goroutine runs on it.
-		runtime.LockOSThread()
-		if err := syscall.Unshare(syscall.CLONE_NEWNET); err != nil {
-			ready <- fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
+		if err := unshareNetns(); err != nil {
+			ready <- err
 			return
 		}
-		ready <- setUpLoopback()
+		ready <- nil
 		for f := range ns.calls {
 			f()
 		}
@@ -264,6 +261,33 @@ func newTestNetns(t *testing.T) *testNetns {
 	}
 	t.Cleanup(func() { close(ns.calls) })
 	return ns
+}
+
+// inOwnNetns moves the test's goroutine, for the rest of the test, onto a
+// thread in a network namespace of its own with lo up, where only the
+// test's sockets hold ports: in the host's, another process's connection
+// may share the port connect() gave the test (a connected port is shared
+// by sockets to different remotes) and the kernel refuses a bind() the
+// test's table allows. Without the privilege it stays where it is.
+func inOwnNetns(t *testing.T) {
+	t.Helper()
+	if err := unshareNetns(); errors.Is(err, syscall.EPERM) {
+		t.Logf("in the host's network namespace, where another process's socket may share a port: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// unshareNetns locks the calling goroutine to its thread, never to be
+// unlocked (the thread exits with the goroutine, and no other goroutine
+// runs in the namespace), and moves the thread to a new network namespace
+// with lo up.
+func unshareNetns() error {
+	runtime.LockOSThread()
+	if err := syscall.Unshare(syscall.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
+	}
+	return setUpLoopback()
 }
 
 // do runs f on the namespace's thread.
