@@ -60,6 +60,9 @@ type Batch struct {
 	ref   []int32
 	tups  [numProtos][]hash4.Tuple
 	flows [numProtos][]*flow
+	// The keys of the tups' mappings, and the mappings found (lookups).
+	mkeys []hash4.Tuple
+	maps  []*mapping
 	// During a call: the packet being translated, its index, the caller's
 	// emit, and capture bound once as an Emit.
 	cur  []byte
@@ -126,14 +129,9 @@ func (n *NAT) batch(b *Batch, pkts [][]byte, off []Offload, from Side, emit Emit
 		b.tups[pr] = append(t, k)
 	}
 	for pr := range b.tups {
-		if len(b.tups[pr]) == 0 {
-			continue
+		if len(b.tups[pr]) > 0 {
+			b.flows[pr] = b.lookups(&n.proto[pr], b.flows[pr][:0], b.tups[pr], from)
 		}
-		t := n.proto[pr].fwd
-		if from == Outside {
-			t = n.proto[pr].rev
-		}
-		b.flows[pr] = t.AppendLookups(b.flows[pr][:0], b.tups[pr])
 	}
 	if b.emit == nil {
 		b.emit = b.capture
@@ -157,6 +155,39 @@ func (n *NAT) batch(b *Batch, pkts [][]byte, off []Offload, from Side, emit Emit
 	}
 	b.cur, b.user = nil, nil
 	return v
+}
+
+// lookups appends to dst the live flow of each key of ks from side from,
+// nil if none, as lookupOut and lookupIn find them: where flows have
+// mappings, the mappings are looked up in one batch, and the flows that
+// are not their mappings' first one by one.
+func (b *Batch) lookups(ps *protoState, dst []*flow, ks []hash4.Tuple, from Side) []*flow {
+	mt, ft := ps.maps, ps.fwd
+	if from == Outside {
+		mt, ft = ps.extm, ps.rev
+	}
+	if mt == nil {
+		// N.B. flowOf takes a flow found not live as a miss.
+		return ft.AppendLookups(dst, ks)
+	}
+	b.mkeys = b.mkeys[:0]
+	for i := range ks {
+		k := &ks[i]
+		if from == Inside {
+			b.mkeys = append(b.mkeys, mapKeyOf(ps, k.Local, k.Remote))
+		} else {
+			b.mkeys = append(b.mkeys, extmKey(k.Local))
+		}
+	}
+	b.maps = mt.AppendLookups(b.maps[:0], b.mkeys)
+	for i, m := range b.maps {
+		f := m.firstTo(ks[i].Remote)
+		if f == nil {
+			f = ps.notFirst(m, &ks[i], from)
+		}
+		dst = append(dst, f)
+	}
+	return dst
 }
 
 // capture is the Emit a batch's packets are translated with: the packet

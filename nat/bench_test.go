@@ -32,8 +32,10 @@ type benchValue struct {
 }
 
 // lookupSet makes n flows in a NAT and as many in a bare table, and returns
-// the tuples of each, in random order.
-func lookupSet(b testing.TB, n int) (nt *NAT, out, in []hash4.Tuple, bare *hash4.Table[benchValue], keys []hash4.Tuple) {
+// the tuples of each, in random order. With second, each of the NAT's
+// flows is its mapping's second, made after a flow to another remote: a
+// flow with keys of its own, found by a packet after its mapping.
+func lookupSet(b testing.TB, n int, second bool) (nt *NAT, out, in []hash4.Tuple, bare *hash4.Table[benchValue], keys []hash4.Tuple) {
 	var pool []netip.Addr
 	for i := range 20 {
 		pool = append(pool, netip.AddrFrom4([4]byte{192, 0, 2, byte(1 + i)}))
@@ -43,12 +45,21 @@ func lookupSet(b testing.TB, n int) (nt *NAT, out, in []hash4.Tuple, bare *hash4
 	r := ap("198.51.100.1", 443)
 	for i := range n {
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 14), byte(i >> 6)}), uint16(1024+i%64))
+		if second {
+			if _, why := nt.MapOutbound(UDP, src, ap("198.51.100.2", 443)); why != DropNone {
+				b.Fatal(why)
+			}
+		}
 		e, why := nt.MapOutbound(UDP, src, r)
 		if why != DropNone {
 			b.Fatal(why)
 		}
 		out = append(out, hash4.Tuple{Local: src, Remote: r})
 		in = append(in, hash4.Tuple{Local: e, Remote: r})
+		ps := &nt.proto[UDP]
+		if f := ps.lookupOut(&out[i]); f == nil || ps.lookupIn(&in[i]) != f || (f == &f.m.first) == second {
+			b.Fatalf("flow %v -> %v not found both ways, or not its mapping's %s", src, r, map[bool]string{false: "first", true: "second"}[second])
+		}
 		k := hash4.Tuple{Local: src, Remote: r}
 		bare.Insert(k, &benchValue{ext: e})
 		keys = append(keys, k)
@@ -71,7 +82,7 @@ var lookupSizes = []int{1 << 10, 1 << 16, 1 << 20}
 
 func BenchmarkLookup(b *testing.B) {
 	for _, n := range lookupSizes {
-		nt, out, in, bare, keys := lookupSet(b, n)
+		nt, out, in, bare, keys := lookupSet(b, n, false)
 		// The fill's garbage is collected before each timed loop, not
 		// during it.
 		b.Run(fmt.Sprintf("Table/%d", n), func(b *testing.B) {
@@ -93,7 +104,7 @@ func BenchmarkLookup(b *testing.B) {
 			ps, now := &nt.proto[UDP], nt.now()
 			var sink uint16
 			for i := range b.N {
-				if f, ok := ps.fwd.Lookup(out[i%n]); ok && f.state.Load() == stateLive {
+				if f := ps.lookup(&out[i%n], Inside); f != nil {
 					f.touch(now)
 					sink += f.out.port
 				}
@@ -106,7 +117,7 @@ func BenchmarkLookup(b *testing.B) {
 			ps, now := &nt.proto[UDP], nt.now()
 			var sink uint16
 			for i := range b.N {
-				if f, ok := ps.rev.Lookup(in[i%n]); ok && f.state.Load() == stateLive {
+				if f := ps.lookup(&in[i%n], Outside); f != nil {
 					f.touch(now)
 					sink += f.in.port
 				}
@@ -271,46 +282,95 @@ func BenchmarkMemoryFlood(b *testing.B) {
 // BenchmarkLookupPaired measures the three lookups of BenchmarkLookup in
 // alternating blocks of 1024 within one loop, so that a machine whose load
 // changes (this one is shared) weighs on all three alike: it reports each
-// one's ns per lookup and the NAT's ratios to the bare table's.
+// one's ns per lookup and the NAT's ratios to the bare table's. The NAT's
+// flows are their mappings' first (flow=first), found through the
+// mapping, or second (flow=second), found after it.
 func BenchmarkLookupPaired(b *testing.B) {
 	const block = 1024
-	for _, n := range lookupSizes {
-		nt, out, in, bare, keys := lookupSet(b, n)
-		ps, now := &nt.proto[UDP], nt.now()
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			runtime.GC()
-			b.ResetTimer()
-			var tBare, tOut, tIn time.Duration
-			var sink uint16
-			j := 0
-			for range b.N {
-				t0 := time.Now()
-				for k := range block {
-					v, _ := bare.Lookup(keys[(j+k)%n])
-					sink += v.ext.Port()
-				}
-				t1 := time.Now()
-				for k := range block {
-					if f, ok := ps.fwd.Lookup(out[(j+k)%n]); ok && f.state.Load() == stateLive {
-						f.touch(now)
-						sink += f.out.port
-					}
-				}
-				t2 := time.Now()
-				for k := range block {
-					if f, ok := ps.rev.Lookup(in[(j+k)%n]); ok && f.state.Load() == stateLive {
-						f.touch(now)
-						sink += f.in.port
-					}
-				}
-				t3 := time.Now()
-				tBare, tOut, tIn = tBare+t1.Sub(t0), tOut+t2.Sub(t1), tIn+t3.Sub(t2)
-				j = (j + block) % n
+	for _, second := range []bool{false, true} {
+		for _, n := range lookupSizes {
+			which := "first"
+			if second {
+				which = "second"
 			}
-			_ = sink
-			reportPaired(b, b.N*block, "lookup", []string{"table", "out", "in"}, tBare, tOut, tIn)
-		})
+			b.Run(fmt.Sprintf("flow=%s/n=%d", which, n), func(b *testing.B) {
+				lookupPaired(b, n, second, block)
+			})
+		}
 	}
+}
+
+// lookupPaired is a BenchmarkLookupPaired sub-benchmark: n flows, each its
+// mapping's second if second, looked up in blocks of block. Each loop
+// builds its keys from a packet's header fields, as a packet path does
+// (flowKey): a lookup of tuples built beforehand, as a bare table's
+// callers rarely have them, leaves out the cost of building the key,
+// which the NAT, whose key is its mapping's, pays again.
+func lookupPaired(b *testing.B, n int, second bool, block int) {
+	nt, out, in, bare, keys := lookupSet(b, n, second)
+	ps, now := &nt.proto[UDP], nt.now()
+	hb, ho, hi := headersOf(keys), headersOf(out), headersOf(in)
+	runtime.GC()
+	b.ResetTimer()
+	var tBare, tOut, tIn time.Duration
+	var sink uint16
+	j := 0
+	for range b.N {
+		t0 := time.Now()
+		for k := range block {
+			var key hash4.Tuple
+			hb[(j+k)%n].key(&key)
+			v, _ := bare.Lookup(key)
+			sink += v.ext.Port()
+		}
+		t1 := time.Now()
+		sink += natBlock(ps, ho, j, block, Inside, now)
+		t2 := time.Now()
+		sink += natBlock(ps, hi, j, block, Outside, now)
+		t3 := time.Now()
+		tBare, tOut, tIn = tBare+t1.Sub(t0), tOut+t2.Sub(t1), tIn+t3.Sub(t2)
+		j = (j + block) % n
+	}
+	_ = sink
+	reportPaired(b, b.N*block, "lookup", []string{"table", "out", "in"}, tBare, tOut, tIn)
+}
+
+// natBlock looks up the flows of block packets from side from, their
+// headers hs[j:] (round to its start), as a packet's translation does
+// (the flow's state, its clock, where its addresses go).
+func natBlock(ps *protoState, hs []header, j, block int, from Side, now int64) (sink uint16) {
+	for k := range block {
+		var key hash4.Tuple
+		hs[(j+k)%len(hs)].key(&key)
+		if f := ps.lookup(&key, from); f != nil {
+			f.touch(now)
+			sink += f.out.port ^ f.in.port
+		}
+	}
+	return sink
+}
+
+// header is the fields of a packet's header a key is built from.
+type header struct {
+	la, ra netip.Addr
+	lp, rp uint16
+}
+
+func headersOf(ts []hash4.Tuple) []header {
+	h := make([]header, len(ts))
+	for i, t := range ts {
+		h[i] = header{t.Local.Addr(), t.Remote.Addr(), t.Local.Port(), t.Remote.Port()}
+	}
+	return h
+}
+
+// key sets *k to h's tuple. N.B. not in line, as flowKey writes its
+// caller's key: a compiler that kept the key in registers would leave out
+// the stores a packet path makes.
+//
+//go:noinline
+func (h *header) key(k *hash4.Tuple) {
+	k.Local, k.Remote = netip.AddrPortFrom(h.la, h.lp), netip.AddrPortFrom(h.ra, h.rp)
 }
 
 // BenchmarkCreatePaired makes flows as BenchmarkCreate does in alternating
@@ -358,10 +418,12 @@ func createPaired(b *testing.B, bh Behaviors, capacity, round, addrs int) {
 	t := hash4.New[benchValue](hash4.WithCapacity(capacity))
 	// The NAT's flows expire as a gateway's do, through its wheel: its
 	// clock moves a second a block, and a flow unanswered for a round of
-	// blocks times out.
+	// blocks ends (its timeout, a second short of the round, and the
+	// tick a flow's end waits past it): before its key comes again, which
+	// at flows=1M is the next round's.
 	rounds := round / block
 	n, clk := newTest(b, Config{External: ext, MaxFlows: 2 * round, UDP: bh,
-		Capacity: capacity, Timeouts: Timeouts{UDPUnreplied: time.Duration(rounds) * time.Second}})
+		Capacity: capacity, Timeouts: Timeouts{UDPUnreplied: time.Duration(rounds-1) * time.Second}})
 	fl := newFloorTables(ext, bh.Mapping == AddressAndPortDependent, capacity)
 	var tConn, tNAT, tFloor time.Duration
 	// The tables hold round flows: each block's new flows replace,
@@ -415,12 +477,13 @@ func createPaired(b *testing.B, bh Behaviors, capacity, round, addrs int) {
 // near Connect's cost one can come. Address-and-port-dependent: the
 // inside key's lookup (the packet's, which misses), Connect of the
 // external key, the inside key's insert. Endpoint-independent, a new
-// mapping and its first flow: the two lookups that miss (flow, mapping),
-// the mapping's port taken (addrPorts.takeAny), its two keys' inserts
-// (inside and external endpoint), the flow's two keys' inserts (the permit
-// of address-dependent filtering is in the mapping: no table write). Each
-// with the NAT's allocations (a flow, a mapping); no host count, flow
-// limit, expiry timer, unassured list, permit or counter.
+// mapping and its first flow, which is in the mapping and has no keys of
+// its own: the mapping's lookup (the packet's, which misses), its port
+// taken (addrPorts.takeAny), its two keys' inserts (inside and external
+// endpoint; the permit of address-dependent filtering is in the mapping:
+// no table write). Each with the NAT's allocations (a flow, or a mapping
+// that holds its first); no host count, flow limit, expiry timer,
+// unassured list, permit or counter.
 type floorTables struct {
 	ext      []netip.Addr
 	apdm     bool
@@ -447,12 +510,12 @@ func (ft *floorTables) addr(a netip.Addr) (netip.Addr, *addrPorts) {
 
 func (ft *floorTables) create(src, r netip.AddrPort) error {
 	key := hash4.Tuple{Local: src, Remote: r}
-	if _, ok := ft.fwd.Lookup(key); ok {
-		return hash4.ErrExists
-	}
-	f := &flow{inside: src, remote: r}
 	ext, ports := ft.addr(src.Addr())
 	if ft.apdm {
+		if _, ok := ft.fwd.Lookup(key); ok {
+			return hash4.ErrExists
+		}
+		f := &flow{inside: src, remote: r}
 		tup, err := ft.rev.Connect(ft.alloc, ext, r, f)
 		if err != nil {
 			return err
@@ -470,33 +533,30 @@ func (ft *floorTables) create(src, r netip.AddrPort) error {
 		return hash4.ErrNoPorts
 	}
 	m.ext = netip.AddrPortFrom(ext, port)
-	f.ext, f.m = m.ext, m
+	m.first.inside, m.first.remote, m.first.ext, m.first.m = src, r, m.ext, m
 	if err := ft.maps.Insert(mkey, m); err != nil {
 		return err
 	}
-	if err := ft.extm.Insert(hash4.Tuple{Local: m.ext, Remote: sentinel4}, m); err != nil {
-		return err
-	}
-	if err := ft.rev.Insert(f.extKey(), f); err != nil {
-		return err
-	}
-	return ft.fwd.Insert(key, f)
+	return ft.extm.Insert(hash4.Tuple{Local: m.ext, Remote: sentinel4}, m)
 }
 
 // delete undoes create(src, r).
 func (ft *floorTables) delete(src, r netip.AddrPort) {
-	f, ok := ft.fwd.Lookup(hash4.Tuple{Local: src, Remote: r})
+	if ft.apdm {
+		if f, ok := ft.fwd.Lookup(hash4.Tuple{Local: src, Remote: r}); ok {
+			ft.fwd.Delete(f.insideKey())
+			ft.rev.Delete(f.extKey())
+		}
+		return
+	}
+	m, ok := ft.maps.Lookup(hash4.Tuple{Local: src, Remote: sentinel4})
 	if !ok {
 		return
 	}
-	ft.fwd.Delete(f.insideKey())
-	ft.rev.Delete(f.extKey())
-	if f.m != nil {
-		ft.maps.Delete(f.m.key)
-		ft.extm.Delete(hash4.Tuple{Local: f.ext, Remote: sentinel4})
-		_, ports := ft.addr(f.inside.Addr())
-		ports.release(f.ext.Port())
-	}
+	ft.maps.Delete(m.key)
+	ft.extm.Delete(hash4.Tuple{Local: m.ext, Remote: sentinel4})
+	_, ports := ft.addr(src.Addr())
+	ports.release(m.ext.Port())
 }
 
 // reportPaired reports the times of a paired benchmark's loops, named

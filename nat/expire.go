@@ -284,7 +284,7 @@ func (n *NAT) Run(ctx context.Context) {
 func (n *NAT) Flush() int {
 	ended := 0
 	for p := range n.proto {
-		for _, f := range n.proto[p].fwd.All() {
+		for f := range n.proto[p].flows() {
 			if n.deleteFlow(f, ExpiredFlush) {
 				ended++
 			}

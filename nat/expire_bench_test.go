@@ -14,9 +14,10 @@ import (
 // past the wheel's span, so each tick looks at an empty slot, and the
 // flows come up once a span, 4096 s, to be filed again). "Expiring10k":
 // flows made 10,000 a second, 100 s apart from their timeout, so that
-// each second 10,000 expire (mapping, flow, both keys of each, the port)
-// while as many are made (not timed). "Sweep" is what the full sweep of a
-// reaper costs: DeleteFunc over the million inside keys, deleting nothing.
+// each second 10,000 expire (a mapping and its first flow: its two keys,
+// the port) while as many are made (not timed). "Sweep" is what the full
+// sweep of a reaper costs: DeleteFunc over the million inside keys (the
+// mappings', which hold their flows), deleting nothing.
 
 const benchFlows = 1 << 20
 
@@ -84,7 +85,7 @@ func BenchmarkExpire1M(b *testing.B) {
 		n, _ := fillNAT(b, Timeouts{UDPUnreplied: 5 * 24 * time.Hour}, benchFlows)
 		b.ResetTimer()
 		for range b.N {
-			n.proto[UDP].fwd.DeleteFunc(func(hash4.Tuple, *flow) bool { return false })
+			n.proto[UDP].maps.DeleteFunc(func(hash4.Tuple, *mapping) bool { return false })
 		}
 	})
 }

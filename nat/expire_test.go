@@ -93,15 +93,15 @@ func TestLimits(t *testing.T) {
 	if _, why := n.MapInbound(UDP, r, e); why != DropNone {
 		t.Fatal(why)
 	}
-	if f := n.proto[UDP].lookupOut(hash4.Tuple{Local: flood[0], Remote: r}); f != nil {
+	if f := n.proto[UDP].lookupOut(&hash4.Tuple{Local: flood[0], Remote: r}); f != nil {
 		t.Errorf("the oldest unanswered flow survived")
 	}
-	if f := n.proto[UDP].lookupOut(hash4.Tuple{Local: flood[1], Remote: r}); f == nil {
+	if f := n.proto[UDP].lookupOut(&hash4.Tuple{Local: flood[1], Remote: r}); f == nil {
 		t.Errorf("the second oldest was evicted too")
 	}
 	// Answer all: nothing left to evict.
 	for _, h := range flood[1:] {
-		f := n.proto[UDP].lookupOut(hash4.Tuple{Local: h, Remote: r})
+		f := n.proto[UDP].lookupOut(&hash4.Tuple{Local: h, Remote: r})
 		if _, why := n.MapInbound(UDP, r, f.ext); why != DropNone {
 			t.Fatal(why)
 		}
@@ -138,7 +138,7 @@ func TestFloodOneHost(t *testing.T) {
 		}
 	}
 	for _, h := range keep {
-		if n.proto[UDP].lookupOut(hash4.Tuple{Local: h, Remote: r}) == nil {
+		if n.proto[UDP].lookupOut(&hash4.Tuple{Local: h, Remote: r}) == nil {
 			t.Fatalf("answered flow %v lost to the flood", h)
 		}
 	}
@@ -254,7 +254,7 @@ func checkWheel(t *testing.T, n *NAT) {
 // tracked handshake (isn: the inside's first sequence number) to
 // established, and returns it.
 func handshake(n *NAT, src, dst netip.AddrPort, isn uint32) *flow {
-	f := n.proto[TCP].lookupOut(hash4.Tuple{Local: src, Remote: dst})
+	f := n.proto[TCP].lookupOut(&hash4.Tuple{Local: src, Remote: dst})
 	if f == nil {
 		return nil
 	}
@@ -374,7 +374,7 @@ func TestWheelConcurrent(t *testing.T) {
 	// flows of the run), that the close timeout must tell apart as it
 	// does the run's.
 	room := 0
-	for _, f := range n.proto[TCP].fwd.All() {
+	for f := range n.proto[TCP].flows() {
 		if room < 2 && n.deleteFlow(f, ExpiredFlush) {
 			room++
 		}
@@ -390,12 +390,12 @@ func TestWheelConcurrent(t *testing.T) {
 	}
 	clk.advance(n.Config().Timeouts.TCPClose + time.Second)
 	checkWheel(t, n)
-	for _, f := range n.proto[TCP].fwd.All() {
-		if f.tcp.stateNow() == tcpClose {
+	for f := range n.proto[TCP].flows() {
+		if f.state.Load() == stateLive && f.tcp.stateNow() == tcpClose {
 			t.Errorf("a reset flow outlived its timeout: last packet %v ago", time.Duration(n.now()-f.last.Load()))
 		}
 	}
-	if n.proto[TCP].lookupOut(hash4.Tuple{Local: kept, Remote: dst}) == nil {
+	if n.proto[TCP].lookupOut(&hash4.Tuple{Local: kept, Remote: dst}) == nil {
 		t.Errorf("the established flow expired with the reset ones")
 	}
 	clk.advance(1000 * time.Hour)
@@ -435,7 +435,7 @@ func TestWheelStress(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(w), 1))
 			for range ops {
 				i := r.IntN(flows)
-				f := n.proto[UDP].lookupOut(hash4.Tuple{Local: src(i), Remote: dst})
+				f := n.proto[UDP].lookupOut(&hash4.Tuple{Local: src(i), Remote: dst})
 				switch {
 				case f == nil:
 					n.MapOutbound(UDP, src(i), dst)
@@ -507,7 +507,7 @@ func TestWheelRaces(t *testing.T) {
 		}
 		checkWheel(t, n)
 		// It ends a tick past its deadline, not a revolution later.
-		f := n.proto[UDP].lookupOut(hash4.Tuple{Local: src, Remote: dst})
+		f := n.proto[UDP].lookupOut(&hash4.Tuple{Local: src, Remote: dst})
 		deadline := f.last.Load() + int64(n.timeout(f))
 		if ended := n.Expire(time.Unix(0, deadline+n.wheel.tick)); ended != 1 {
 			t.Fatalf("Expire ended %d flows a tick past the deadline of the one filed while it passed its tick", ended)

@@ -45,13 +45,13 @@ func (n *NAT) icmpError(b []byte, p *packet, from Side, emit Emit, hairpin bool)
 		if q.echo() {
 			remote = netip.AddrPortFrom(q.dst, icmpRemotePort)
 		}
-		f = ps.lookupIn(hash4.Tuple{Local: netip.AddrPortFrom(q.src, q.sport), Remote: remote})
+		f = ps.lookupIn(&hash4.Tuple{Local: netip.AddrPortFrom(q.src, q.sport), Remote: remote})
 	} else {
 		remote := netip.AddrPortFrom(q.src, q.sport)
 		if q.echo() {
 			remote = netip.AddrPortFrom(q.src, icmpRemotePort)
 		}
-		f = ps.lookupOut(hash4.Tuple{Local: netip.AddrPortFrom(q.dst, q.dport), Remote: remote})
+		f = ps.lookupOut(&hash4.Tuple{Local: netip.AddrPortFrom(q.dst, q.dport), Remote: remote})
 	}
 	if f == nil {
 		return DropICMPError

@@ -3,6 +3,7 @@ package nat
 import (
 	"errors"
 	"hash/maphash"
+	"iter"
 	"math"
 	"net/netip"
 	"runtime"
@@ -56,16 +57,31 @@ func sentinel(a netip.Addr) netip.AddrPort {
 
 // mapping joins an inside endpoint and its external endpoint, for
 // endpoint-independent and address-dependent mapping. Its fields down to
-// h are set before it is inserted and never change; refs counts the flows
-// that use it (and, briefly, a flow being made), and the last to go
-// deletes it.
+// h, and first's endpoints, are set before it is inserted and never
+// change; refs counts the flows that use it (and, briefly, a flow being
+// made), and the last to go deletes it.
+//
+// first is the flow that made the mapping. It has no keys of its own: a
+// packet finds it through the mapping's (maps by its inside endpoint, extm
+// by its external one), so that a new mapping and its flow write two keys,
+// not four. The mapping's later flows have their keys in fwd and rev, and
+// so has a flow to first's remote once first has ended (first is never
+// made live again).
 type mapping struct {
+	// N.B. first at offset 0, and the mapping a multiple of 64 bytes in
+	// size: first's hot line is the mapping's first (TestFlowLayout).
+	first flow
 	state atomic.Uint32
 	refs  atomic.Int32
-	key   hash4.Tuple // inside endpoint -> remote (address-dependent) or sentinel
-	ext   netip.AddrPort
-	p     Proto
-	h     *host
+	// others counts the flows of the mapping in fwd and rev: a packet
+	// that first does not take looks there only if there are some
+	// (notFirst). It is raised before such a flow's keys are inserted
+	// and lowered after they are deleted.
+	others atomic.Int32
+	key    hash4.Tuple // inside endpoint -> remote (address-dependent) or sentinel
+	ext    netip.AddrPort
+	p      Proto
+	h      *host
 	// Address-dependent filtering's permits: the remote addresses its
 	// flows go to, each with its count of flows. The first few are here,
 	// so that a mapping's first flows write no permit entry; the rest, spill of
@@ -74,6 +90,9 @@ type mapping struct {
 	pmu   sync.Mutex
 	near  [nearPermits]nearPermit
 	spill int32
+	// Padding to 448 bytes (64-bit), a size class whose objects start on
+	// a cache line.
+	_ [8]byte
 }
 
 // nearPermits is how many remote addresses a mapping's permits hold in the
@@ -90,19 +109,22 @@ type nearPermit struct {
 
 // flow joins a mapping and a remote endpoint: what a packet each way is
 // translated by. inside, ext and remote are set before it is live and do
-// not change after.
+// not change after. A mapping's first flow is inside the mapping.
 type flow struct {
 	// The first cache line holds what a packet of the flow reads: its
-	// state, flags and clock, and where its addresses go (out: the
-	// external endpoint, in: the inside one), in 56 bytes.
+	// state, flags and clock, where its addresses go (out: the external
+	// endpoint, in: the inside one), and, for a packet that finds a
+	// mapping's first flow through the mapping, the remote's port
+	// (firstTo).
 	state atomic.Uint32
 	flags atomic.Uint32
 	last  atomic.Int64 // the clock at its last packet
 	out   ep
 	in    ep
 	p     Proto
-	// The endpoints: inside (the host's), ext (the NAT's), remote.
-	inside, ext, remote netip.AddrPort
+	rport uint16
+	// The endpoints: remote, inside (the host's), ext (the NAT's).
+	remote, inside, ext netip.AddrPort
 	m                   *mapping // nil for address-and-port-dependent mapping
 	h                   *host
 	tcp                 *tcpTrack // TCP flows only
@@ -161,6 +183,26 @@ type protoState struct {
 	// from the mapping to that address, for address-dependent filtering,
 	// for the addresses past a mapping's near permits.
 	perm *hash4.Table[permit]
+}
+
+// flows yields ps's flows: those in fwd, and the mappings' first flows,
+// live or not (the caller checks).
+func (ps *protoState) flows() iter.Seq[*flow] {
+	return func(yield func(*flow) bool) {
+		for _, f := range ps.fwd.All() {
+			if !yield(f) {
+				return
+			}
+		}
+		if ps.maps == nil {
+			return
+		}
+		for _, m := range ps.maps.All() {
+			if !yield(&m.first) {
+				return
+			}
+		}
+	}
 }
 
 // permit counts a mapping's flows to one remote address. Its count changes
@@ -315,26 +357,77 @@ func (f *flow) touch(now int64) {
 	}
 }
 
+// lookup returns the live flow of key k (from inside: the inside endpoint
+// and the remote; from outside: the external endpoint and the remote) of
+// a packet from side from. Where flows have mappings it looks the mapping
+// up, which finds its first flow, and only if that is not the packet's,
+// the flow (notFirst); else the flow.
+func (ps *protoState) lookup(k *hash4.Tuple, from Side) *flow {
+	if ps.maps == nil {
+		return ps.later(k, from)
+	}
+	var m *mapping
+	if from == Inside {
+		m, _ = ps.maps.Lookup(mapKeyOf(ps, k.Local, k.Remote))
+	} else {
+		m, _ = ps.extm.Lookup(extmKey(k.Local))
+	}
+	if f := m.firstTo(k.Remote); f != nil {
+		return f
+	}
+	return ps.notFirst(m, k, from)
+}
+
+// notFirst returns the live flow of key k of a packet from side from,
+// whose mapping's lookup found m (nil: none), and whose flow is not m's
+// first: one in fwd or rev, if m has such flows.
+func (ps *protoState) notFirst(m *mapping, k *hash4.Tuple, from Side) *flow {
+	// N.B. an address-dependent mapping's flows made from outside may go
+	// to other addresses than its key's: the mapping an inside packet's
+	// key finds, if any, need not be its flow's.
+	if (m == nil || m.others.Load() == 0) && (from == Outside || ps.b.Mapping == EndpointIndependent) {
+		return nil
+	}
+	return ps.later(k, from)
+}
+
+// later returns the live flow of key k of a packet from side from in fwd
+// or rev, the tables of the flows that are not a mapping's first.
+func (ps *protoState) later(k *hash4.Tuple, from Side) *flow {
+	if from == Inside {
+		return live(ps.fwd.Lookup(*k))
+	}
+	return live(ps.rev.Lookup(*k))
+}
+
 // lookupOut returns the live flow of a packet from the inside endpoint
-// k.Local to k.Remote: one Table.Lookup and a load of its state. (The
-// tuple is built once by the caller: a Tuple is 64 bytes, and building
-// one costs a packet as much as the state's check.)
-func (ps *protoState) lookupOut(k hash4.Tuple) *flow {
-	f, ok := ps.fwd.Lookup(k)
+// k.Local to k.Remote.
+func (ps *protoState) lookupOut(k *hash4.Tuple) *flow { return ps.lookup(k, Inside) }
+
+// lookupIn returns the live flow of a packet from k.Remote to the external
+// endpoint k.Local.
+func (ps *protoState) lookupIn(k *hash4.Tuple) *flow { return ps.lookup(k, Outside) }
+
+// live returns f if a lookup found it (ok) and it is live.
+func live(f *flow, ok bool) *flow {
 	if !ok || f.state.Load() != stateLive {
 		return nil
 	}
 	return f
 }
 
-// lookupIn returns the live flow of a packet from k.Remote to the external
-// endpoint k.Local.
-func (ps *protoState) lookupIn(k hash4.Tuple) *flow {
-	f, ok := ps.rev.Lookup(k)
-	if !ok || f.state.Load() != stateLive {
+// firstTo returns m's first flow if it is live and goes to remote (nil if
+// m is). N.B. the port, on the hot line, turns most other flows away; the
+// address is compared on the second line, whose load the processor
+// issues with the first's.
+func (m *mapping) firstTo(remote netip.AddrPort) *flow {
+	if m == nil {
 		return nil
 	}
-	return f
+	if f := &m.first; f.rport == remote.Port() && f.remote == remote && f.state.Load() == stateLive {
+		return f
+	}
+	return nil
 }
 
 // parityTries bounds the ports of the right parity an
@@ -412,13 +505,13 @@ func (n *NAT) newFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, vi
 		if !retry {
 			return f, why
 		}
+		k := hash4.Tuple{Local: inside, Remote: remote}
 		for range maxRetries {
-			f, ok := ps.fwd.Lookup(hash4.Tuple{Local: inside, Remote: remote})
-			if !ok {
-				break // deleted meanwhile: make it
-			}
-			if f.state.Load() == stateLive {
+			if f := ps.lookupOut(&k); f != nil {
 				return f, DropNone
+			}
+			if _, ok := ps.fwd.Lookup(k); !ok {
+				break // none, or deleted meanwhile: make it
 			}
 			runtime.Gosched() // being made or deleted: a few stores away
 		}
@@ -447,51 +540,108 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 		n.hosts.release(h)
 	}
 	now := n.now()
-	f = &flow{p: p, inside: inside, remote: remote, h: h}
-	f.last.Store(now)
-	if p == TCP {
-		f.tcp = &tcpTrack{}
-	}
-	if via != nil {
-		f.flags.Store(flagInbound)
-	}
 	if ps.b.Mapping == AddressAndPortDependent {
+		f = newFlowOf(p, inside, remote, h, now)
 		if why := n.connectFlow(ps, f, h); why != DropNone {
 			undo()
 			return nil, why, false
 		}
-	} else {
-		m := via
-		if m != nil {
-			if !m.tryRef() {
-				undo()
-				return nil, DropNoFlow, false // the mapping ended meanwhile
-			}
-		} else {
-			var why Drop
-			if m, why = n.mapping(ps, p, mkey, remote, h); why != DropNone {
-				undo()
-				return nil, why, false
-			}
-		}
-		f.m, f.ext = m, m.ext
-		if err := ps.rev.Insert(f.extKey(), f); err != nil {
-			n.unref(ps, m)
+		f.out = epOf(f.ext)
+		if why, retry := n.insertFlow(ps, f); why != DropNone {
 			undo()
-			return nil, DropBusy, errors.Is(err, hash4.ErrExists)
+			return nil, why, retry
+		}
+		n.start(ps, f)
+		return f, DropNone, false
+	}
+	m := via
+	if m != nil {
+		if !m.tryRef() {
+			undo()
+			return nil, DropNoFlow, false // the mapping ended meanwhile
+		}
+	} else {
+		var made bool
+		if m, made, why = n.mapping(ps, p, mkey, remote, h, now); why != DropNone {
+			undo()
+			return nil, why, false
+		}
+		if made {
+			// The mapping and its first flow go live together: the flow
+			// first, so that a live mapping's first flow is live or
+			// ended, never still being made (see below). N.B. a
+			// CompareAndSwap: early drop may have ended the flow, and
+			// with it the mapping, in between.
+			n.start(ps, &m.first)
+			m.state.CompareAndSwap(statePending, stateLive)
+			n.mappings.Add(1)
+			n.ctr.mappingsCreated.Add(1)
+			return &m.first, DropNone, false
 		}
 	}
-	f.out, f.in = epOf(f.ext), epOf(f.inside)
+	if g := m.firstTo(remote); g != nil {
+		// Made by another goroutine since the caller's lookup.
+		n.unref(ps, m)
+		undo()
+		return g, DropNone, false
+	}
+	f = newFlowOf(p, inside, remote, h, now)
+	if via != nil {
+		f.flags.Store(flagInbound)
+	}
+	f.m, f.ext = m, m.ext
+	f.out = epOf(f.ext)
+	m.others.Add(1) // before the keys (mapping.others)
+	if why, retry := n.insertFlow(ps, f); why != DropNone {
+		m.others.Add(-1)
+		n.unref(ps, m)
+		undo()
+		return nil, why, retry
+	}
+	n.start(ps, f)
+	return f, DropNone, false
+}
+
+// newFlowOf returns a flow, pending, from inside to remote, of host h, its
+// clock at now.
+func newFlowOf(p Proto, inside, remote netip.AddrPort, h *host, now int64) *flow {
+	f := &flow{}
+	f.init(p, inside, remote, h, now)
+	return f
+}
+
+// init sets up f, pending, from inside to remote, of host h, its clock at
+// now.
+func (f *flow) init(p Proto, inside, remote netip.AddrPort, h *host, now int64) {
+	f.p, f.inside, f.remote, f.h = p, inside, remote, h
+	f.in = epOf(inside)
+	f.rport = remote.Port()
+	f.last.Store(now)
+	if p == TCP {
+		f.tcp = &tcpTrack{}
+	}
+}
+
+// insertFlow inserts f's keys: its external one, unless connectFlow has,
+// then its inside one. retry says that a key was taken.
+func (n *NAT) insertFlow(ps *protoState, f *flow) (why Drop, retry bool) {
+	if f.m != nil {
+		if err := ps.rev.Insert(f.extKey(), f); err != nil {
+			return DropBusy, errors.Is(err, hash4.ErrExists)
+		}
+	}
 	// N.B. Insert, not LookupOrInsert: the caller's lookup has just
 	// missed, and a key taken since is rare (newFlow looks it up).
 	if err := ps.fwd.Insert(f.insideKey(), f); err != nil {
 		ps.rev.CompareAndDelete(f.extKey(), f)
-		if f.m != nil {
-			n.unref(ps, f.m)
-		}
-		undo()
-		return nil, DropBusy, errors.Is(err, hash4.ErrExists)
+		return DropBusy, errors.Is(err, hash4.ErrExists)
 	}
+	return DropNone, false
+}
+
+// start makes f, its keys or its mapping's inserted, live: its permit,
+// its place in the unassured list and in the timing wheel.
+func (n *NAT) start(ps *protoState, f *flow) {
 	if ps.perm != nil {
 		n.permit(ps, f, 1)
 	}
@@ -499,7 +649,6 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 	f.state.Store(stateLive)
 	n.schedule(f)
 	n.ctr.flowsCreated.Add(1)
-	return f, DropNone, false
 }
 
 // connectFlow gives f, a flow of address-and-port-dependent mapping, its
@@ -578,32 +727,35 @@ func (n *NAT) eachAddr(a netip.Addr, h *host, try func(netip.Addr) bool) {
 
 // mapping returns, referenced, the mapping of key (mapKeyOf: an inside
 // endpoint toward remote, endpoint-independent: any remote;
-// address-dependent: remote's address), making it if there is none.
-func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.AddrPort, h *host) (*mapping, Drop) {
+// address-dependent: remote's address), live; or, made = true, a new
+// one, pending, whose first flow, pending, goes to remote (host h, its
+// clock at now), its keys inserted: the caller makes both live.
+func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.AddrPort, h *host, now int64) (m *mapping, made bool, why Drop) {
 	inside := key.Local
 	for range maxRetries {
 		if m, ok := ps.maps.Lookup(key); ok {
 			if m.state.Load() == stateLive && m.tryRef() {
-				return m, DropNone
+				return m, false, DropNone
 			}
 			runtime.Gosched() // being made or deleted
 			continue
 		}
 		m := &mapping{key: key, p: p, h: h}
 		m.refs.Store(1)
-		var why Drop
 		if m.ext, why = n.holdPort(ps, inside, h); why != DropNone {
-			return nil, why
+			return nil, false, why
 		}
 		if hookHeld != nil {
 			hookHeld(m)
 		}
 		ps.extm.Prefetch(extmKey(m.ext))
-		ps.rev.Prefetch(hash4.Tuple{Local: m.ext, Remote: remote})
+		f := &m.first
+		f.init(p, inside, remote, h, now)
+		f.m, f.ext, f.out = m, m.ext, epOf(m.ext)
 		if err := ps.maps.Insert(key, m); err != nil { // as the lookup above missed
 			n.releasePort(ps, m.ext)
 			if !errors.Is(err, hash4.ErrExists) {
-				return nil, DropBusy
+				return nil, false, DropBusy
 			}
 			runtime.Gosched()
 			continue
@@ -613,14 +765,11 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 		if err := ps.extm.Insert(extmKey(m.ext), m); err != nil {
 			ps.maps.CompareAndDelete(key, m)
 			n.releasePort(ps, m.ext)
-			return nil, DropBusy
+			return nil, false, DropBusy
 		}
-		m.state.Store(stateLive)
-		n.mappings.Add(1)
-		n.ctr.mappingsCreated.Add(1)
-		return m, DropNone
+		return m, true, DropNone
 	}
-	return nil, DropBusy
+	return nil, false, DropBusy
 }
 
 // extmKey is the key in extm of the mapping of external endpoint ext.
@@ -876,8 +1025,13 @@ func (n *NAT) deleteFlow(f *flow, reason Expiry) bool {
 		return false
 	}
 	ps := &n.proto[f.p]
-	ps.fwd.CompareAndDelete(f.insideKey(), f)
-	ps.rev.CompareAndDelete(f.extKey(), f) // frees an address-and-port-dependent flow's port
+	if f.m == nil || f != &f.m.first { // a first flow has no keys of its own
+		ps.fwd.CompareAndDelete(f.insideKey(), f)
+		ps.rev.CompareAndDelete(f.extKey(), f) // frees an address-and-port-dependent flow's port
+		if f.m != nil {
+			f.m.others.Add(-1) // after the keys (mapping.others)
+		}
+	}
 	if ps.perm != nil {
 		n.permit(ps, f, -1)
 	}
@@ -916,8 +1070,8 @@ func (n *NAT) MapOutbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Dro
 		dst = netip.AddrPortFrom(dst.Addr(), icmpRemotePort)
 	}
 	k := hash4.Tuple{Local: src, Remote: dst}
-	f, ok := n.proto[p].fwd.Lookup(k) // as flowOf: inlined here
-	if !ok || f.state.Load() != stateLive {
+	f := n.proto[p].lookupOut(&k)
+	if f == nil {
 		var why Drop
 		if f, why = n.outbound(p, k, true); why != DropNone {
 			n.ctr.drops[why].Add(1)
@@ -946,8 +1100,8 @@ func (n *NAT) MapInbound(p Proto, src, dst netip.AddrPort) (netip.AddrPort, Drop
 		src = netip.AddrPortFrom(src.Addr(), icmpRemotePort)
 	}
 	k := hash4.Tuple{Local: dst, Remote: src}
-	f, ok := n.proto[p].rev.Lookup(k)
-	if !ok || f.state.Load() != stateLive {
+	f := n.proto[p].lookupIn(&k)
+	if f == nil {
 		var why Drop
 		if f, why = n.inbound(p, k, true, false); why != DropNone {
 			n.ctr.drops[why].Add(1)

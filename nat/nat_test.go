@@ -177,7 +177,7 @@ func TestPermits(t *testing.T) {
 	remote := func(i int) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 80)
 	}
-	flowTo := func(r netip.AddrPort) *flow { return ps.lookupOut(hash4.Tuple{Local: a, Remote: r}) }
+	flowTo := func(r netip.AddrPort) *flow { return ps.lookupOut(&hash4.Tuple{Local: a, Remote: r}) }
 	for i := 1; i <= 5; i++ {
 		mustOut(t, n, UDP, a, remote(i))
 	}
@@ -386,9 +386,9 @@ func TestBothDirectionsTogether(t *testing.T) {
 							in := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(h)}), uint16(1000+i))
 							remote := ap("198.51.100.1", uint16(80+i%7))
 							if r == 0 {
-								if f := ps.lookupOut(hash4.Tuple{Local: in, Remote: remote}); f != nil {
+								if f := ps.lookupOut(&hash4.Tuple{Local: in, Remote: remote}); f != nil {
 									seen.Add(1)
-									if g := ps.lookupIn(hash4.Tuple{Local: f.ext, Remote: remote}); g != f {
+									if g := ps.lookupIn(&hash4.Tuple{Local: f.ext, Remote: remote}); g != f {
 										t.Errorf("flow %v found from inside, from outside %v", in, g)
 									}
 								}
@@ -396,9 +396,15 @@ func TestBothDirectionsTogether(t *testing.T) {
 						}
 					}
 					if r == 1 {
-						for k, f := range ps.rev.All() {
-							if f.state.Load() == stateLive && ps.lookupOut(hash4.Tuple{Local: f.inside, Remote: k.Remote}) != f {
-								t.Errorf("flow %v found from outside, not from inside", k)
+						for f := range ps.flows() {
+							if f.state.Load() != stateLive {
+								continue
+							}
+							if ps.lookupOut(&hash4.Tuple{Local: f.inside, Remote: f.remote}) != f {
+								t.Errorf("flow %v -> %v not found from inside", f.inside, f.remote)
+							}
+							if ps.lookupIn(&hash4.Tuple{Local: f.ext, Remote: f.remote}) != f {
+								t.Errorf("flow %v -> %v not found from outside", f.ext, f.remote)
 							}
 						}
 					}
@@ -427,7 +433,8 @@ func TestBothDirectionsTogether(t *testing.T) {
 }
 
 // A packet reads one cache line of its flow: the fields it needs are in
-// the first 64 bytes, and flows, a multiple of 64 bytes, start on a line.
+// the first 64 bytes, and flows, a multiple of 64 bytes, start on a line;
+// so do mappings, whose first flow starts them.
 func TestFlowLayout(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) != 8 {
 		t.Skip("the layout is laid out for 64-bit targets")
@@ -436,8 +443,12 @@ func TestFlowLayout(t *testing.T) {
 	if s := unsafe.Sizeof(f); s%64 != 0 {
 		t.Errorf("flow is %d bytes", s)
 	}
-	if end := unsafe.Offsetof(f.in) + unsafe.Sizeof(f.in); end > 64 {
+	if end := unsafe.Offsetof(f.rport) + unsafe.Sizeof(f.rport); end > 64 {
 		t.Errorf("the hot fields end at byte %d", end)
+	}
+	var m mapping
+	if s, o := unsafe.Sizeof(m), unsafe.Offsetof(m.first); s%64 != 0 || o != 0 {
+		t.Errorf("mapping is %d bytes, its first flow at byte %d", s, o)
 	}
 }
 
@@ -557,8 +568,11 @@ func checkMappings(t *testing.T, n *NAT, ps *protoState, mb Behavior) {
 	t.Helper()
 	flows := map[*mapping]int32{}
 	byKey := map[hash4.Tuple]*mapping{}
-	for _, f := range ps.fwd.All() {
+	for f := range ps.flows() {
 		m := f.m
+		if f == &m.first && f.state.Load() != stateLive {
+			continue // ended; its mapping has other flows
+		}
 		if f.state.Load() != stateLive || m.state.Load() != stateLive || f.ext != m.ext {
 			t.Fatalf("%v: flow %v -> %v of a mapping not live, or not at its external endpoint", mb, f.inside, f.remote)
 		}
@@ -738,7 +752,7 @@ func TestEarlyDropPendingFlow(t *testing.T) {
 		}
 		wg.Wait()
 		lost := 0
-		for _, f := range n.proto[UDP].fwd.All() {
+		for f := range n.proto[UDP].flows() {
 			fl := f.flags.Load()
 			if f.state.Load() == stateLive && fl&flagAssured == 0 && fl&flagListed == 0 {
 				lost++
@@ -756,6 +770,11 @@ func TestEarlyDropPendingFlow(t *testing.T) {
 func TestBusyCountedOnce(t *testing.T) {
 	n, _ := newTest(t, Config{PortPreservation: true})
 	src, dst := ap("10.0.0.2", 5000), ap("198.51.100.1", 53)
+	// The mapping and its first flow, to another remote: the flow to dst
+	// is its second, with keys of its own.
+	if _, why := n.MapOutbound(UDP, src, ap("198.51.100.2", 53)); why != DropNone {
+		t.Fatal(why)
+	}
 	stuck := &flow{}
 	if err := n.proto[UDP].rev.Insert(hash4.Tuple{Local: netip.AddrPortFrom(ext1, 5000), Remote: dst}, stuck); err != nil {
 		t.Fatal(err)
@@ -797,10 +816,10 @@ func TestTimeoutNeverShort(t *testing.T) {
 		clk.advance(time.Second)
 	}
 	// Now T+120s: 119.001s since the packet.
-	if f := n.proto[UDP].lookupOut(hash4.Tuple{Local: src, Remote: dst}); f == nil {
+	if f := n.proto[UDP].lookupOut(&hash4.Tuple{Local: src, Remote: dst}); f == nil {
 		t.Errorf("an unreplied UDP flow ended %v after its last packet (UDPUnreplied %v)", 120*time.Second-999*time.Millisecond, DefaultTimeouts.UDPUnreplied)
 	}
-	if clk.advance(time.Second); n.proto[UDP].lookupOut(hash4.Tuple{Local: src, Remote: dst}) != nil {
+	if clk.advance(time.Second); n.proto[UDP].lookupOut(&hash4.Tuple{Local: src, Remote: dst}) != nil {
 		t.Errorf("the flow outlived its timeout by two ticks")
 	}
 }
@@ -904,5 +923,77 @@ func TestConfigRefused(t *testing.T) {
 		if _, err := New(c); err != nil {
 			t.Errorf("%+v: %v", c, err)
 		}
+	}
+}
+
+// A mapping's first flow has no keys of its own: once it ends, while a
+// later flow keeps the mapping, a new flow to its remote is a later flow,
+// with keys, found both ways at the mapping's external endpoint; the
+// mapping goes, and its port, with its last flow.
+func TestFirstFlowEnds(t *testing.T) {
+	n, _ := newTest(t, Config{})
+	ps := &n.proto[UDP]
+	src, r1, r2 := ap("10.0.0.2", 5000), ap("198.51.100.1", 53), ap("198.51.100.2", 53)
+	ext, why := n.MapOutbound(UDP, src, r1)
+	if why != DropNone {
+		t.Fatal(why)
+	}
+	first := ps.lookupOut(&hash4.Tuple{Local: src, Remote: r1})
+	if first == nil || first != &first.m.first || ps.fwd.Len() != 0 || ps.rev.Len() != 0 {
+		t.Fatalf("the first flow %p is not its mapping's, or has keys (%d, %d)", first, ps.fwd.Len(), ps.rev.Len())
+	}
+	m := first.m
+	if e, why := n.MapOutbound(UDP, src, r2); why != DropNone || e != ext || m.others.Load() != 1 {
+		t.Fatalf("second flow at %v (%v), want %v; others %d", e, why, ext, m.others.Load())
+	}
+	if !n.deleteFlow(first, ExpiredFlush) {
+		t.Fatal("first flow not ended")
+	}
+	if ps.lookupOut(&hash4.Tuple{Local: src, Remote: r1}) != nil || ps.lookupIn(&hash4.Tuple{Local: ext, Remote: r1}) != nil {
+		t.Fatal("an ended first flow is found")
+	}
+	// r1 again: a later flow of the same mapping.
+	if e, why := n.MapOutbound(UDP, src, r1); why != DropNone || e != ext {
+		t.Fatalf("new flow to the first's remote at %v (%v), want %v", e, why, ext)
+	}
+	again := ps.lookupOut(&hash4.Tuple{Local: src, Remote: r1})
+	if again == nil || again == first || again.m != m || ps.lookupIn(&hash4.Tuple{Local: ext, Remote: r1}) != again || m.others.Load() != 2 {
+		t.Fatalf("the new flow to %v is not a later flow of the mapping found both ways (others %d)", r1, m.others.Load())
+	}
+	if got := n.Flush(); got != 2 {
+		t.Fatalf("Flush ended %d flows, want 2", got)
+	}
+	if m.others.Load() != 0 || m.state.Load() != stateDead || ps.maps.Len() != 0 || ps.extm.Len() != 0 || portsTaken(ps) != 0 {
+		t.Fatalf("after its flows: others %d, state %d, %d keys, %d ports", m.others.Load(), m.state.Load(), ps.maps.Len()+ps.extm.Len(), portsTaken(ps))
+	}
+}
+
+// Under address-dependent mapping with endpoint-independent filtering, a
+// flow made from outside may go to another address than its mapping's
+// key: a packet from inside finds it even when that address has a
+// mapping of its own (whose first flow goes elsewhere), and leaves at its
+// flow's external endpoint.
+func TestAddressDependentInboundFlowFound(t *testing.T) {
+	n, _ := newTest(t, Config{UDP: Behaviors{Mapping: AddressDependent, Filtering: EndpointIndependent}})
+	src := ap("10.0.0.2", 5000)
+	a1, b1, b2 := ap("198.51.100.1", 53), ap("198.51.100.2", 53), ap("198.51.100.2", 54)
+	extA, why := n.MapOutbound(UDP, src, a1)
+	if why != DropNone {
+		t.Fatal(why)
+	}
+	extB, why := n.MapOutbound(UDP, src, b1)
+	if why != DropNone || extB == extA {
+		t.Fatalf("the mapping toward %v: %v (%v), toward %v: %v", b1.Addr(), extB, why, a1.Addr(), extA)
+	}
+	// b2 writes to the mapping toward a1's address.
+	if in, why := n.MapInbound(UDP, b2, extA); why != DropNone || in != src {
+		t.Fatalf("inbound from %v to %v: %v (%v)", b2, extA, in, why)
+	}
+	flows, _ := n.Len()
+	if e, why := n.MapOutbound(UDP, src, b2); why != DropNone || e != extA {
+		t.Fatalf("the answer to %v leaves at %v (%v), want its flow's %v", b2, e, why, extA)
+	}
+	if after, _ := n.Len(); after != flows {
+		t.Fatalf("the answer made a flow: %d flows, were %d", after, flows)
 	}
 }

@@ -460,9 +460,10 @@ func unicast6(hi, lo uint64) bool {
 	return hi>>56 != 0xff && hi>>54 != 0xfe80>>6 && (hi != 0 || lo > 1 && lo>>32 != 0xffff)
 }
 
-// flowKey sets k to the key of the parsed packet p from side from in its
-// protocol's table (fwd from inside, rev from outside), and returns the
-// protocol and whether the packet may make a flow.
+// flowKey sets k to the key of the flow of the parsed packet p from side
+// from (from inside: the inside endpoint and the remote; from outside: the
+// external endpoint and the remote), and returns the protocol and whether
+// the packet may make a flow.
 func flowKey(p *packet, from Side, k *hash4.Tuple) (pr Proto, canCreate bool) {
 	if from == Inside {
 		k.Local, k.Remote = netip.AddrPortFrom(p.src, p.sport), netip.AddrPortFrom(p.dst, p.dport)
@@ -491,19 +492,15 @@ func flowKey(p *packet, from Side, k *hash4.Tuple) (pr Proto, canCreate bool) {
 func (n *NAT) flowOf(p *packet, from Side, hairpin bool, known *flow) (*flow, Drop) {
 	var k hash4.Tuple
 	pr, canCreate := flowKey(p, from, &k)
-	// The known flow's lookup is written out here, where Table.Lookup is
-	// inlined: through lookupOut, too large to inline, it costs a call
-	// and a copy of the 64-byte tuple more.
 	ps := &n.proto[pr]
-	f, ok := known, known != nil
-	if !ok {
-		if from == Inside {
-			f, ok = ps.fwd.Lookup(k)
-		} else {
-			f, ok = ps.rev.Lookup(k)
-		}
+	f := known
+	switch {
+	case f == nil:
+		f = ps.lookup(&k, from)
+	case f.state.Load() != stateLive:
+		f = nil
 	}
-	if !ok || f.state.Load() != stateLive {
+	if f == nil {
 		var why Drop
 		if from == Inside {
 			f, why = n.outbound(pr, k, canCreate)

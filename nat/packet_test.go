@@ -415,7 +415,7 @@ func TestRefusedPackets(t *testing.T) {
 			}
 		}
 	}
-	f := n.proto[TCP].lookupOut(hash4.Tuple{Local: in4, Remote: remote4})
+	f := n.proto[TCP].lookupOut(&hash4.Tuple{Local: in4, Remote: remote4})
 	if f == nil || f.tcp.stateNow() != tcpEstablished {
 		t.Fatalf("flow after blind RSTs: %v", f)
 	}

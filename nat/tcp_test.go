@@ -182,7 +182,7 @@ func TestTCPInexactRSTKeepsFlow(t *testing.T) {
 	// Off-path RST: in the window (65535), 30000 past RCV.NXT (5001).
 	c.reset()
 	n.Inbound(build(spec{proto: ipTCP, src: remote4, dst: ext, flags: tcpRST, seq: 5001 + 30000}), c.emit)
-	if f := n.proto[TCP].lookupOut(hash4.Tuple{Local: in4, Remote: remote4}); f == nil || f.tcp.stateNow() != tcpEstablished {
+	if f := n.proto[TCP].lookupOut(&hash4.Tuple{Local: in4, Remote: remote4}); f == nil || f.tcp.stateNow() != tcpEstablished {
 		t.Errorf("after an in-window RST with seq != RCV.NXT: flow %v; want it ESTABLISHED (RFC 5961 challenge ACK)", f)
 	}
 	clk.advance(20 * time.Second)
@@ -239,7 +239,7 @@ func TestTCPNewConnectionOnLostFlow(t *testing.T) {
 		t.Fatalf("a new connection's SYN from the same inside endpoint, 10 min after the old one went quiet: %v", why)
 	}
 	one(t, n, c, false, build(spec{proto: ipTCP, src: remote4, dst: ext, flags: tcpSYN | tcpACK, seq: 9000, ack: 3000000001}), Inside)
-	f := n.proto[TCP].lookupOut(hash4.Tuple{Local: in4, Remote: remote4})
+	f := n.proto[TCP].lookupOut(&hash4.Tuple{Local: in4, Remote: remote4})
 	if st := f.tcp.stateNow(); st != tcpSynRecv {
 		t.Errorf("after the SYN-ACK of the new connection: %v, want SYN_RECV", st)
 	}
