@@ -158,15 +158,15 @@ func (n *NAT) batch(b *Batch, pkts [][]byte, off []Offload, from Side, emit Emit
 }
 
 // lookups appends to dst the live flow of each key of ks from side from,
-// nil if none, as lookupOut and lookupIn find them: where flows have
-// mappings, the mappings are looked up in one batch, and the flows that
-// are not their mappings' first one by one.
+// nil if none, as lookupOut and lookupIn find them: where mappings hold
+// their first flow, the mappings are looked up in one batch, and the
+// flows that are not their mappings' first one by one.
 func (b *Batch) lookups(ps *protoState, dst []*flow, ks []hash4.Tuple, from Side) []*flow {
 	mt, ft := ps.maps, ps.fwd
 	if from == Outside {
 		mt, ft = ps.extm, ps.rev
 	}
-	if mt == nil {
+	if !ps.keyless {
 		// N.B. flowOf takes a flow found not live as a miss.
 		return ft.AppendLookups(dst, ks)
 	}

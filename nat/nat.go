@@ -61,12 +61,15 @@ func sentinel(a netip.Addr) netip.AddrPort {
 // change; refs counts the flows that use it (and, briefly, a flow being
 // made), and the last to go deletes it.
 //
-// first is the flow that made the mapping. It has no keys of its own: a
-// packet finds it through the mapping's (maps by its inside endpoint, extm
-// by its external one), so that a new mapping and its flow write two keys,
-// not four. The mapping's later flows have their keys in fwd and rev, and
-// so has a flow to first's remote once first has ended (first is never
-// made live again).
+// first, under endpoint-independent mapping, is the flow that made the
+// mapping. It has no keys of its own: a packet finds it through the
+// mapping's (maps by its inside endpoint, extm by its external one), so
+// that a new mapping and its flow write two keys, not four. The mapping's
+// later flows have their keys in fwd and rev, and so has a flow to
+// first's remote once first has ended (first is never made live again).
+// Under address-dependent mapping first is never used: an inside endpoint
+// has a mapping per remote address, and a flow made from outside may go
+// to any, so only fwd's keys keep one flow per 5-tuple.
 type mapping struct {
 	// N.B. first at offset 0, and the mapping a multiple of 64 bytes in
 	// size: first's hot line is the mapping's first (TestFlowLayout).
@@ -170,8 +173,11 @@ type protoState struct {
 	b     Behaviors
 	alloc *hash4.PortAllocator
 	// fwd: inside endpoint, remote -> flow; rev: external endpoint,
-	// remote -> flow.
+	// remote -> flow; a keyless mapping's first flow excepted.
 	fwd, rev *hash4.Table[flow]
+	// keyless: endpoint-independent mapping, whose mappings hold their
+	// first flow (mapping.first).
+	keyless bool
 	// maps: inside endpoint, remote address or sentinel -> mapping;
 	// extm: external endpoint, sentinel -> mapping; ports: which ports
 	// the mappings hold, by the address's family and place in NAT.pool.
@@ -194,7 +200,7 @@ func (ps *protoState) flows() iter.Seq[*flow] {
 				return
 			}
 		}
-		if ps.maps == nil {
+		if !ps.keyless {
 			return
 		}
 		for _, m := range ps.maps.All() {
@@ -256,7 +262,7 @@ func New(c Config) (*NAT, error) {
 			return nil, cfgErr("ports: %v", err)
 		}
 		ps := &n.proto[i]
-		ps.b, ps.alloc = b, alloc
+		ps.b, ps.alloc, ps.keyless = b, alloc, b.Mapping == EndpointIndependent
 		ps.fwd = hash4.New[flow](hash4.WithCapacity(capacity))
 		ps.rev = hash4.New[flow](hash4.WithCapacity(capacity))
 		if b.Mapping != AddressAndPortDependent {
@@ -359,11 +365,11 @@ func (f *flow) touch(now int64) {
 
 // lookup returns the live flow of key k (from inside: the inside endpoint
 // and the remote; from outside: the external endpoint and the remote) of
-// a packet from side from. Where flows have mappings it looks the mapping
-// up, which finds its first flow, and only if that is not the packet's,
-// the flow (notFirst); else the flow.
+// a packet from side from. Where mappings hold their first flow it looks
+// the mapping up, and only if its first flow is not the packet's, the
+// flow (notFirst); else the flow.
 func (ps *protoState) lookup(k *hash4.Tuple, from Side) *flow {
-	if ps.maps == nil {
+	if !ps.keyless {
 		return ps.later(k, from)
 	}
 	var m *mapping
@@ -382,10 +388,7 @@ func (ps *protoState) lookup(k *hash4.Tuple, from Side) *flow {
 // whose mapping's lookup found m (nil: none), and whose flow is not m's
 // first: one in fwd or rev, if m has such flows.
 func (ps *protoState) notFirst(m *mapping, k *hash4.Tuple, from Side) *flow {
-	// N.B. an address-dependent mapping's flows made from outside may go
-	// to other addresses than its key's: the mapping an inside packet's
-	// key finds, if any, need not be its flow's.
-	if (m == nil || m.others.Load() == 0) && (from == Outside || ps.b.Mapping == EndpointIndependent) {
+	if m == nil || m.others.Load() == 0 {
 		return nil
 	}
 	return ps.later(k, from)
@@ -569,13 +572,9 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 		if made {
 			// The mapping and its first flow go live together: the flow
 			// first, so that a live mapping's first flow is live or
-			// ended, never still being made (see below). N.B. a
-			// CompareAndSwap: early drop may have ended the flow, and
-			// with it the mapping, in between.
+			// ended, never still being made (see below).
 			n.start(ps, &m.first)
-			m.state.CompareAndSwap(statePending, stateLive)
-			n.mappings.Add(1)
-			n.ctr.mappingsCreated.Add(1)
+			n.goLive(m)
 			return &m.first, DropNone, false
 		}
 	}
@@ -727,9 +726,10 @@ func (n *NAT) eachAddr(a netip.Addr, h *host, try func(netip.Addr) bool) {
 
 // mapping returns, referenced, the mapping of key (mapKeyOf: an inside
 // endpoint toward remote, endpoint-independent: any remote;
-// address-dependent: remote's address), live; or, made = true, a new
-// one, pending, whose first flow, pending, goes to remote (host h, its
-// clock at now), its keys inserted: the caller makes both live.
+// address-dependent: remote's address), live; or, made = true
+// (endpoint-independent), a new one, pending, whose first flow, pending,
+// goes to remote (host h, its clock at now), its keys inserted: the caller
+// makes both live.
 func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.AddrPort, h *host, now int64) (m *mapping, made bool, why Drop) {
 	inside := key.Local
 	for range maxRetries {
@@ -749,9 +749,11 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 			hookHeld(m)
 		}
 		ps.extm.Prefetch(extmKey(m.ext))
-		f := &m.first
-		f.init(p, inside, remote, h, now)
-		f.m, f.ext, f.out = m, m.ext, epOf(m.ext)
+		if ps.keyless {
+			f := &m.first
+			f.init(p, inside, remote, h, now)
+			f.m, f.ext, f.out = m, m.ext, epOf(m.ext)
+		}
 		if err := ps.maps.Insert(key, m); err != nil { // as the lookup above missed
 			n.releasePort(ps, m.ext)
 			if !errors.Is(err, hash4.ErrExists) {
@@ -767,9 +769,23 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 			n.releasePort(ps, m.ext)
 			return nil, false, DropBusy
 		}
+		if !ps.keyless {
+			// Its flows, this one first, are made with keys.
+			n.goLive(m)
+			return m, false, DropNone
+		}
 		return m, true, DropNone
 	}
 	return nil, false, DropBusy
+}
+
+// goLive makes m, made and its keys inserted, live, and counts it. N.B. a
+// CompareAndSwap: early drop may have ended its first flow, and with it
+// the mapping, since the flow went live.
+func (n *NAT) goLive(m *mapping) {
+	m.state.CompareAndSwap(statePending, stateLive)
+	n.mappings.Add(1)
+	n.ctr.mappingsCreated.Add(1)
 }
 
 // extmKey is the key in extm of the mapping of external endpoint ext.

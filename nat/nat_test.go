@@ -997,3 +997,59 @@ func TestAddressDependentInboundFlowFound(t *testing.T) {
 		t.Fatalf("the answer made a flow: %d flows, were %d", after, flows)
 	}
 }
+
+// liveByInside counts ps's live flows whose inside key is k.
+func liveByInside(ps *protoState, k hash4.Tuple) (n int) {
+	for f := range ps.flows() {
+		if f.state.Load() == stateLive && f.insideKey() == k {
+			n++
+		}
+	}
+	return n
+}
+
+// Under address-dependent mapping with endpoint-independent filtering, a
+// remote whose address has a mapping of its own, whose first flow goes to
+// that very remote, writes to another mapping of the same inside endpoint:
+// the NAT makes no second live flow for the 5-tuple (which it did when an
+// address-dependent mapping's first flow had no keys of its own).
+func TestAddressDependentOneFlowFromOutside(t *testing.T) {
+	n, _ := newTest(t, Config{UDP: Behaviors{Mapping: AddressDependent, Filtering: EndpointIndependent}})
+	ps := &n.proto[UDP]
+	src, a1, b1 := ap("10.0.0.2", 5000), ap("198.51.100.1", 53), ap("198.51.100.2", 53)
+	extA := mustOut(t, n, UDP, src, a1)
+	extB := mustOut(t, n, UDP, src, b1)
+	if extA == extB {
+		t.Fatal("one mapping for two addresses")
+	}
+	if in, why := n.MapInbound(UDP, b1, extA); why != DropNone || in != src {
+		t.Fatalf("inbound from %v to %v: %v (%v)", b1, extA, in, why)
+	}
+	if c := liveByInside(ps, hash4.Tuple{Local: src, Remote: b1}); c != 1 {
+		flows, _ := n.Len()
+		t.Fatalf("%d live flows for %v -> %v (%d flows in all)", c, src, b1, flows)
+	}
+}
+
+// The same from inside: a new mapping's first flow finds the 5-tuple held
+// by a flow of another mapping of the inside endpoint, made from outside
+// meanwhile (here from the hookHeld hook; in use, another goroutine).
+func TestAddressDependentOneFlowNewMapping(t *testing.T) {
+	n, _ := newTest(t, Config{UDP: Behaviors{Mapping: AddressDependent, Filtering: EndpointIndependent}})
+	ps := &n.proto[UDP]
+	src, a1, b1 := ap("10.0.0.2", 5000), ap("198.51.100.1", 53), ap("198.51.100.2", 53)
+	extA := mustOut(t, n, UDP, src, a1)
+	setHook(t, &hookHeld, func(m *mapping) {
+		hookHeld = nil
+		// b1 writes to the mapping toward a1 while src's mapping toward
+		// b1's address is being made.
+		if in, why := n.MapInbound(UDP, b1, extA); why != DropNone || in != src {
+			t.Errorf("inbound from %v to %v: %v (%v)", b1, extA, in, why)
+		}
+	})
+	mustOut(t, n, UDP, src, b1)
+	if c := liveByInside(ps, hash4.Tuple{Local: src, Remote: b1}); c != 1 {
+		flows, _ := n.Len()
+		t.Fatalf("%d live flows for %v -> %v (%d flows in all)", c, src, b1, flows)
+	}
+}

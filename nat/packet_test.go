@@ -736,3 +736,30 @@ func TestUnicastReference(t *testing.T) {
 		}
 	}
 }
+
+// The same with the default (address-dependent) filtering, through
+// hairpinning, which filtering does not stop: x has a mapping toward the
+// external address (its first flow to y's external endpoint eY) and one
+// toward an outside address (eXA); y's packet to eXA, hairpinned from eY,
+// finds x -> eY, not a second flow.
+func TestAddressDependentOneFlowHairpin(t *testing.T) {
+	n, c := packetNAT(t, Config{UDP: Behaviors{Mapping: AddressDependent}})
+	ps := &n.proto[UDP]
+	x, y, z := ap("10.0.0.2", 4000), ap("10.0.0.3", 4001), ap("10.0.0.4", 4002)
+	send := func(src, dst netip.AddrPort, want Side) netip.AddrPort {
+		t.Helper()
+		got := one(t, n, c, true, build(spec{proto: ipUDP, src: src, dst: dst}), want)
+		s, _, _ := addrs(got)
+		return netip.AddrPortFrom(s, binary.BigEndian.Uint16(got[l4Offset(got):]))
+	}
+	eZ := send(z, ap("198.51.100.9", 80), Outside) // z's mapping toward 198.51.100.9
+	eY := send(y, eZ, Inside)                      // y's mapping toward ext1: eY
+	send(x, ap("198.51.100.1", 80), Outside)       // x's mapping toward 198.51.100.1
+	eXA := n.proto[UDP].lookupOut(&hash4.Tuple{Local: x, Remote: ap("198.51.100.1", 80)}).ext
+	send(x, eY, Inside) // x's mapping toward ext1, its first flow x -> eY
+	send(y, eXA, Inside)
+	if c := liveByInside(ps, hash4.Tuple{Local: x, Remote: eY}); c != 1 {
+		flows, _ := n.Len()
+		t.Fatalf("%d live flows for %v -> %v (%d flows in all)", c, x, eY, flows)
+	}
+}
