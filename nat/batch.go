@@ -172,12 +172,7 @@ func (b *Batch) lookups(ps *protoState, dst []*flow, ks []hash4.Tuple, from Side
 	}
 	b.mkeys = b.mkeys[:0]
 	for i := range ks {
-		k := &ks[i]
-		if from == Inside {
-			b.mkeys = append(b.mkeys, mapKeyOf(ps, k.Local, k.Remote))
-		} else {
-			b.mkeys = append(b.mkeys, extmKey(k.Local))
-		}
+		b.mkeys = append(b.mkeys, soloKey(ks[i].Local)) // as lookup
 	}
 	b.maps = mt.AppendLookups(b.maps[:0], b.mkeys)
 	for i, m := range b.maps {

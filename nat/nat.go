@@ -372,12 +372,13 @@ func (ps *protoState) lookup(k *hash4.Tuple, from Side) *flow {
 	if !ps.keyless {
 		return ps.later(k, from)
 	}
-	var m *mapping
-	if from == Inside {
-		m, _ = ps.maps.Lookup(mapKeyOf(ps, k.Local, k.Remote))
-	} else {
-		m, _ = ps.extm.Lookup(extmKey(k.Local))
+	// Keyless first flows are endpoint-independent mapping's, whose
+	// mappings are named by one endpoint each way.
+	t := ps.maps
+	if from == Outside {
+		t = ps.extm
 	}
+	m, _ := t.Lookup(soloKey(k.Local))
 	if f := m.firstTo(k.Remote); f != nil {
 		return f
 	}
@@ -470,7 +471,7 @@ func (n *NAT) inbound(p Proto, k hash4.Tuple, canCreate, hairpin bool) (*flow, D
 	if ps.extm == nil {
 		return nil, n.noFlow(ext)
 	}
-	m, ok := ps.extm.Lookup(extmKey(ext))
+	m, ok := ps.extm.Lookup(soloKey(ext))
 	if !ok || m.state.Load() != stateLive {
 		return nil, n.noFlow(ext)
 	}
@@ -748,7 +749,7 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 		if hookHeld != nil {
 			hookHeld(m)
 		}
-		ps.extm.Prefetch(extmKey(m.ext))
+		ps.extm.Prefetch(soloKey(m.ext))
 		if ps.keyless {
 			f := &m.first
 			f.init(p, inside, remote, h, now)
@@ -764,7 +765,7 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 		}
 		// No other mapping's key holds m's port: unref deletes the key
 		// before it lets the port go.
-		if err := ps.extm.Insert(extmKey(m.ext), m); err != nil {
+		if err := ps.extm.Insert(soloKey(m.ext), m); err != nil {
 			ps.maps.CompareAndDelete(key, m)
 			n.releasePort(ps, m.ext)
 			return nil, false, DropBusy
@@ -788,9 +789,11 @@ func (n *NAT) goLive(m *mapping) {
 	n.ctr.mappingsCreated.Add(1)
 }
 
-// extmKey is the key in extm of the mapping of external endpoint ext.
-func extmKey(ext netip.AddrPort) hash4.Tuple {
-	return hash4.Tuple{Local: ext, Remote: sentinel(ext.Addr())}
+// soloKey is the key of the mapping named by endpoint e alone: e and the
+// sentinel. extm's keys are such, and so are maps' under
+// endpoint-independent mapping.
+func soloKey(e netip.AddrPort) hash4.Tuple {
+	return hash4.Tuple{Local: e, Remote: sentinel(e.Addr())}
 }
 
 // releasePort lets ext's port go (holdPort).
@@ -809,7 +812,7 @@ func mapKeyOf(ps *protoState, inside, remote netip.AddrPort) hash4.Tuple {
 	if ps.b.Mapping == AddressDependent {
 		return hash4.Tuple{Local: inside, Remote: netip.AddrPortFrom(remote.Addr(), 1)}
 	}
-	return hash4.Tuple{Local: inside, Remote: sentinel(inside.Addr())}
+	return soloKey(inside)
 }
 
 // holdPort returns an external endpoint for a new mapping of the inside
@@ -866,7 +869,7 @@ func (n *NAT) unref(ps *protoState, m *mapping) {
 	}
 	m.state.Store(stateDead)
 	ps.maps.CompareAndDelete(m.key, m)
-	ps.extm.CompareAndDelete(extmKey(m.ext), m)
+	ps.extm.CompareAndDelete(soloKey(m.ext), m)
 	n.releasePort(ps, m.ext) // after its key (mapping)
 	n.mappings.Add(-1)
 }

@@ -590,7 +590,7 @@ func checkMappings(t *testing.T, n *NAT, ps *protoState, mb Behavior) {
 		if m.refs.Load() != c {
 			t.Fatalf("%v: mapping %v counts %d flows, has %d", mb, m.ext, m.refs.Load(), c)
 		}
-		if o, ok := ps.extm.Lookup(extmKey(m.ext)); !ok || o != m || !n.portsOf(ps, m.ext.Addr()).taken(m.ext.Port()) {
+		if o, ok := ps.extm.Lookup(soloKey(m.ext)); !ok || o != m || !n.portsOf(ps, m.ext.Addr()).taken(m.ext.Port()) {
 			t.Fatalf("%v: port %v is not its mapping's, or not taken", mb, m.ext)
 		}
 		if o, ok := ps.maps.Lookup(m.key); !ok || o != m {
@@ -627,7 +627,7 @@ func TestInboundMappingNotLive(t *testing.T) {
 		m := &mapping{key: mapKeyOf(ps, inside, netip.AddrPort{}), p: UDP, ext: netip.AddrPortFrom(ext1, 40000)}
 		m.refs.Store(1)
 		m.state.Store(st)
-		if err := ps.extm.Insert(extmKey(m.ext), m); err != nil {
+		if err := ps.extm.Insert(soloKey(m.ext), m); err != nil {
 			t.Fatal(err)
 		}
 		_, why := n.MapInbound(UDP, ap("198.51.100.7", 53), m.ext)
