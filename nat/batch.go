@@ -166,7 +166,7 @@ func (b *Batch) lookups(ps *protoState, dst []*flow, ks []hash4.Tuple, from Side
 	if from == Outside {
 		mt, ft = ps.extm, ps.rev
 	}
-	if !ps.keyless {
+	if !ps.keyless() {
 		// N.B. flowOf takes a flow found not live as a miss.
 		return ft.AppendLookups(dst, ks)
 	}

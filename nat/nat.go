@@ -175,9 +175,6 @@ type protoState struct {
 	// fwd: inside endpoint, remote -> flow; rev: external endpoint,
 	// remote -> flow; a keyless mapping's first flow excepted.
 	fwd, rev *hash4.Table[flow]
-	// keyless: endpoint-independent mapping, whose mappings hold their
-	// first flow (mapping.first).
-	keyless bool
 	// maps: inside endpoint, remote address or sentinel -> mapping;
 	// extm: external endpoint, sentinel -> mapping; ports: which ports
 	// the mappings hold, by the address's family and place in NAT.pool.
@@ -191,6 +188,10 @@ type protoState struct {
 	perm *hash4.Table[permit]
 }
 
+// keyless reports whether ps's mappings hold their first flow, without
+// keys of its own (mapping.first): endpoint-independent mapping's.
+func (ps *protoState) keyless() bool { return ps.b.Mapping == EndpointIndependent }
+
 // flows yields ps's flows: those in fwd, and the mappings' first flows,
 // live or not (the caller checks).
 func (ps *protoState) flows() iter.Seq[*flow] {
@@ -200,7 +201,7 @@ func (ps *protoState) flows() iter.Seq[*flow] {
 				return
 			}
 		}
-		if !ps.keyless {
+		if !ps.keyless() {
 			return
 		}
 		for _, m := range ps.maps.All() {
@@ -262,7 +263,7 @@ func New(c Config) (*NAT, error) {
 			return nil, cfgErr("ports: %v", err)
 		}
 		ps := &n.proto[i]
-		ps.b, ps.alloc, ps.keyless = b, alloc, b.Mapping == EndpointIndependent
+		ps.b, ps.alloc = b, alloc
 		ps.fwd = hash4.New[flow](hash4.WithCapacity(capacity))
 		ps.rev = hash4.New[flow](hash4.WithCapacity(capacity))
 		if b.Mapping != AddressAndPortDependent {
@@ -369,7 +370,7 @@ func (f *flow) touch(now int64) {
 // the mapping up, and only if its first flow is not the packet's, the
 // flow (notFirst); else the flow.
 func (ps *protoState) lookup(k *hash4.Tuple, from Side) *flow {
-	if !ps.keyless {
+	if !ps.keyless() {
 		return ps.later(k, from)
 	}
 	// Keyless first flows are endpoint-independent mapping's, whose
@@ -750,7 +751,7 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 			hookHeld(m)
 		}
 		ps.extm.Prefetch(soloKey(m.ext))
-		if ps.keyless {
+		if ps.keyless() {
 			f := &m.first
 			f.init(p, inside, remote, h, now)
 			f.m, f.ext, f.out = m, m.ext, epOf(m.ext)
@@ -770,7 +771,7 @@ func (n *NAT) mapping(ps *protoState, p Proto, key hash4.Tuple, remote netip.Add
 			n.releasePort(ps, m.ext)
 			return nil, false, DropBusy
 		}
-		if !ps.keyless {
+		if !ps.keyless() {
 			// Its flows, this one first, are made with keys.
 			n.goLive(m)
 			return m, false, DropNone
