@@ -31,36 +31,58 @@ type benchValue struct {
 	_   [32]byte
 }
 
+// flowRank is where a NAT's flow stands among its mapping's, as
+// lookupSet makes them.
+type flowRank struct {
+	name string
+	nth  int // the mapping's flow it is: 1 its first
+}
+
+// flowRanks are the flows of BenchmarkLookupPaired: a mapping's first, its
+// first sib, and the first with keys of its own.
+var flowRanks = []flowRank{{"first", 1}, {"sib", 2}, {"keyed", 2 + numSibs}}
+
+// kindOf names what f is of its mapping: its first flow, a sib, or keyed.
+func kindOf(f *flow) string {
+	switch {
+	case f == &f.m.first:
+		return "first"
+	case f.flags.Load()&flagSib != 0:
+		return "sib"
+	}
+	return "keyed"
+}
+
 // lookupSet makes n flows in a NAT and as many in a bare table, and returns
-// the tuples of each, in random order. With second, each of the NAT's
-// flows is its mapping's second, made after a flow to another remote: a
-// flow with keys of its own, found by a packet after its mapping.
-func lookupSet(b testing.TB, n int, second bool) (nt *NAT, out, in []hash4.Tuple, bare *hash4.Table[benchValue], keys []hash4.Tuple) {
+// the tuples of each, in random order. Each of the NAT's flows is its
+// mapping's r.nth, made after flows to r.nth-1 other remotes: r.name says
+// how a packet finds it after its mapping (kindOf).
+func lookupSet(b testing.TB, n int, r flowRank) (nt *NAT, out, in []hash4.Tuple, bare *hash4.Table[benchValue], keys []hash4.Tuple) {
 	var pool []netip.Addr
 	for i := range 20 {
 		pool = append(pool, netip.AddrFrom4([4]byte{192, 0, 2, byte(1 + i)}))
 	}
-	nt, _ = newTest(b, Config{External: pool, MaxFlows: 2 * n, Blocks: Blocks{Size: 64}})
+	nt, _ = newTest(b, Config{External: pool, MaxFlows: r.nth * n, Blocks: Blocks{Size: 64}})
 	bare = hash4.New[benchValue]()
-	r := ap("198.51.100.1", 443)
+	dst := ap("198.51.100.1", 443)
 	for i := range n {
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 14), byte(i >> 6)}), uint16(1024+i%64))
-		if second {
-			if _, why := nt.MapOutbound(UDP, src, ap("198.51.100.2", 443)); why != DropNone {
+		for j := 2; j <= r.nth; j++ {
+			if _, why := nt.MapOutbound(UDP, src, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(j)}), 443)); why != DropNone {
 				b.Fatal(why)
 			}
 		}
-		e, why := nt.MapOutbound(UDP, src, r)
+		e, why := nt.MapOutbound(UDP, src, dst)
 		if why != DropNone {
 			b.Fatal(why)
 		}
-		out = append(out, hash4.Tuple{Local: src, Remote: r})
-		in = append(in, hash4.Tuple{Local: e, Remote: r})
+		out = append(out, hash4.Tuple{Local: src, Remote: dst})
+		in = append(in, hash4.Tuple{Local: e, Remote: dst})
 		ps := &nt.proto[UDP]
-		if f := ps.lookupOut(&out[i]); f == nil || ps.lookupIn(&in[i]) != f || (f == &f.m.first) == second {
-			b.Fatalf("flow %v -> %v not found both ways, or not its mapping's %s", src, r, map[bool]string{false: "first", true: "second"}[second])
+		if f := ps.lookupOut(&out[i]); f == nil || ps.lookupIn(&in[i]) != f || kindOf(f) != r.name {
+			b.Fatalf("flow %v -> %v not found both ways, or not its mapping's %s", src, dst, r.name)
 		}
-		k := hash4.Tuple{Local: src, Remote: r}
+		k := hash4.Tuple{Local: src, Remote: dst}
 		bare.Insert(k, &benchValue{ext: e})
 		keys = append(keys, k)
 	}
@@ -82,7 +104,7 @@ var lookupSizes = []int{1 << 10, 1 << 16, 1 << 20}
 
 func BenchmarkLookup(b *testing.B) {
 	for _, n := range lookupSizes {
-		nt, out, in, bare, keys := lookupSet(b, n, false)
+		nt, out, in, bare, keys := lookupSet(b, n, flowRanks[0])
 		// The fill's garbage is collected before each timed loop, not
 		// during it.
 		b.Run(fmt.Sprintf("Table/%d", n), func(b *testing.B) {
@@ -284,30 +306,27 @@ func BenchmarkMemoryFlood(b *testing.B) {
 // changes (this one is shared) weighs on all three alike: it reports each
 // one's ns per lookup and the NAT's ratios to the bare table's. The NAT's
 // flows are their mappings' first (flow=first), found through the
-// mapping, or second (flow=second), found after it.
+// mapping, a sib (flow=sib), found in it, or a flow with keys of its own
+// (flow=keyed), found after it (flowRanks).
 func BenchmarkLookupPaired(b *testing.B) {
 	const block = 1024
-	for _, second := range []bool{false, true} {
+	for _, r := range flowRanks {
 		for _, n := range lookupSizes {
-			which := "first"
-			if second {
-				which = "second"
-			}
-			b.Run(fmt.Sprintf("flow=%s/n=%d", which, n), func(b *testing.B) {
-				lookupPaired(b, n, second, block)
+			b.Run(fmt.Sprintf("flow=%s/n=%d", r.name, n), func(b *testing.B) {
+				lookupPaired(b, n, r, block)
 			})
 		}
 	}
 }
 
 // lookupPaired is a BenchmarkLookupPaired sub-benchmark: n flows, each its
-// mapping's second if second, looked up in blocks of block. Each loop
+// mapping's r.nth, looked up in blocks of block. Each loop
 // builds its keys from a packet's header fields, as a packet path does
 // (flowKey): a lookup of tuples built beforehand, as a bare table's
 // callers rarely have them, leaves out the cost of building the key,
 // which the NAT, whose key is its mapping's, pays again.
-func lookupPaired(b *testing.B, n int, second bool, block int) {
-	nt, out, in, bare, keys := lookupSet(b, n, second)
+func lookupPaired(b *testing.B, n int, r flowRank, block int) {
+	nt, out, in, bare, keys := lookupSet(b, n, r)
 	ps, now := &nt.proto[UDP], nt.now()
 	hb, ho, hi := headersOf(keys), headersOf(out), headersOf(in)
 	runtime.GC()
@@ -515,7 +534,7 @@ func (ft *floorTables) create(src, r netip.AddrPort) error {
 		if _, ok := ft.fwd.Lookup(key); ok {
 			return hash4.ErrExists
 		}
-		f := &flow{inside: src, remote: r}
+		f := &flow{in: epOf(src), remote: r}
 		tup, err := ft.rev.Connect(ft.alloc, ext, r, f)
 		if err != nil {
 			return err
@@ -533,7 +552,7 @@ func (ft *floorTables) create(src, r netip.AddrPort) error {
 		return hash4.ErrNoPorts
 	}
 	m.ext = netip.AddrPortFrom(ext, port)
-	m.first.inside, m.first.remote, m.first.ext, m.first.m = src, r, m.ext, m
+	m.first.in, m.first.remote, m.first.ext, m.first.m = epOf(src), r, m.ext, m
 	if err := ft.maps.Insert(mkey, m); err != nil {
 		return err
 	}

@@ -99,14 +99,15 @@
 // share of an AppendLookups; a batch's run of packets of one flow, such as
 // a GSO read's segments, one lookup) and an incremental checksum update;
 // under endpoint-independent mapping the lookup is of the flow's mapping,
-// which holds the flow that made it, and a packet of the mapping's later
-// flows (a socket that talks to several remotes) costs a second lookup.
-// A new mapping costs its port (a compare-and-swap in a bitmap of its
-// external address's ports, 8 KiB per address in use and protocol) and
-// two inserts into hash4 tables (its inside and external keys); under
-// endpoint-independent mapping that and one allocation make its first
-// flow too. Any other flow costs two inserts (its keys) and an
-// allocation, or under address-and-port-dependent mapping a
+// which holds the flow that made it and the next two, and a packet of the
+// mapping's fourth and later flows (a socket that talks to several
+// remotes) costs a second lookup. A new mapping costs its port (a
+// compare-and-swap in a bitmap of its external address's ports, 8 KiB per
+// address in use and protocol) and two inserts into hash4 tables (its
+// inside and external keys); under endpoint-independent mapping that and
+// one allocation make its first flow too, and its second and third flows
+// cost an allocation each. Any other flow costs two inserts (its keys)
+// and an allocation, or under address-and-port-dependent mapping a
 // Table.Connect and one insert. The module's docs/performance.md has the
 // measurements, memory included.
 package nat

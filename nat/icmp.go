@@ -62,7 +62,7 @@ func (n *NAT) icmpError(b []byte, p *packet, from Side, emit Emit, hairpin bool)
 	// The embedded packet: its source (inbound error) or destination
 	// (outbound) becomes the flow's inside or external endpoint.
 	if from == Outside {
-		a := f.inside
+		a := f.inside()
 		rewriteEmbedded(in, &q, false, a)
 		setIPAddr(b, p, true, a.Addr())
 	} else {

@@ -1,6 +1,7 @@
 package nat
 
 import (
+	"encoding/binary"
 	"errors"
 	"hash/maphash"
 	"iter"
@@ -34,6 +35,7 @@ const (
 	flagAssured                    // replied (UDP, ICMP) or established (TCP): no early drop
 	flagInbound                    // made by an inbound packet (endpoint-independent or address-dependent filtering)
 	flagListed                     // in the unassured list
+	flagSib                        // held in its mapping's first flow's sibs, without keys
 )
 
 // icmpRemotePort is the remote port of an echo flow's keys: the tables'
@@ -64,9 +66,11 @@ func sentinel(a netip.Addr) netip.AddrPort {
 // first, under endpoint-independent mapping, is the flow that made the
 // mapping. It has no keys of its own: a packet finds it through the
 // mapping's (maps by its inside endpoint, extm by its external one), so
-// that a new mapping and its flow write two keys, not four. The mapping's
-// later flows have their keys in fwd and rev, and so has a flow to
-// first's remote once first has ended (first is never made live again).
+// that a new mapping and its flow write two keys, not four. The next
+// flows of the mapping are held as first's sibs, without keys either, as
+// long as a sib is free; the rest have their keys in fwd and rev. A flow
+// to first's remote once first has ended is such a later flow (first is
+// never made live again).
 // Under address-dependent mapping first is never used: an inside endpoint
 // has a mapping per remote address, and a flow made from outside may go
 // to any, so only fwd's keys keep one flow per 5-tuple.
@@ -76,15 +80,14 @@ type mapping struct {
 	first flow
 	state atomic.Uint32
 	refs  atomic.Int32
-	// others counts the flows of the mapping in fwd and rev: a packet
-	// that first does not take looks there only if there are some
-	// (notFirst). It is raised before such a flow's keys are inserted
-	// and lowered after they are deleted.
-	others atomic.Int32
-	key    hash4.Tuple // inside endpoint -> remote (address-dependent) or sentinel
-	ext    netip.AddrPort
-	p      Proto
-	h      *host
+	key   hash4.Tuple // inside endpoint -> remote (address-dependent) or sentinel
+	ext   netip.AddrPort
+	p     Proto
+	h     *host
+	// fmu is held while a flow that is not the mapping's first is
+	// placed, in a sib or by its keys (placeLater), so that two makers
+	// of one remote's flow never both succeed.
+	fmu sync.Mutex
 	// Address-dependent filtering's permits: the remote addresses its
 	// flows go to, each with its count of flows. The first few are here,
 	// so that a mapping's first flows write no permit entry; the rest, spill of
@@ -95,7 +98,7 @@ type mapping struct {
 	spill int32
 	// Padding to 448 bytes (64-bit), a size class whose objects start on
 	// a cache line.
-	_ [8]byte
+	_ [12]byte
 }
 
 // nearPermits is how many remote addresses a mapping's permits hold in the
@@ -118,7 +121,8 @@ type flow struct {
 	// state, flags and clock, where its addresses go (out: the external
 	// endpoint, in: the inside one), and, for a packet that finds a
 	// mapping's first flow through the mapping, the remote's port
-	// (firstTo).
+	// (firstTo) and others; the second holds the remote, and, for a
+	// mapping's first flow, its sibs.
 	state atomic.Uint32
 	flags atomic.Uint32
 	last  atomic.Int64 // the clock at its last packet
@@ -126,19 +130,41 @@ type flow struct {
 	in    ep
 	p     Proto
 	rport uint16
-	// The endpoints: remote, inside (the host's), ext (the NAT's).
-	remote, inside, ext netip.AddrPort
-	m                   *mapping // nil for address-and-port-dependent mapping
-	h                   *host
-	tcp                 *tcpTrack // TCP flows only
+	// others, in a mapping's first flow, counts the mapping's flows in
+	// fwd and rev: a packet that neither the first flow nor a sib takes
+	// looks there only if there are some (notFirst). It is raised before
+	// such a flow's keys are inserted and lowered after they are
+	// deleted. Unused in other flows.
+	others atomic.Int32
+	// The endpoints: remote, ext (the NAT's); the inside one (the
+	// host's) is in (inside).
+	remote netip.AddrPort
+	// sibs, in a mapping's first flow, hold the mapping's next flows
+	// without keys: a sib is set, under the mapping's fmu, to a flow
+	// before it goes live, and cleared by the flow's end; a dead flow's
+	// sib is free. sibPrints[i] is the print of sibs[i]'s remote,
+	// stored before the sib (sibTo). Unused in other flows.
+	sibs      [numSibs]atomic.Pointer[flow]
+	sibPrints [numSibs]atomic.Uint32
+	m         *mapping // nil for address-and-port-dependent mapping
+	ext       netip.AddrPort
+	h         *host
+	tcp       *tcpTrack // TCP flows only
 	// t files the flow in the timing wheel.
 	t timer
 	// up and down link the unassured list, under n.unassured.mu.
 	up, down *flow
-	// Padding to 256 bytes (64-bit), a size class whose objects start on
-	// a cache line, so that the first line is the flow's own.
-	_ [16]byte
+	// Padding to 256 bytes (64-bit), a size class whose objects start
+	// on a cache line, so that the first line is the flow's own
+	// (TestFlowLayout).
+	_ [24]byte
 }
+
+// numSibs is how many of a mapping's flows after its first it holds
+// without keys: with the first, they cover the mappings that talk to a
+// server and a peer or two, as a STUN client's does, and with their
+// prints they fill the first flow's second line beside its remote.
+const numSibs = 2
 
 // ep is an endpoint in 20 bytes, for a flow's first cache line.
 type ep struct {
@@ -165,7 +191,10 @@ func (e *ep) addrPort() netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(e.a[:4])), e.port)
 }
 
-func (f *flow) insideKey() hash4.Tuple { return hash4.Tuple{Local: f.inside, Remote: f.remote} }
+// inside returns the flow's inside endpoint.
+func (f *flow) inside() netip.AddrPort { return f.in.addrPort() }
+
+func (f *flow) insideKey() hash4.Tuple { return hash4.Tuple{Local: f.inside(), Remote: f.remote} }
 func (f *flow) extKey() hash4.Tuple    { return hash4.Tuple{Local: f.ext, Remote: f.remote} }
 
 // protoState holds one protocol's tables and allocator.
@@ -173,7 +202,7 @@ type protoState struct {
 	b     Behaviors
 	alloc *hash4.PortAllocator
 	// fwd: inside endpoint, remote -> flow; rev: external endpoint,
-	// remote -> flow; a keyless mapping's first flow excepted.
+	// remote -> flow; a keyless mapping's first flow and sibs excepted.
 	fwd, rev *hash4.Table[flow]
 	// maps: inside endpoint, remote address or sentinel -> mapping;
 	// extm: external endpoint, sentinel -> mapping; ports: which ports
@@ -188,12 +217,13 @@ type protoState struct {
 	perm *hash4.Table[permit]
 }
 
-// keyless reports whether ps's mappings hold their first flow, without
-// keys of its own (mapping.first): endpoint-independent mapping's.
+// keyless reports whether ps's mappings hold their first flow and sibs,
+// without keys of their own (mapping.first): endpoint-independent
+// mapping's.
 func (ps *protoState) keyless() bool { return ps.b.Mapping == EndpointIndependent }
 
-// flows yields ps's flows: those in fwd, and the mappings' first flows,
-// live or not (the caller checks).
+// flows yields ps's flows: those in fwd, and the mappings' first flows
+// and sibs, live or not (the caller checks).
 func (ps *protoState) flows() iter.Seq[*flow] {
 	return func(yield func(*flow) bool) {
 		for _, f := range ps.fwd.All() {
@@ -207,6 +237,11 @@ func (ps *protoState) flows() iter.Seq[*flow] {
 		for _, m := range ps.maps.All() {
 			if !yield(&m.first) {
 				return
+			}
+			for i := range m.first.sibs {
+				if f := m.first.sibs[i].Load(); f != nil && !yield(f) {
+					return
+				}
 			}
 		}
 	}
@@ -388,10 +423,10 @@ func (ps *protoState) lookup(k *hash4.Tuple, from Side) *flow {
 
 // notFirst returns the live flow of key k of a packet from side from,
 // whose mapping's lookup found m (nil: none), and whose flow is not m's
-// first: one in fwd or rev, if m has such flows.
+// first: a sib, or one in fwd or rev if m has such flows.
 func (ps *protoState) notFirst(m *mapping, k *hash4.Tuple, from Side) *flow {
-	if m == nil || m.others.Load() == 0 {
-		return nil
+	if f := m.sibTo(k.Remote); f != nil || m == nil || m.first.others.Load() == 0 {
+		return f
 	}
 	return ps.later(k, from)
 }
@@ -413,6 +448,28 @@ func (ps *protoState) lookupOut(k *hash4.Tuple) *flow { return ps.lookup(k, Insi
 // endpoint k.Local.
 func (ps *protoState) lookupIn(k *hash4.Tuple) *flow { return ps.lookup(k, Outside) }
 
+// held reports whether a flow of key k from inside, live or not, holds
+// its place: its keys in fwd, or a sib of its mapping. Such a flow that is
+// not live is being made or deleted.
+func (ps *protoState) held(k *hash4.Tuple) bool {
+	if _, ok := ps.fwd.Lookup(*k); ok {
+		return true
+	}
+	if !ps.keyless() {
+		return false
+	}
+	m, _ := ps.maps.Lookup(soloKey(k.Local))
+	if m == nil {
+		return false
+	}
+	for i := range m.first.sibs {
+		if f := m.first.sibs[i].Load(); f != nil && f.remote == k.Remote && f.state.Load() != stateDead {
+			return true
+		}
+	}
+	return false
+}
+
 // live returns f if a lookup found it (ok) and it is live.
 func live(f *flow, ok bool) *flow {
 	if !ok || f.state.Load() != stateLive {
@@ -421,18 +478,56 @@ func live(f *flow, ok bool) *flow {
 	return f
 }
 
-// firstTo returns m's first flow if it is live and goes to remote (nil if
-// m is). N.B. the port, on the hot line, turns most other flows away; the
-// address is compared on the second line, whose load the processor
-// issues with the first's.
+// flowTo returns m's first flow or sib that is live and goes to remote;
+// nil if none, or m is.
+func (m *mapping) flowTo(remote netip.AddrPort) *flow {
+	if f := m.firstTo(remote); f != nil {
+		return f
+	}
+	return m.sibTo(remote)
+}
+
+// firstTo returns m's first flow if it is live and goes to remote; nil if
+// not, or m is nil. N.B. apart from sibTo: in line in a packet's path.
 func (m *mapping) firstTo(remote netip.AddrPort) *flow {
+	if m == nil || !m.first.goesTo(remote) {
+		return nil
+	}
+	return &m.first
+}
+
+// sibTo returns m's sib that is live and goes to remote; nil if none, or m
+// is nil.
+func (m *mapping) sibTo(remote netip.AddrPort) *flow {
 	if m == nil {
 		return nil
 	}
-	if f := &m.first; f.rport == remote.Port() && f.remote == remote && f.state.Load() == stateLive {
-		return f
+	// N.B. a sib, then its print: a sib seen set was stored after its
+	// print, and a print that is not the sib's turns a flow away only
+	// if it is dead. Prints spare the sibs' own lines for the packets
+	// of other flows.
+	pr := printOf(remote)
+	for i := range m.first.sibs {
+		if f := m.first.sibs[i].Load(); f != nil && m.first.sibPrints[i].Load() == pr && f.goesTo(remote) {
+			return f
+		}
 	}
 	return nil
+}
+
+// printOf is the print of a remote endpoint kept beside a sib: its address
+// and port folded into 32 bits.
+func printOf(remote netip.AddrPort) uint32 {
+	a := remote.Addr().As16()
+	w := binary.LittleEndian.Uint64(a[:8]) ^ binary.LittleEndian.Uint64(a[8:])
+	return uint32(w) ^ uint32(w>>32) ^ uint32(remote.Port())<<16
+}
+
+// goesTo reports whether f is live and goes to remote. N.B. the port, on
+// the hot line, turns most other flows away; the address is compared on
+// the second line, whose load the processor issues with the first's.
+func (f *flow) goesTo(remote netip.AddrPort) bool {
+	return f.rport == remote.Port() && f.remote == remote && f.state.Load() == stateLive
 }
 
 // parityTries bounds the ports of the right parity an
@@ -515,7 +610,7 @@ func (n *NAT) newFlow(ps *protoState, p Proto, inside, remote netip.AddrPort, vi
 			if f := ps.lookupOut(&k); f != nil {
 				return f, DropNone
 			}
-			if _, ok := ps.fwd.Lookup(k); !ok {
+			if !ps.held(&k) {
 				break // none, or deleted meanwhile: make it
 			}
 			runtime.Gosched() // being made or deleted: a few stores away
@@ -580,7 +675,7 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 			return &m.first, DropNone, false
 		}
 	}
-	if g := m.firstTo(remote); g != nil {
+	if g := m.flowTo(remote); g != nil {
 		// Made by another goroutine since the caller's lookup.
 		n.unref(ps, m)
 		undo()
@@ -592,15 +687,58 @@ func (n *NAT) tryNewFlow(ps *protoState, p Proto, inside, remote netip.AddrPort,
 	}
 	f.m, f.ext = m, m.ext
 	f.out = epOf(f.ext)
-	m.others.Add(1) // before the keys (mapping.others)
-	if why, retry := n.insertFlow(ps, f); why != DropNone {
-		m.others.Add(-1)
+	if why, retry := n.placeLater(ps, f); why != DropNone {
 		n.unref(ps, m)
 		undo()
 		return nil, why, retry
 	}
 	n.start(ps, f)
 	return f, DropNone, false
+}
+
+// placeLater makes f, pending, a flow of its mapping after the first: a
+// sib of the first if one is free and the mapping's flows are keyless,
+// else by its keys (insertFlow). retry says that another goroutine is
+// making or deleting the flow of f's 5-tuple. Under the mapping's fmu:
+// a maker checks the sibs and the keys and places f in one go.
+func (n *NAT) placeLater(ps *protoState, f *flow) (why Drop, retry bool) {
+	m := f.m
+	m.fmu.Lock()
+	defer m.fmu.Unlock()
+	free := -1
+	if ps.keyless() {
+		if m.first.goesTo(f.remote) {
+			return DropBusy, true
+		}
+		for i := range m.first.sibs {
+			switch g := m.first.sibs[i].Load(); {
+			case g == nil || g.state.Load() == stateDead:
+				if free < 0 {
+					free = i
+				}
+			case g.remote == f.remote:
+				return DropBusy, true // pending or live
+			}
+		}
+	}
+	if free >= 0 {
+		// others == 0: no keyed flow has keys (flow.others).
+		if m.first.others.Load() > 0 {
+			if _, ok := ps.fwd.Lookup(f.insideKey()); ok {
+				return DropBusy, true // a keyed flow's, not yet deleted
+			}
+		}
+		f.flags.Or(flagSib)
+		m.first.sibPrints[free].Store(printOf(f.remote))
+		m.first.sibs[free].Store(f) // after its print (sibTo)
+		return DropNone, false
+	}
+	m.first.others.Add(1) // before the keys (flow.others)
+	if why, retry := n.insertFlow(ps, f); why != DropNone {
+		m.first.others.Add(-1)
+		return why, retry
+	}
+	return DropNone, false
 }
 
 // newFlowOf returns a flow, pending, from inside to remote, of host h, its
@@ -614,7 +752,7 @@ func newFlowOf(p Proto, inside, remote netip.AddrPort, h *host, now int64) *flow
 // init sets up f, pending, from inside to remote, of host h, its clock at
 // now.
 func (f *flow) init(p Proto, inside, remote netip.AddrPort, h *host, now int64) {
-	f.p, f.inside, f.remote, f.h = p, inside, remote, h
+	f.p, f.remote, f.h = p, remote, h
 	f.in = epOf(inside)
 	f.rport = remote.Port()
 	f.last.Store(now)
@@ -666,8 +804,9 @@ func (n *NAT) connectFlow(ps *protoState, f *flow, h *host) Drop {
 		lo, hi = h.lo, h.hi
 	}
 	why := DropNoPort
-	n.eachAddr(f.inside.Addr(), h, func(ext netip.Addr) bool {
-		if port := f.inside.Port(); n.cfg.PortPreservation && port >= lo && port <= hi && !ps.alloc.Reserved(port) {
+	inside := f.inside()
+	n.eachAddr(inside.Addr(), h, func(ext netip.Addr) bool {
+		if port := inside.Port(); n.cfg.PortPreservation && port >= lo && port <= hi && !ps.alloc.Reserved(port) {
 			f.ext = netip.AddrPortFrom(ext, port)
 			if ps.rev.Insert(f.extKey(), f) == nil {
 				why = DropNone
@@ -682,7 +821,7 @@ func (n *NAT) connectFlow(ps *protoState, f *flow, h *host) Drop {
 			start := int(randUint32() % uint32(size))
 			for i := 0; i < min(size, 2*parityTries); i++ {
 				p := lo + uint16((start+i)%size)
-				if p&1 != f.inside.Port()&1 || ps.alloc.Reserved(p) {
+				if p&1 != inside.Port()&1 || ps.alloc.Reserved(p) {
 					continue
 				}
 				f.ext = netip.AddrPortFrom(ext, p)
@@ -1045,11 +1184,17 @@ func (n *NAT) deleteFlow(f *flow, reason Expiry) bool {
 		return false
 	}
 	ps := &n.proto[f.p]
-	if f.m == nil || f != &f.m.first { // a first flow has no keys of its own
+	switch {
+	case f.m != nil && f == &f.m.first: // no keys of its own
+	case f.flags.Load()&flagSib != 0: // nor a sib
+		for i := range f.m.first.sibs {
+			f.m.first.sibs[i].CompareAndSwap(f, nil)
+		}
+	default:
 		ps.fwd.CompareAndDelete(f.insideKey(), f)
 		ps.rev.CompareAndDelete(f.extKey(), f) // frees an address-and-port-dependent flow's port
 		if f.m != nil {
-			f.m.others.Add(-1) // after the keys (mapping.others)
+			f.m.first.others.Add(-1) // after the keys (flow.others)
 		}
 	}
 	if ps.perm != nil {

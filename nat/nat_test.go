@@ -400,8 +400,8 @@ func TestBothDirectionsTogether(t *testing.T) {
 							if f.state.Load() != stateLive {
 								continue
 							}
-							if ps.lookupOut(&hash4.Tuple{Local: f.inside, Remote: f.remote}) != f {
-								t.Errorf("flow %v -> %v not found from inside", f.inside, f.remote)
+							if ps.lookupOut(&hash4.Tuple{Local: f.inside(), Remote: f.remote}) != f {
+								t.Errorf("flow %v -> %v not found from inside", f.inside(), f.remote)
 							}
 							if ps.lookupIn(&hash4.Tuple{Local: f.ext, Remote: f.remote}) != f {
 								t.Errorf("flow %v -> %v not found from outside", f.ext, f.remote)
@@ -443,8 +443,13 @@ func TestFlowLayout(t *testing.T) {
 	if s := unsafe.Sizeof(f); s%64 != 0 {
 		t.Errorf("flow is %d bytes", s)
 	}
-	if end := unsafe.Offsetof(f.rport) + unsafe.Sizeof(f.rport); end > 64 {
+	if end := unsafe.Offsetof(f.others) + unsafe.Sizeof(f.others); end > 64 {
 		t.Errorf("the hot fields end at byte %d", end)
+	}
+	// A packet that the first flow does not take reads the sibs and
+	// their prints, on the line of the first flow's remote.
+	if end := unsafe.Offsetof(f.sibPrints) + unsafe.Sizeof(f.sibPrints); unsafe.Offsetof(f.remote) < 64 || end > 128 {
+		t.Errorf("the remote, the sibs and their prints are at bytes %d to %d", unsafe.Offsetof(f.remote), end)
 	}
 	var m mapping
 	if s, o := unsafe.Sizeof(m), unsafe.Offsetof(m.first); s%64 != 0 || o != 0 {
@@ -508,7 +513,8 @@ func TestConfigCapacity(t *testing.T) {
 // mapping, so that mappings end and their ports and keys are taken again
 // while others look them up. After each round: every live flow's mapping
 // is live, counts exactly its flows, holds its port alone and is the one
-// its key finds; an inside endpoint has one mapping (endpoint-independent)
+// its key finds; each live flow is the one found both ways for its
+// 5-tuple; an inside endpoint has one mapping (endpoint-independent)
 // or one per remote address; after Flush no port, mapping or host is left.
 func TestMappingsConcurrent(t *testing.T) {
 	for _, mb := range []Behavior{EndpointIndependent, AddressDependent} {
@@ -531,7 +537,7 @@ func TestMappingsConcurrent(t *testing.T) {
 					for i := range 2000 {
 						in, remote := endpoint(int(randUint32() % 1024))
 						if w%2 == 1 && i%2 == 1 {
-							if f, ok := ps.fwd.Lookup(hash4.Tuple{Local: in, Remote: remote}); ok {
+							if f := ps.lookupOut(&hash4.Tuple{Local: in, Remote: remote}); f != nil {
 								n.deleteFlow(f, ExpiredFlush)
 							}
 							continue
@@ -574,10 +580,13 @@ func checkMappings(t *testing.T, n *NAT, ps *protoState, mb Behavior) {
 			continue // ended; its mapping has other flows
 		}
 		if f.state.Load() != stateLive || m.state.Load() != stateLive || f.ext != m.ext {
-			t.Fatalf("%v: flow %v -> %v of a mapping not live, or not at its external endpoint", mb, f.inside, f.remote)
+			t.Fatalf("%v: flow %v -> %v of a mapping not live, or not at its external endpoint", mb, f.inside(), f.remote)
+		}
+		if ps.lookupOut(&hash4.Tuple{Local: f.inside(), Remote: f.remote}) != f || ps.lookupIn(&hash4.Tuple{Local: f.ext, Remote: f.remote}) != f {
+			t.Fatalf("%v: flow %v -> %v is not the one found both ways", mb, f.inside(), f.remote)
 		}
 		flows[m]++
-		key := hash4.Tuple{Local: f.inside, Remote: sentinel4}
+		key := hash4.Tuple{Local: f.inside(), Remote: sentinel4}
 		if mb == AddressDependent {
 			key.Remote = netip.AddrPortFrom(f.remote.Addr(), 1)
 		}
@@ -770,10 +779,12 @@ func TestEarlyDropPendingFlow(t *testing.T) {
 func TestBusyCountedOnce(t *testing.T) {
 	n, _ := newTest(t, Config{PortPreservation: true})
 	src, dst := ap("10.0.0.2", 5000), ap("198.51.100.1", 53)
-	// The mapping and its first flow, to another remote: the flow to dst
-	// is its second, with keys of its own.
-	if _, why := n.MapOutbound(UDP, src, ap("198.51.100.2", 53)); why != DropNone {
-		t.Fatal(why)
+	// The mapping, its first flow and its sibs, to other remotes: the
+	// flow to dst has keys of its own.
+	for i := range 1 + numSibs {
+		if _, why := n.MapOutbound(UDP, src, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(2 + i)}), 53)); why != DropNone {
+			t.Fatal(why)
+		}
 	}
 	stuck := &flow{}
 	if err := n.proto[UDP].rev.Insert(hash4.Tuple{Local: netip.AddrPortFrom(ext1, 5000), Remote: dst}, stuck); err != nil {
@@ -926,45 +937,73 @@ func TestConfigRefused(t *testing.T) {
 	}
 }
 
-// A mapping's first flow has no keys of its own: once it ends, while a
-// later flow keeps the mapping, a new flow to its remote is a later flow,
-// with keys, found both ways at the mapping's external endpoint; the
-// mapping goes, and its port, with its last flow.
-func TestFirstFlowEnds(t *testing.T) {
+// A mapping's first flow and its next numSibs flows have no keys of their
+// own, the rest have; each is found both ways at the mapping's external
+// endpoint. Once the first ends, while later flows keep the mapping, a new
+// flow to its remote is a later flow; a sib's end frees it for the next
+// flow; the mapping goes, and its port, with its last flow.
+func TestMappingFlows(t *testing.T) {
 	n, _ := newTest(t, Config{})
 	ps := &n.proto[UDP]
-	src, r1, r2 := ap("10.0.0.2", 5000), ap("198.51.100.1", 53), ap("198.51.100.2", 53)
-	ext, why := n.MapOutbound(UDP, src, r1)
-	if why != DropNone {
-		t.Fatal(why)
+	src := ap("10.0.0.2", 5000)
+	r := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 53)
 	}
-	first := ps.lookupOut(&hash4.Tuple{Local: src, Remote: r1})
-	if first == nil || first != &first.m.first || ps.fwd.Len() != 0 || ps.rev.Len() != 0 {
-		t.Fatalf("the first flow %p is not its mapping's, or has keys (%d, %d)", first, ps.fwd.Len(), ps.rev.Len())
+	var ext netip.AddrPort
+	// found returns the live flow to remote i, checking that it is found
+	// both ways; nil if neither way finds one.
+	found := func(i int) *flow {
+		t.Helper()
+		out := ps.lookupOut(&hash4.Tuple{Local: src, Remote: r(i)})
+		if in := ps.lookupIn(&hash4.Tuple{Local: ext, Remote: r(i)}); in != out {
+			t.Fatalf("flow to %v: %p from inside, %p from outside", r(i), out, in)
+		}
+		return out
 	}
+	mapOut := func(i, keys int, others int32) *flow {
+		t.Helper()
+		e, why := n.MapOutbound(UDP, src, r(i))
+		if ext == (netip.AddrPort{}) {
+			ext = e
+		}
+		f := found(i)
+		if why != DropNone || e != ext || f == nil || ps.fwd.Len() != keys || ps.rev.Len() != keys || f.m.first.others.Load() != others {
+			t.Fatalf("flow to %v at %v (%v), want %v; keys %d, %d, others %d; want %d keys, others %d",
+				r(i), e, why, ext, ps.fwd.Len(), ps.rev.Len(), f.m.first.others.Load(), keys, others)
+		}
+		return f
+	}
+	first := mapOut(1, 0, 0)
 	m := first.m
-	if e, why := n.MapOutbound(UDP, src, r2); why != DropNone || e != ext || m.others.Load() != 1 {
-		t.Fatalf("second flow at %v (%v), want %v; others %d", e, why, ext, m.others.Load())
+	if first != &m.first {
+		t.Fatal("the first flow is not its mapping's")
 	}
-	if !n.deleteFlow(first, ExpiredFlush) {
-		t.Fatal("first flow not ended")
+	sib := mapOut(2, 0, 0)
+	for i := 3; i < 2+numSibs; i++ {
+		mapOut(i, 0, 0)
 	}
-	if ps.lookupOut(&hash4.Tuple{Local: src, Remote: r1}) != nil || ps.lookupIn(&hash4.Tuple{Local: ext, Remote: r1}) != nil {
-		t.Fatal("an ended first flow is found")
+	if sib.flags.Load()&flagSib == 0 || m.first.sibs[0].Load() != sib {
+		t.Fatal("the second flow is not its mapping's first sib")
 	}
-	// r1 again: a later flow of the same mapping.
-	if e, why := n.MapOutbound(UDP, src, r1); why != DropNone || e != ext {
-		t.Fatalf("new flow to the first's remote at %v (%v), want %v", e, why, ext)
+	mapOut(2+numSibs, 1, 1) // keyed
+	if !n.deleteFlow(first, ExpiredFlush) || found(1) != nil {
+		t.Fatal("the first flow not ended, or found")
 	}
-	again := ps.lookupOut(&hash4.Tuple{Local: src, Remote: r1})
-	if again == nil || again == first || again.m != m || ps.lookupIn(&hash4.Tuple{Local: ext, Remote: r1}) != again || m.others.Load() != 2 {
-		t.Fatalf("the new flow to %v is not a later flow of the mapping found both ways (others %d)", r1, m.others.Load())
+	again := mapOut(1, 2, 2) // no free sib: keyed
+	if again == first || again.m != m {
+		t.Fatal("the new flow to the first's remote is not a later flow of the mapping")
 	}
-	if got := n.Flush(); got != 2 {
-		t.Fatalf("Flush ended %d flows, want 2", got)
+	if !n.deleteFlow(sib, ExpiredFlush) || found(2) != nil || m.first.sibs[0].Load() != nil {
+		t.Fatal("an ended sib is found, or still held")
 	}
-	if m.others.Load() != 0 || m.state.Load() != stateDead || ps.maps.Len() != 0 || ps.extm.Len() != 0 || portsTaken(ps) != 0 {
-		t.Fatalf("after its flows: others %d, state %d, %d keys, %d ports", m.others.Load(), m.state.Load(), ps.maps.Len()+ps.extm.Len(), portsTaken(ps))
+	if f := mapOut(3+numSibs, 2, 2); m.first.sibs[0].Load() != f {
+		t.Fatal("a new flow does not take the free sib")
+	}
+	if got, want := n.Flush(), numSibs+2; got != want {
+		t.Fatalf("Flush ended %d flows, want %d", got, want)
+	}
+	if m.first.others.Load() != 0 || m.state.Load() != stateDead || ps.maps.Len() != 0 || ps.extm.Len() != 0 || ps.fwd.Len() != 0 || portsTaken(ps) != 0 {
+		t.Fatalf("after its flows: others %d, state %d, %d keys, %d ports", m.first.others.Load(), m.state.Load(), ps.maps.Len()+ps.extm.Len()+ps.fwd.Len(), portsTaken(ps))
 	}
 }
 

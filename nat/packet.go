@@ -413,7 +413,7 @@ func (n *NAT) translate(b []byte, p *packet, from Side, emit Emit, known *flow) 
 			}
 		}
 		n.refresh(g, Outside)
-		ia := g.inside
+		ia := g.inside()
 		rewrite(b, &q, true, ia)
 		why = n.send(b, &q, Inside, emit)
 		if q.frag {
