@@ -68,7 +68,7 @@ func lookupSet(b testing.TB, n int, r flowRank) (nt *NAT, out, in []hash4.Tuple,
 	for i := range n {
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 14), byte(i >> 6)}), uint16(1024+i%64))
 		for j := 2; j <= r.nth; j++ {
-			if _, why := nt.MapOutbound(UDP, src, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(j)}), 443)); why != DropNone {
+			if _, why := nt.MapOutbound(UDP, src, remoteAt(j, 443)); why != DropNone {
 				b.Fatal(why)
 			}
 		}
@@ -279,7 +279,7 @@ func BenchmarkMemoryFlood(b *testing.B) {
 		flood := func(from, to int) {
 			for i := from; i < to; i++ {
 				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), 2}), uint16(1024+i%200))
-				n.MapOutbound(TCP, src, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 80))
+				n.MapOutbound(TCP, src, remoteAt(i, 80))
 			}
 		}
 		flood(0, max)

@@ -28,6 +28,11 @@ func ap(a string, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(netip.MustParseAddr(a), port)
 }
 
+// remoteAt is the remote 198.51.100.i:port, a test's i-th remote.
+func remoteAt(i int, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), port)
+}
+
 // newTest returns a NAT of c, on ext1 if c has no pool, and a clock that
 // starts at a whole second an hour from now (the NAT's clock never goes
 // back, and New sets it to now).
@@ -174,9 +179,7 @@ func TestPermits(t *testing.T) {
 	n, _ := newTest(t, Config{})
 	ps := &n.proto[UDP]
 	a := ap("10.0.0.2", 5000)
-	remote := func(i int) netip.AddrPort {
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 80)
-	}
+	remote := func(i int) netip.AddrPort { return remoteAt(i, 80) }
 	flowTo := func(r netip.AddrPort) *flow { return ps.lookupOut(&hash4.Tuple{Local: a, Remote: r}) }
 	for i := 1; i <= 5; i++ {
 		mustOut(t, n, UDP, a, remote(i))
@@ -522,7 +525,7 @@ func TestMappingsConcurrent(t *testing.T) {
 		ps := &n.proto[UDP]
 		endpoint := func(i int) (in, remote netip.AddrPort) {
 			in = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i % 3)}), uint16(1000+i%16))
-			return in, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i / 16 % 4)}), uint16(80+i%5))
+			return in, remoteAt(i/16%4, uint16(80+i%5))
 		}
 		rounds := 20
 		if raceEnabled {
@@ -782,7 +785,7 @@ func TestBusyCountedOnce(t *testing.T) {
 	// The mapping, its first flow and its sibs, to other remotes: the
 	// flow to dst has keys of its own.
 	for i := range 1 + numSibs {
-		if _, why := n.MapOutbound(UDP, src, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(2 + i)}), 53)); why != DropNone {
+		if _, why := n.MapOutbound(UDP, src, remoteAt(2+i, 53)); why != DropNone {
 			t.Fatal(why)
 		}
 	}
@@ -946,9 +949,7 @@ func TestMappingFlows(t *testing.T) {
 	n, _ := newTest(t, Config{})
 	ps := &n.proto[UDP]
 	src := ap("10.0.0.2", 5000)
-	r := func(i int) netip.AddrPort {
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 53)
-	}
+	r := func(i int) netip.AddrPort { return remoteAt(i, 53) }
 	var ext netip.AddrPort
 	// found returns the live flow to remote i, checking that it is found
 	// both ways; nil if neither way finds one.
